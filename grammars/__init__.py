@@ -1,0 +1,1 @@
+"""Grammar backends (xgrammar, llguidance) behind one matcher protocol, and the compile cache."""

