@@ -1,0 +1,208 @@
+"""Grammar specs (what a request asks for) and the two-level grammar interface (backend, matcher).
+
+Specs are frozen and hashable; `key` is canonical (equal grammars give equal keys) and is what the
+compile cache uses. The interfaces follow vLLM's backend_types and llguidance's LLMatcher: a
+backend compiles specs and allocates bitmasks; a matcher is per request and stateful.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+from interlock.protocol.types import TokenId
+
+BackendName: TypeAlias = Literal["xgrammar", "llguidance", "auto"]
+Whitespace: TypeAlias = Literal["compact", "flexible"]
+
+
+def _canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class JsonSchema:
+    """Output must be JSON valid against `schema` (a dict or a JSON string).
+
+    whitespace: "compact" allows no optional whitespace (fewer tokens, the default); "flexible"
+    allows the whitespace JSON allows (pretty-printed output).
+    """
+
+    schema: str
+    whitespace: Whitespace = "compact"
+
+    def __init__(self, schema: Mapping[str, Any] | str | bool, *, whitespace: Whitespace = "compact") -> None:
+        if isinstance(schema, str):
+            try:
+                parsed = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                from interlock.protocol.errors import GrammarError
+
+                raise GrammarError(f"JSON schema is not valid JSON: {exc}") from exc
+        else:
+            parsed = schema
+        object.__setattr__(self, "schema", _canonical_json(parsed))
+        object.__setattr__(self, "whitespace", whitespace)
+        if whitespace not in ("compact", "flexible"):
+            raise ValueError(f"whitespace must be 'compact' or 'flexible', got {whitespace!r}")
+
+    @property
+    def schema_dict(self) -> Any:
+        return json.loads(self.schema)
+
+    @property
+    def key(self) -> str:
+        return f"json_schema:{self.whitespace}:{self.schema}"
+
+
+@dataclass(frozen=True)
+class JsonObject:
+    """Output must be one JSON object (any keys and values)."""
+
+    whitespace: Whitespace = "compact"
+
+    @property
+    def key(self) -> str:
+        return f"json_object:{self.whitespace}"
+
+
+@dataclass(frozen=True)
+class Regex:
+    """Output must match the regular expression as a whole."""
+
+    pattern: str
+
+    @property
+    def key(self) -> str:
+        return f"regex:{self.pattern}"
+
+
+@dataclass(frozen=True)
+class Ebnf:
+    """Output must derive from rule `root` of a GBNF/EBNF grammar (llama.cpp / xgrammar syntax)."""
+
+    text: str
+    root: str = "root"
+
+    @property
+    def key(self) -> str:
+        return f"ebnf:{self.root}:{self.text}"
+
+
+@dataclass(frozen=True)
+class Lark:
+    """Output must derive from rule `start` of a Lark grammar (llguidance's dialect)."""
+
+    text: str
+
+    @property
+    def key(self) -> str:
+        return f"lark:{self.text}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Output must be exactly one of `options`."""
+
+    options: tuple[str, ...] = field(default=())
+
+    def __init__(self, options: Sequence[str]) -> None:
+        object.__setattr__(self, "options", tuple(options))
+
+    @property
+    def key(self) -> str:
+        return f"choice:{_canonical_json(list(self.options))}"
+
+
+GrammarSpec: TypeAlias = JsonSchema | JsonObject | Regex | Ebnf | Lark | Choice
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    """Limits and policy of the grammar layer (one per engine)."""
+
+    backend: BackendName = "auto"
+    compile_timeout_s: float = 10.0
+    cache_max_entries: int = 256
+    max_schema_bytes: int = 256 * 1024
+    max_schema_depth: int = 64
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("xgrammar", "llguidance", "auto"):
+            raise ValueError(f"backend must be 'xgrammar', 'llguidance' or 'auto', got {self.backend!r}")
+        if self.compile_timeout_s <= 0 or self.cache_max_entries <= 0:
+            raise ValueError("compile_timeout_s and cache_max_entries must be positive")
+
+
+# --- the two-level interface ---------------------------------------------------------------------
+
+@runtime_checkable
+class GrammarMatcher(Protocol):
+    """Per-request grammar state. A refused token is state (False / a short prefix), not an exception.
+
+    Bitmasks are int32 tensors [rows, ceil(V/32)], bit j of word i set = token 32*i+j allowed.
+    """
+
+    def accept(self, token_ids: Sequence[TokenId]) -> bool:
+        """Advance by all tokens, or by none and return False (state unchanged)."""
+        ...
+
+    def validate(self, token_ids: Sequence[TokenId]) -> int:
+        """Length of the longest prefix of token_ids the grammar allows from here; state unchanged."""
+        ...
+
+    def rollback(self, n: int) -> None:
+        """Undo the last n accepted tokens. Raises ValueError if n exceeds the accepted history."""
+        ...
+
+    def fill_mask(self, bitmask: Any, row: int = 0) -> None:
+        """Write the allowed-token bits of the current state into bitmask[row]."""
+        ...
+
+    def fill_masks(self, bitmask: Any, start_row: int, drafts: Sequence[TokenId]) -> int:
+        """Fill rows start_row.. for the current state and after each draft prefix, in one call.
+
+        Row start_row + j is the mask after drafts[:j]. Stops early at the first draft the grammar
+        refuses; returns the number of rows filled (1 + accepted drafts). State is unchanged.
+        """
+        ...
+
+    def forced_tokens(self) -> list[TokenId]:
+        """Tokens the grammar forces from here (jump-forward); empty when there is a choice."""
+        ...
+
+    def is_accepting(self) -> bool:
+        """True when the output so far is a complete sentence of the grammar (EOS allowed)."""
+        ...
+
+    def is_terminated(self) -> bool:
+        """True after EOS was accepted (or the grammar can produce nothing more)."""
+        ...
+
+    def reset(self) -> None:
+        ...
+
+    @property
+    def num_accepted(self) -> int:
+        """Tokens accepted and not rolled back (the depth rollback can reach)."""
+        ...
+
+
+@runtime_checkable
+class GrammarBackend(Protocol):
+    """Compiles specs for one tokenizer and vocabulary size; hands out matchers."""
+
+    name: str
+    vocab_size: int
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        """Compile (blocking; callers run it in a worker thread). Raises GrammarError."""
+        ...
+
+    def matcher(self, compiled: Any) -> GrammarMatcher:
+        ...
+
+    def allocate_bitmask(self, rows: int) -> Any:
+        """An int32 tensor [rows, ceil(vocab_size/32)] with every bit set."""
+        ...
