@@ -1,0 +1,125 @@
+"""llguidance behind the matcher protocol.
+
+Compiling builds one template LLMatcher (grammar parsed and checked against the tokenizer); each
+request's matcher is a deep copy of it, which is much cheaper than parsing again. An LLMatcher
+that consumes a refused token enters a permanent error state, so BaseMatcher validates first.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+
+from interlock.grammars import bitmask as bm
+from interlock.grammars.checks import check_spec
+from interlock.grammars.compiled import CompiledGrammar
+from interlock.grammars.matcher import BaseMatcher
+from interlock.models.tokenizer import Tokenizer
+from interlock.protocol.errors import GrammarError
+from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark, Regex
+from interlock.protocol.types import TokenId
+
+NAME = "llguidance"
+
+
+class LLGuidanceBackend:
+    """Compiles specs into template LLMatchers for one tokenizer and vocabulary size V."""
+
+    name = NAME
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, config: GrammarConfig | None = None) -> None:
+        self.vocab_size = vocab_size
+        self.tokenizer = tokenizer
+        self.config = config or GrammarConfig()
+        self._tok = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=vocab_size,
+                                                 eos_token=list(tokenizer.eos_token_ids))
+
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        check_spec(spec, self.config)
+        start = time.perf_counter()
+        grammar = self._grammar(spec)
+        try:
+            template = llguidance.LLMatcher(self._tok, grammar, log_level=0)
+        except Exception as exc:                 # misuse-level errors (bad grammar JSON)
+            raise GrammarError(f"llguidance: {_first_line(exc)}") from exc
+        if template.is_error():
+            raise GrammarError(f"llguidance: {_first_line(template.get_error())}")
+        warnings = tuple(template.get_grammar_warnings())
+        return CompiledGrammar(NAME, spec.key, template, time.perf_counter() - start, warnings)
+
+    def matcher(self, compiled: CompiledGrammar) -> LLGuidanceMatcher:
+        if compiled.backend != NAME:
+            raise ValueError(f"grammar was compiled by {compiled.backend}, not {NAME}")
+        return LLGuidanceMatcher(compiled.native.deep_copy(), self)
+
+    def allocate_bitmask(self, rows: int) -> torch.Tensor:
+        return bm.allocate_bitmask(rows, self.vocab_size)
+
+    def _grammar(self, spec: GrammarSpec) -> str:
+        """The llguidance grammar text for spec (parsing errors surface when the matcher is built)."""
+        try:
+            if isinstance(spec, JsonSchema):
+                return _json_grammar(spec.schema, spec.whitespace == "flexible")
+            if isinstance(spec, JsonObject):
+                return _json_grammar(json.dumps({"type": "object"}), spec.whitespace == "flexible")
+            if isinstance(spec, Regex):
+                return llguidance.LLMatcher.grammar_from_regex(spec.pattern)
+            if isinstance(spec, Ebnf):
+                if spec.root != "root":
+                    raise GrammarError(f"llguidance: GBNF start rule must be 'root', got {spec.root!r}")
+                return llguidance.grammar_from("gbnf", spec.text)
+            if isinstance(spec, Lark):
+                return llguidance.LLMatcher.grammar_from_lark(spec.text)
+            if isinstance(spec, Choice):
+                return llguidance.grammar_from("choice", json.dumps(list(spec.options)))
+        except GrammarError:
+            raise
+        except Exception as exc:
+            raise GrammarError(f"llguidance: {_first_line(exc)}") from exc
+        raise GrammarError(f"llguidance: unsupported spec {type(spec).__name__}")
+
+
+def _json_grammar(schema: str, flexible: bool) -> str:
+    # Compact output means llguidance's default separators (",", ":") and no optional whitespace.
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": flexible})
+
+
+class LLGuidanceMatcher(BaseMatcher):
+    def __init__(self, native: Any, backend: LLGuidanceBackend) -> None:
+        super().__init__(vocab_size=backend.vocab_size, tokenizer_vocab=backend.tokenizer.vocab_size,
+                         eos_token_ids=backend.tokenizer.eos_token_ids)
+        self._m = native
+        self._initial = native.deep_copy()         # reset() restores this; no re-parse
+
+    def _native_validate(self, token_ids: list[TokenId]) -> int:
+        return self._m.validate_tokens(token_ids)
+
+    def _native_consume(self, token_ids: list[TokenId]) -> None:
+        if not self._m.consume_tokens(token_ids):
+            raise RuntimeError(f"llguidance refused validated tokens: {self._m.get_error()}")
+
+    def _native_rollback(self, n: int) -> None:
+        if not self._m.rollback(n):
+            raise RuntimeError(f"llguidance rollback({n}) failed: {self._m.get_error()}")
+
+    def _native_fill(self, bitmask: torch.Tensor, row: int) -> None:
+        llguidance.torch.fill_next_token_bitmask(self._m, bitmask, row)
+
+    def _native_forced(self) -> list[TokenId]:
+        return list(self._m.compute_ff_tokens())
+
+    def _native_accepting(self) -> bool:
+        return self._m.is_accepting()
+
+    def _native_reset(self) -> None:
+        self._m = self._initial.deep_copy()
+
+
+def _first_line(exc: object) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:500]
