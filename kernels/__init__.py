@@ -1,4 +1,38 @@
 """Synchronous tensor functions: bitmask apply, sampling, rejection sampling, CFG combine.
 
-Each has a torch reference; device variants sit beside it behind one dispatcher per function.
+Each public function is a dispatcher with an explicit `backend=` ("auto", "torch",
+"reference"; "cuda" is reserved for the device variants that come later) that raises
+ValueError on an unknown backend, a wrong dtype or shape, or tensors on mixed devices.
+The "torch" fast paths keep fixed shapes and make no host sync, so they can sit in a
+captured CUDA graph; the "reference" versions loop in Python and are the obvious spec.
+
+- bitmask.py     apply_token_bitmask_: grammar bitmask -> -inf logits, in place
+                 (row map, skip rows, draft->target vocabulary map, mask vocabulary limit)
+- sampling.py    probs_from_logits (temperature / top-k / top-p / greedy),
+                 sample_from_probs and sample (inverse CDF on caller-drawn uniforms),
+                 draw_uniforms (per-request seeded generators)
+- rejection.py   rejection_sample (stochastic, point-mass or probabilistic drafts) and
+                 rejection_sample_greedy: speculative verification over [B, K] drafts
+- cfg.py         cfg_combine: classifier-free guidance per-row scale
+- types.py       RejectionResult
+- *_reference.py the slow obvious versions; _checks.py the shared argument checks
 """
+from __future__ import annotations
+
+from interlock.kernels.bitmask import apply_token_bitmask_
+from interlock.kernels.cfg import cfg_combine
+from interlock.kernels.rejection import rejection_sample, rejection_sample_greedy
+from interlock.kernels.sampling import draw_uniforms, probs_from_logits, sample, sample_from_probs
+from interlock.kernels.types import RejectionResult
+
+__all__ = [
+    "RejectionResult",
+    "apply_token_bitmask_",
+    "cfg_combine",
+    "draw_uniforms",
+    "probs_from_logits",
+    "rejection_sample",
+    "rejection_sample_greedy",
+    "sample",
+    "sample_from_probs",
+]

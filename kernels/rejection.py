@@ -1,0 +1,173 @@
+"""Speculative-decoding verification (rejection sampling), vectorized over rows and drafts.
+
+Terms:
+  B   rows (requests in the step);  K  draft slots per row;  V  vocabulary size
+  p   target probabilities [B, K+1, V]: row b, position j is the target's distribution for
+      the token after the first j drafts. Already masked by the grammar and processed by
+      temperature/top-k/top-p (kernels.sampling.probs_from_logits), so masked ids have p = 0.
+  d   draft tokens [B, K] int64 (padding past n may hold anything, e.g. -1)
+  q   draft probabilities [B, K, V], or None: each draft is a point mass (n-gram, forced
+      and user drafts)
+  n   valid drafts per row [B], 0 <= n <= K
+  u   uniforms [B, K+1] in [0, 1): u[:, j] decides draft j, u[:, K] drives the one
+      resample / bonus draw (at most one happens per row)
+
+Stochastic rule: accept draft j iff u_j < p_j(d_j) / q_j(d_j), i.e. with probability
+min(1, p/q). At the first rejection emit a draw from normalize(max(0, p_j - q_j)); if all
+n drafts are accepted emit a bonus draw from p_n. The emitted sequence is distributed
+exactly as sampling the target one token at a time, and an id with p = 0 is never emitted.
+A greedy row (p one-hot, temperature 0) gets exactly the greedy result from this rule, so
+one call serves a batch that mixes greedy and sampled requests.
+
+Output: num_accepted [B] int64 and tokens [B, K+1] int64 = the accepted drafts, then the
+one new token, then -1 padding. Row b emits num_accepted[b] + 1 tokens.
+"""
+from __future__ import annotations
+
+import torch
+
+from interlock.kernels._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    Backend,
+    check_device,
+    check_dtype,
+    check_shape,
+    resolve_backend,
+)
+from interlock.kernels.rejection_reference import rejection_sample_greedy_reference, rejection_sample_reference
+from interlock.kernels.sampling import inverse_cdf
+from interlock.kernels.types import RejectionResult
+
+
+def rejection_sample(
+    target_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    num_drafts: torch.Tensor,
+    uniforms: torch.Tensor,
+    *,
+    backend: Backend = "auto",
+) -> RejectionResult:
+    """Verify drafts against the target by rejection sampling (see the module docstring).
+
+    Args:
+        target_probs: p [B, K+1, V] float, masked and temperature/top-k/top-p processed.
+        draft_tokens: d [B, K] int32/int64.
+        draft_probs: q [B, K, V] float, or None for point-mass drafts.
+        num_drafts: n [B] int32/int64, 0 <= n <= K (not checked: that needs a host sync).
+        uniforms: u [B, K+1] float in [0, 1), drawn per request by the caller.
+        backend: "auto" | "torch" | "reference" | "cuda" (reserved; not built yet).
+
+    Raises:
+        ValueError: unknown backend, wrong dtype or shape, or tensors on different devices.
+    """
+    _check(target_probs, draft_tokens, draft_probs, num_drafts, uniforms)
+    if resolve_backend(backend, target_probs.device) == "reference":
+        return rejection_sample_reference(target_probs, draft_tokens, draft_probs, num_drafts, uniforms)
+    return _rejection_torch(target_probs, draft_tokens, draft_probs, num_drafts, uniforms)
+
+
+def rejection_sample_greedy(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_drafts: torch.Tensor,
+    *,
+    backend: Backend = "auto",
+) -> RejectionResult:
+    """Greedy verification: accept while argmax(target_j) == d_j, then emit the argmax.
+
+    target_logits [B, K+1, V] are masked logits (or probabilities: only the argmax counts,
+    lowest id on ties). The emitted token is the argmax at the first mismatch, or the
+    bonus argmax at position n when all n drafts match.
+
+    Raises:
+        ValueError: unknown backend, wrong dtype or shape, or tensors on different devices.
+    """
+    n_rows, k_plus_1, _ = _check(target_logits, draft_tokens, None, num_drafts, None)
+    if resolve_backend(backend, target_logits.device) == "reference":
+        return rejection_sample_greedy_reference(target_logits, draft_tokens, num_drafts)
+    best = target_logits.argmax(-1)  # [B, K+1]
+    ok = best[:, :-1] == draft_tokens.long()  # [B, K]
+    n_acc = _leading_true(ok & _valid(num_drafts, k_plus_1 - 1))  # [B]
+    new = best.gather(1, n_acc.unsqueeze(1)).squeeze(1)  # [B]
+    return RejectionResult(n_acc, _assemble(draft_tokens.long(), n_acc, new))
+
+
+def _rejection_torch(p: torch.Tensor, d: torch.Tensor, q: torch.Tensor | None, n: torch.Tensor,
+                     u: torch.Tensor) -> RejectionResult:
+    n_rows, k_plus_1, vocab = p.shape
+    k = k_plus_1 - 1
+    p = p.float()
+    u = u.float()
+    d = d.long()
+    in_vocab = (d >= 0) & (d < vocab)  # [B, K]; a draft outside the vocabulary is rejected
+    d_safe = torch.where(in_vocab, d, 0)  # [B, K]
+    p_d = p[:, :k].gather(2, d_safe.unsqueeze(2)).squeeze(2) * in_vocab  # [B, K]
+    q_d = torch.ones_like(p_d) if q is None else q.float().gather(2, d_safe.unsqueeze(2)).squeeze(2)
+    # u < p/q: q = 0 gives inf (accept when p > 0) or nan (p = 0: rejected).
+    accept = (u[:, :k] < p_d / q_d) & _valid(n, k)  # [B, K]
+    n_acc = _leading_true(accept)  # [B]
+    rejected = n_acc < n.long().clamp(max=k)  # [B]; False: all valid drafts taken, bonus draw
+
+    at = n_acc.view(n_rows, 1, 1).expand(n_rows, 1, vocab)  # gather index for position n_acc
+    p_at = p.gather(1, at).squeeze(1)  # [B, V]
+    weights = p_at
+    if k > 0:  # static: with no draft slots every row takes the bonus draw
+        residual = (p_at - _draft_row(d_safe, in_vocab, q, n_acc.clamp(max=k - 1), vocab)).clamp(min=0)  # [B, V]
+        # p == q up to rounding can leave no residual mass; then p itself is the right law.
+        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_at)
+        weights = torch.where(rejected.unsqueeze(1), residual, p_at)  # [B, V]
+    new = inverse_cdf(weights, u[:, k])  # [B]
+    return RejectionResult(n_acc, _assemble(d, n_acc, new))
+
+
+def _draft_row(d_safe: torch.Tensor, in_vocab: torch.Tensor, q: torch.Tensor | None, pos: torch.Tensor,
+               vocab: int) -> torch.Tensor:
+    """[B, V] draft distribution at draft slot pos [B]: q's row, or a point mass at d."""
+    n_rows = pos.shape[0]
+    if q is None:
+        d_at = d_safe.gather(1, pos.unsqueeze(1))  # [B, 1]
+        mass = in_vocab.gather(1, pos.unsqueeze(1)).float()  # [B, 1]; an id outside V has no mass here
+        return torch.zeros(n_rows, vocab, device=d_safe.device).scatter_(1, d_at, mass)
+    return q.float().gather(1, pos.view(n_rows, 1, 1).expand(n_rows, 1, vocab)).squeeze(1)
+
+
+def _valid(num_drafts: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, K] bool: draft slot j holds a real draft."""
+    return torch.arange(k, device=num_drafts.device).unsqueeze(0) < num_drafts.long().unsqueeze(1)
+
+
+def _leading_true(mask: torch.Tensor) -> torch.Tensor:
+    """[B, K] bool -> [B] int64: how many leading entries are True."""
+    return mask.long().cumprod(dim=1).sum(dim=1)
+
+
+def _assemble(d: torch.Tensor, n_acc: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """[B, K+1] int64: drafts before n_acc, the new token at n_acc, -1 after."""
+    n_rows, k = d.shape
+    pos = torch.arange(k + 1, device=d.device).unsqueeze(0)  # [1, K+1]
+    padded = torch.cat([d, torch.full((n_rows, 1), -1, dtype=torch.long, device=d.device)], dim=1)
+    out = torch.where(pos < n_acc.unsqueeze(1), padded, -1)
+    return torch.where(pos == n_acc.unsqueeze(1), new.unsqueeze(1), out)
+
+
+def _check(p: torch.Tensor, d: torch.Tensor, q: torch.Tensor | None, n: torch.Tensor,
+           u: torch.Tensor | None) -> tuple[int, int, int]:
+    check_dtype("target", p, FLOAT_DTYPES)
+    check_shape("target", p, (None, None, None))
+    n_rows, k_plus_1, vocab = p.shape
+    if k_plus_1 < 1:
+        raise ValueError("target must have at least one position (K+1 >= 1)")
+    check_dtype("draft_tokens", d, INDEX_DTYPES)
+    check_shape("draft_tokens", d, (n_rows, k_plus_1 - 1))
+    check_dtype("num_drafts", n, INDEX_DTYPES)
+    check_shape("num_drafts", n, (n_rows,))
+    if q is not None:
+        check_dtype("draft_probs", q, FLOAT_DTYPES)
+        check_shape("draft_probs", q, (n_rows, k_plus_1 - 1, vocab))
+    if u is not None:
+        check_dtype("uniforms", u, FLOAT_DTYPES)
+        check_shape("uniforms", u, (n_rows, k_plus_1))
+    check_device(p.device, draft_tokens=d, draft_probs=q, num_drafts=n, uniforms=u)
+    return n_rows, k_plus_1, vocab

@@ -1,0 +1,19 @@
+"""Results that kernels hand back to their callers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RejectionResult:
+    """What one verification step emits.
+
+    num_accepted: [B] int64, accepted drafts per row.
+    tokens: [B, K+1] int64, the accepted drafts, then the one new token, then -1 padding;
+        row b emits num_accepted[b] + 1 tokens.
+    """
+
+    num_accepted: torch.Tensor
+    tokens: torch.Tensor
