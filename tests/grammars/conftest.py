@@ -1,0 +1,39 @@
+"""Shared fixtures for the grammar tests: tokenizers and backends, built once per session."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# Helper modules of this folder (grammar_machine.py) are imported by name; importlib mode does not
+# put the folder on sys.path by itself.
+sys.path.insert(0, str(Path(__file__).parent))
+
+from interlock.grammars import make_backend  # noqa: E402
+from interlock.models.loader import TINY_PADDED_VOCAB, load_tokenizer  # noqa: E402
+
+DATA = Path("/work/shared/data/jsonschemabench")
+BACKENDS = ("xgrammar", "llguidance")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return load_tokenizer("tiny")
+
+
+@pytest.fixture(scope="session")
+def big_tokenizer():
+    return load_tokenizer("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny_backends(tiny_tokenizer):
+    """name -> backend over the tiny tokenizer (1024 ids) with the tiny model's V = 1088."""
+    return {n: make_backend(n, tiny_tokenizer, TINY_PADDED_VOCAB) for n in (*BACKENDS, "auto")}
+
+
+@pytest.fixture(scope="session")
+def big_backends(big_tokenizer):
+    """name -> backend over the real SmolLM2 tokenizer, V = 49152."""
+    return {n: make_backend(n, big_tokenizer, big_tokenizer.vocab_size) for n in BACKENDS}
