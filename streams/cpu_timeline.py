@@ -1,0 +1,292 @@
+"""The CPU device timeline: each lane is one worker thread draining a bounded FIFO of ops.
+
+Semantics are those of `streams/timeline.py` (CUDA streams and events). Here an event is a
+pair of generation counters: `enqueued` (the latest record put on a lane, in host order) and
+`completed` (the latest record that ran). `wait(event)` captures `enqueued` when it is
+enqueued and blocks its lane until `completed` reaches it. One `threading.Condition` guards
+every counter of the timeline, so a failure or `close()` can wake every waiter at once.
+asyncio code waits through a loop future that the lane thread settles with
+`call_soon_threadsafe` (no polling, no thread parked per waiter).
+
+`close()` cancels rather than drains: ops that have not started are discarded, a running host
+function is allowed to finish, waiters wake with `TimelineClosedError`, threads are joined.
+To drain first, `await lane.synchronize()` on both lanes before closing.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+from interlock.streams.errors import LaneFullError, TimelineClosedError, TimelineError
+from interlock.streams.timeline import DeviceEvent, LaneName, LaneStatistics, TimelineStatistics
+
+OpKind = Literal["host", "record", "wait", "marker", "stop"]
+
+
+@dataclass(eq=False)
+class _AsyncWaiter:
+    event: CpuEvent
+    target: int  # generation of the record awaited
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    # Runs on the waiter's loop; the waiter may have been cancelled in the meantime.
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+class _Shared:
+    """State that both lanes and every event of one timeline share (guarded by `cond`)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.failure: BaseException | None = None
+        self.closed = False
+        self.async_waiters: list[_AsyncWaiter] = []
+
+    def check(self) -> None:
+        """Raise the timeline's sticky error, if any. Caller holds `cond`."""
+        if self.failure is not None:
+            raise TimelineError(f"a host function failed: {self.failure!r}") from self.failure
+        if self.closed:
+            raise TimelineClosedError("timeline is closed")
+
+    def complete(self, event: CpuEvent, generation: int) -> None:
+        """Lane thread: `event`'s record number `generation` ran."""
+        with self.cond:
+            event._completed = max(event._completed, generation)
+            self.cond.notify_all()
+            ready = [w for w in self.async_waiters if w.event is event and w.target <= generation]
+            for waiter in ready:
+                self.async_waiters.remove(waiter)
+                self._wake(waiter, None)
+
+    def break_all(self, failure: BaseException | None) -> None:
+        """Fail (`failure`) or close (None) the timeline and wake every waiter."""
+        with self.cond:
+            if failure is not None and self.failure is None:
+                self.failure = failure
+            if failure is None:
+                self.closed = True
+            self.cond.notify_all()
+            waiters, self.async_waiters = self.async_waiters, []
+            for waiter in waiters:
+                try:
+                    self.check()
+                except TimelineError as error:
+                    self._wake(waiter, error)
+
+    @staticmethod
+    def _wake(waiter: _AsyncWaiter, error: BaseException | None) -> None:
+        try:
+            waiter.loop.call_soon_threadsafe(_settle, waiter.future, error)
+        except RuntimeError:
+            pass  # that loop is closed: nobody is left to wake
+
+
+class CpuEvent:
+    """A reusable event of one `CpuTimeline` (create it with `timeline.new_event()`)."""
+
+    def __init__(self, shared: _Shared) -> None:
+        self._shared = shared
+        self._enqueued = 0   # generation of the latest record enqueued, in host order
+        self._completed = 0  # generation of the latest record that ran
+
+    def query(self) -> bool:
+        """True when the latest enqueued record has run (or the event was never recorded)."""
+        with self._shared.cond:
+            return self._completed >= self._enqueued
+
+    async def wait_async(self) -> None:
+        """Wait, without blocking the loop, for the latest record enqueued before this call.
+
+        Raises `TimelineError` if the timeline failed, `TimelineClosedError` if it was closed.
+        """
+        loop = asyncio.get_running_loop()
+        shared = self._shared
+        with shared.cond:
+            shared.check()
+            if self._completed >= self._enqueued:
+                return
+            waiter = _AsyncWaiter(self, self._enqueued, loop, loop.create_future())
+            shared.async_waiters.append(waiter)
+        try:
+            await waiter.future
+        finally:
+            with shared.cond:
+                if waiter in shared.async_waiters:
+                    shared.async_waiters.remove(waiter)
+
+
+class CpuLane:
+    """One lane: a worker thread running its ops in FIFO order (see `timeline.Lane`)."""
+
+    def __init__(self, name: LaneName, shared: _Shared, max_ops: int) -> None:
+        self.name: LaneName = name
+        self._shared = shared
+        self._ops: queue.Queue[tuple[OpKind, Callable[[], None]]] = queue.Queue(maxsize=max_ops)
+        self._ops_run = 0
+        self._host_calls = 0
+        self._waits_blocked = 0
+        self._wait_seconds = 0.0
+        self._blocked = False
+        self._thread = threading.Thread(target=self._run, name=f"interlock-{name}-lane", daemon=True)
+        self._thread.start()
+
+    def launch_host(self, fn: Callable[..., object], *args: object) -> None:
+        """Enqueue `fn(*args)` (cudaLaunchHostFunc). Raises `LaneFullError` when the queue is full."""
+        with self._shared.cond:
+            self._shared.check()
+            self._put("host", lambda: fn(*args))
+
+    def record(self, event: DeviceEvent) -> None:
+        """Enqueue the completion of `event`'s next generation (cudaEventRecord)."""
+        self._record(self._own(event), "record")
+
+    def wait(self, event: DeviceEvent) -> None:
+        """Enqueue a wait for `event`'s latest enqueued record (cudaStreamWaitEvent)."""
+        ev = self._own(event)
+        with self._shared.cond:
+            self._shared.check()
+            target = ev._enqueued
+            self._put("wait", lambda: self._block_until(ev, target))
+
+    async def synchronize(self) -> None:
+        """Wait until everything enqueued so far on this lane ran; raises `TimelineError` if failed."""
+        marker = CpuEvent(self._shared)
+        self._record(marker, "marker")
+        await marker.wait_async()
+
+    def statistics(self) -> LaneStatistics:
+        """A frozen snapshot of this lane's counters."""
+        with self._shared.cond:
+            return LaneStatistics(
+                self.name,
+                self._ops_run,
+                self._host_calls,
+                self._waits_blocked,
+                self._wait_seconds,
+                self._blocked,
+            )
+
+    def _own(self, event: DeviceEvent) -> CpuEvent:
+        if not isinstance(event, CpuEvent) or event._shared is not self._shared:
+            raise ValueError("event does not belong to this timeline (use timeline.new_event())")
+        return event
+
+    def _record(self, event: CpuEvent, kind: OpKind) -> None:
+        with self._shared.cond:
+            self._shared.check()
+            generation = event._enqueued + 1
+            self._put(kind, lambda: self._shared.complete(event, generation))
+            event._enqueued = generation  # only once the op is really queued
+
+    def _put(self, kind: OpKind, op: Callable[[], None]) -> None:
+        try:
+            self._ops.put_nowait((kind, op))
+        except queue.Full:
+            # Blocking here would block the event loop, possibly on ops it has yet to enqueue.
+            raise LaneFullError(f"{self.name} lane has {self._ops.maxsize} ops queued") from None
+
+    def _block_until(self, event: CpuEvent, target: int) -> None:
+        shared = self._shared
+        with shared.cond:
+            if event._completed >= target:
+                return
+            start = time.perf_counter()
+            self._blocked = True
+            shared.cond.wait_for(
+                lambda: event._completed >= target or shared.failure is not None or shared.closed
+            )
+            self._blocked = False
+            self._wait_seconds += time.perf_counter() - start
+            self._waits_blocked += 1
+
+    def _run(self) -> None:
+        shared = self._shared
+        while True:
+            kind, op = self._ops.get()
+            if kind == "stop" or shared.closed:
+                return
+            if shared.failure is not None:
+                continue  # sticky error: skip everything until close()
+            try:
+                op()
+            except BaseException as exc:  # noqa: BLE001 - a lane thread has nobody else to tell
+                shared.break_all(exc)
+                continue
+            if kind != "marker":
+                with shared.cond:
+                    self._ops_run += 1
+                    if kind == "host":
+                        self._host_calls += 1
+
+    def _stop(self) -> None:
+        try:
+            self._ops.put_nowait(("stop", lambda: None))
+        except queue.Full:
+            pass  # the thread is not blocked in get(); it sees `closed` after its current op
+
+
+class CpuTimeline:
+    """Two `CpuLane`s (grammar, model) and their events. Use as a context manager or `close()`."""
+
+    def __init__(self, *, max_ops_per_lane: int = 1024, close_timeout_s: float = 5.0) -> None:
+        if isinstance(max_ops_per_lane, bool) or not isinstance(max_ops_per_lane, int) or max_ops_per_lane < 1:
+            raise ValueError(f"max_ops_per_lane must be an int >= 1, got {max_ops_per_lane!r}")
+        if not close_timeout_s > 0:
+            raise ValueError(f"close_timeout_s must be > 0, got {close_timeout_s!r}")
+        self._shared = _Shared()
+        self._close_timeout_s = close_timeout_s
+        self.grammar = CpuLane("grammar", self._shared, max_ops_per_lane)
+        self.model = CpuLane("model", self._shared, max_ops_per_lane)
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` was called."""
+        return self._shared.closed
+
+    def new_event(self) -> CpuEvent:
+        """A fresh, never-recorded event for either lane of this timeline."""
+        return CpuEvent(self._shared)
+
+    def statistics(self) -> TimelineStatistics:
+        """Both lanes' counters (model-lane `wait_seconds` is the exposed grammar time)."""
+        return TimelineStatistics(self.grammar.statistics(), self.model.statistics())
+
+    def close(self) -> None:
+        """Discard ops not yet started, wake every waiter, join both threads (idempotent).
+
+        Raises `TimelineError` if a host function is still running after `close_timeout_s`.
+        """
+        self._shared.break_all(None)
+        lanes = (self.grammar, self.model)
+        for lane in lanes:
+            lane._stop()
+        for lane in lanes:
+            lane._thread.join(self._close_timeout_s)
+            if lane._thread.is_alive():
+                raise TimelineError(f"{lane.name} lane did not stop within {self._close_timeout_s}s")
+
+    def __enter__(self) -> CpuTimeline:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,102 @@
+"""The device timeline interface: two ordered lanes (grammar, model) joined by events.
+
+It mirrors CUDA stream semantics so that the CPU implementation (`cpu_timeline.py`, a worker
+thread per lane) and a CUDA one (two CUDA streams, host functions via cudaLaunchHostFunc) are
+interchangeable, and code above `streams/` cannot tell them apart:
+
+- Ops are *enqueued* on a lane and run later, in FIFO order on that lane; enqueueing never
+  waits for them. Two lanes run concurrently.
+- `lane.record(event)` marks the point in the lane's order where the event completes.
+- `lane.wait(event)` makes later ops on that lane wait for the event's *most recent record
+  enqueued before this wait call* (cudaStreamWaitEvent). Host order matters: enqueue the
+  record before the wait. Waiting on an event never recorded does not wait at all.
+- Events are reusable: recording one again starts its next generation, so one mask event and
+  one token event can serve every step (no reset needed, as with CUDA events).
+- A host function that raises fails the whole timeline (CUDA errors are sticky): ops not yet
+  run are skipped, every waiter wakes, and `synchronize()`, `wait_async()` and later enqueues
+  raise `TimelineError` chained to the original exception.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+LaneName = Literal["grammar", "model"]
+
+
+@dataclass(frozen=True)
+class LaneStatistics:
+    """Counters for one lane. On the model lane `wait_seconds` is the *exposed grammar time*."""
+
+    name: LaneName
+    ops_run: int          # host functions, records and waits that ran (synchronize markers excluded)
+    host_calls: int       # host functions that ran
+    waits_blocked: int    # waits that found their event not yet recorded and had to block
+    wait_seconds: float   # total time this lane spent blocked in wait(event)
+    blocked: bool         # blocked in a wait(event) right now (which lane a stuck step waits on)
+
+
+@dataclass(frozen=True)
+class TimelineStatistics:
+    """Both lanes' counters."""
+
+    grammar: LaneStatistics
+    model: LaneStatistics
+
+
+class DeviceEvent(Protocol):
+    """A point in a lane's order (CUDA event semantics; see the module docstring)."""
+
+    def query(self) -> bool:
+        """True when the most recent record of this event has run (or it was never recorded)."""
+        ...
+
+    async def wait_async(self) -> None:
+        """Wait, without blocking the event loop, for the most recent record enqueued so far."""
+        ...
+
+
+class Lane(Protocol):
+    """One ordered queue of device work."""
+
+    name: LaneName
+
+    def launch_host(self, fn: Callable[..., object], *args: object) -> None:
+        """Enqueue `fn(*args)`; it runs after everything enqueued before it on this lane.
+
+        `fn` must be quick, must not wait on the event loop, and (on CUDA) must make no CUDA
+        call. Its return value is ignored; an exception fails the timeline.
+        """
+        ...
+
+    def record(self, event: DeviceEvent) -> None:
+        """Enqueue: complete `event` once everything before it on this lane has run."""
+        ...
+
+    def wait(self, event: DeviceEvent) -> None:
+        """Enqueue: later ops on this lane wait for the event's latest record enqueued so far."""
+        ...
+
+    async def synchronize(self) -> None:
+        """Wait (without blocking the loop) until everything enqueued so far on this lane ran."""
+        ...
+
+
+class Timeline(Protocol):
+    """Two lanes and their events; the only device abstraction the actors see."""
+
+    grammar: Lane
+    model: Lane
+
+    def new_event(self) -> DeviceEvent:
+        """A fresh, never-recorded event usable on both lanes of this timeline."""
+        ...
+
+    def statistics(self) -> TimelineStatistics:
+        """A frozen snapshot of both lanes' counters."""
+        ...
+
+    def close(self) -> None:
+        """Stop the lanes; enqueued ops that have not started are discarded (see implementation)."""
+        ...

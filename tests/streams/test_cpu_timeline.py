@@ -1,0 +1,218 @@
+"""CpuTimeline: FIFO lanes, CUDA-style record/wait across lanes, sticky errors, clean close."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import anyio
+import pytest
+
+from interlock.streams.cpu_timeline import CpuTimeline
+from interlock.streams.errors import LaneFullError, TimelineClosedError, TimelineError
+from interlock.streams.timeline import Timeline
+
+
+def lane_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("interlock-") and t.name.endswith("-lane")]
+
+
+@pytest.fixture
+def timeline() -> Iterator[CpuTimeline]:
+    tl = CpuTimeline()
+    yield tl
+    tl.close()
+    assert lane_threads() == []  # no thread outlives its timeline
+
+
+async def wait_until(predicate: Callable[[], bool]) -> None:
+    # Polls a *state* (never a duration), under the caller's fail_after.
+    while not predicate():
+        await anyio.sleep(0.001)
+
+
+def test_cpu_timeline_satisfies_the_interface(timeline: CpuTimeline) -> None:
+    as_protocol: Timeline = timeline
+    assert as_protocol.grammar.name == "grammar" and as_protocol.model.name == "model"
+    assert len(lane_threads()) == 2
+
+
+def test_bad_config() -> None:
+    with pytest.raises(ValueError):
+        CpuTimeline(max_ops_per_lane=0)
+    with pytest.raises(ValueError):
+        CpuTimeline(close_timeout_s=0)
+
+
+async def test_ops_run_in_fifo_order_per_lane(timeline: CpuTimeline) -> None:
+    with anyio.fail_after(5):
+        seen: list[int] = []
+        for i in range(50):
+            timeline.grammar.launch_host(seen.append, i)
+        await timeline.grammar.synchronize()
+        assert seen == list(range(50))
+        stats = timeline.statistics().grammar
+        assert (stats.ops_run, stats.host_calls, stats.waits_blocked, stats.wait_seconds) == (50, 50, 0, 0.0)
+
+
+async def test_model_lane_waits_for_the_mask_event(timeline: CpuTimeline) -> None:
+    with anyio.fail_after(5):
+        order: list[str] = []
+        gate = threading.Event()
+        mask = timeline.new_event()
+        timeline.grammar.launch_host(gate.wait)
+        timeline.grammar.launch_host(order.append, "mask filled")
+        timeline.grammar.record(mask)
+        timeline.model.launch_host(order.append, "forward")
+        timeline.model.wait(mask)
+        timeline.model.launch_host(order.append, "apply mask")
+        await wait_until(lambda: timeline.statistics().model.blocked)
+        assert order == ["forward"] and not mask.query()
+        gate.set()
+        await timeline.model.synchronize()
+        assert order == ["forward", "mask filled", "apply mask"]
+        model = timeline.statistics().model
+        assert model.waits_blocked == 1 and model.wait_seconds > 0 and not model.blocked
+        assert timeline.statistics().grammar.wait_seconds == 0.0
+
+
+async def test_no_wait_time_when_the_event_was_already_recorded(timeline: CpuTimeline) -> None:
+    with anyio.fail_after(5):
+        mask = timeline.new_event()
+        timeline.grammar.record(mask)
+        await mask.wait_async()
+        assert mask.query()
+        timeline.model.wait(mask)
+        timeline.model.wait(timeline.new_event())  # never recorded: CUDA does not wait either
+        await timeline.model.synchronize()
+        model = timeline.statistics().model
+        assert (model.ops_run, model.waits_blocked, model.wait_seconds) == (2, 0, 0.0)
+
+
+async def test_reused_events_order_every_step(timeline: CpuTimeline) -> None:
+    with anyio.fail_after(5):
+        log: list[str] = []
+        mask, token = timeline.new_event(), timeline.new_event()
+        for step in range(20):
+            timeline.grammar.wait(token)  # the previous step's tokens
+            timeline.grammar.launch_host(log.append, f"g{step}")
+            timeline.grammar.record(mask)
+            timeline.model.wait(mask)
+            timeline.model.launch_host(log.append, f"m{step}")
+            timeline.model.record(token)
+        await token.wait_async()
+        assert log == [f"{lane}{step}" for step in range(20) for lane in "gm"]
+
+
+async def test_wait_async_does_not_block_the_loop(timeline: CpuTimeline) -> None:
+    with anyio.fail_after(5):
+        gate = threading.Event()
+        mask = timeline.new_event()
+        timeline.grammar.launch_host(gate.wait)
+        timeline.grammar.record(mask)
+        done = anyio.Event()
+
+        async def waiter() -> None:
+            await mask.wait_async()
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            assert not done.is_set()  # the loop is free while the lane works
+            gate.set()
+            await done.wait()
+
+
+async def test_host_exception_fails_the_timeline_and_surfaces_typed(timeline: CpuTimeline) -> None:
+    with anyio.fail_after(5):
+        ran: list[str] = []
+        mask = timeline.new_event()
+
+        def broken() -> None:
+            raise ValueError("bad mask")
+
+        timeline.grammar.launch_host(broken)
+        timeline.grammar.launch_host(ran.append, "after failure")
+        timeline.grammar.record(mask)
+        timeline.model.wait(mask)  # would wait forever if the failure did not wake it
+        timeline.model.launch_host(ran.append, "model after failure")
+        with pytest.raises(TimelineError) as info:
+            await timeline.model.synchronize()
+        assert isinstance(info.value.__cause__, ValueError)
+        with pytest.raises(TimelineError):
+            await timeline.grammar.synchronize()
+        with pytest.raises(TimelineError):
+            await mask.wait_async()
+        with pytest.raises(TimelineError):
+            timeline.grammar.launch_host(ran.append, "rejected")
+        assert ran == []
+
+
+async def test_full_lane_raises_instead_of_blocking_the_loop() -> None:
+    with anyio.fail_after(5):
+        tl = CpuTimeline(max_ops_per_lane=2)
+        started, gate = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            started.set()
+            gate.wait()
+
+        tl.grammar.launch_host(hold)
+        assert started.wait(5)  # the thread took `hold` out of the queue
+        tl.grammar.launch_host(int)
+        tl.grammar.record(tl.new_event())
+        event = tl.new_event()
+        with pytest.raises(LaneFullError):
+            tl.grammar.record(event)
+        assert event.query()  # a record that was refused leaves the event untouched
+        gate.set()
+        tl.close()
+        assert lane_threads() == []
+
+
+async def test_close_discards_pending_ops_wakes_waiters_and_reports_a_stuck_host_fn() -> None:
+    with anyio.fail_after(5):
+        tl = CpuTimeline(close_timeout_s=0.2)
+        ran: list[str] = []
+        started, gate = threading.Event(), threading.Event()
+        mask = tl.new_event()
+
+        def hold() -> None:
+            started.set()
+            gate.wait()
+
+        tl.grammar.launch_host(hold)
+        tl.grammar.launch_host(ran.append, "discarded")
+        tl.grammar.record(mask)
+        tl.model.wait(mask)
+        tl.model.launch_host(ran.append, "discarded too")
+        errors: list[BaseException] = []
+
+        async def waiter() -> None:
+            try:
+                await mask.wait_async()
+            except TimelineClosedError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            assert started.wait(5)  # `hold` is running, so close() cannot just discard it
+            with pytest.raises(TimelineError, match="did not stop"):
+                tl.close()  # the grammar lane is still inside gate.wait()
+        assert len(errors) == 1 and tl.closed
+        gate.set()
+        tl.close()
+        assert ran == [] and lane_threads() == []
+        with pytest.raises(TimelineClosedError):
+            tl.model.launch_host(ran.append, "late")
+        with pytest.raises(TimelineClosedError):
+            await tl.model.synchronize()
+
+
+def test_events_of_another_timeline_are_rejected(timeline: CpuTimeline) -> None:
+    with CpuTimeline() as other:
+        with pytest.raises(ValueError):
+            timeline.model.wait(other.new_event())
+        with pytest.raises(ValueError):
+            timeline.grammar.record(object())  # type: ignore[arg-type]
