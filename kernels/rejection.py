@@ -98,39 +98,38 @@ def _rejection_torch(p: torch.Tensor, d: torch.Tensor, q: torch.Tensor | None, n
                      u: torch.Tensor) -> RejectionResult:
     n_rows, k_plus_1, vocab = p.shape
     k = k_plus_1 - 1
-    p = p.float()
-    u = u.float()
-    d = d.long()
+    p, u, d = p.float(), u.float(), d.long()
+    rows = torch.arange(n_rows, device=p.device)  # [B]
+    slots = torch.arange(k, device=p.device)  # [K]
     in_vocab = (d >= 0) & (d < vocab)  # [B, K]; a draft outside the vocabulary is rejected
     d_safe = torch.where(in_vocab, d, 0)  # [B, K]
-    p_d = p[:, :k].gather(2, d_safe.unsqueeze(2)).squeeze(2) * in_vocab  # [B, K]
-    q_d = torch.ones_like(p_d) if q is None else q.float().gather(2, d_safe.unsqueeze(2)).squeeze(2)
+    p_d = p[rows.unsqueeze(1), slots, d_safe] * in_vocab  # [B, K]
+    q_d = torch.ones_like(p_d) if q is None else q[rows.unsqueeze(1), slots, d_safe].float()  # [B, K]
     # u < p/q: q = 0 gives inf (accept when p > 0) or nan (p = 0: rejected).
     accept = (u[:, :k] < p_d / q_d) & _valid(n, k)  # [B, K]
     n_acc = _leading_true(accept)  # [B]
     rejected = n_acc < n.long().clamp(max=k)  # [B]; False: all valid drafts taken, bonus draw
 
-    at = n_acc.view(n_rows, 1, 1).expand(n_rows, 1, vocab)  # gather index for position n_acc
-    p_at = p.gather(1, at).squeeze(1)  # [B, V]
-    weights = p_at
+    weights = p[rows, n_acc]  # [B, V], a fresh copy: the law at the new token's position
     if k > 0:  # static: with no draft slots every row takes the bonus draw
-        residual = (p_at - _draft_row(d_safe, in_vocab, q, n_acc.clamp(max=k - 1), vocab)).clamp(min=0)  # [B, V]
-        # p == q up to rounding can leave no residual mass; then p itself is the right law.
-        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_at)
-        weights = torch.where(rejected.unsqueeze(1), residual, p_at)  # [B, V]
+        weights = _residual_(weights, d_safe, in_vocab, q, rows, n_acc.clamp(max=k - 1), rejected)
     new = inverse_cdf(weights, u[:, k])  # [B]
     return RejectionResult(n_acc, _assemble(d, n_acc, new))
 
 
-def _draft_row(d_safe: torch.Tensor, in_vocab: torch.Tensor, q: torch.Tensor | None, pos: torch.Tensor,
-               vocab: int) -> torch.Tensor:
-    """[B, V] draft distribution at draft slot pos [B]: q's row, or a point mass at d."""
-    n_rows = pos.shape[0]
+def _residual_(p_at: torch.Tensor, d_safe: torch.Tensor, in_vocab: torch.Tensor, q: torch.Tensor | None,
+               rows: torch.Tensor, slot: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """[B, V]: max(0, p - q) on rejected rows, p itself on bonus rows; may reuse p_at."""
     if q is None:
-        d_at = d_safe.gather(1, pos.unsqueeze(1))  # [B, 1]
-        mass = in_vocab.gather(1, pos.unsqueeze(1)).float()  # [B, 1]; an id outside V has no mass here
-        return torch.zeros(n_rows, vocab, device=d_safe.device).scatter_(1, d_at, mass)
-    return q.float().gather(1, pos.view(n_rows, 1, 1).expand(n_rows, 1, vocab)).squeeze(1)
+        # A point mass at d: max(0, p - q) is p with d's entry zeroed (one write per row).
+        d_at = d_safe[rows, slot]  # [B]
+        drop = rejected & in_vocab[rows, slot]  # [B]
+        return p_at.index_put_((rows, d_at), p_at[rows, d_at] * ~drop)
+    q_at = q[rows, slot].float()  # [B, V]
+    # One fused pass: p - q on rejected rows, p - 0 = p on bonus rows.
+    residual = torch.addcmul(p_at, q_at, rejected.unsqueeze(1).to(q_at.dtype), value=-1.0).clamp_(min=0)
+    # p == q up to rounding can leave no residual mass; then p itself is the right law.
+    return torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_at)
 
 
 def _valid(num_drafts: torch.Tensor, k: int) -> torch.Tensor:

@@ -77,8 +77,8 @@ def probs_from_logits(
 def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor, *, backend: Backend = "auto") -> torch.Tensor:
     """Draw one token per row of probs [R, V] (weights; need not sum to 1) with u [R].
 
-    The token is the first id whose cumulative weight exceeds u * total, clamped to the
-    last id with positive weight, so an id of weight 0 is never drawn. Returns int64 [R].
+    The token is the first id whose float32 cumulative weight exceeds min(u * total, the
+    largest float below total), so an id of weight 0 is never drawn. Returns int64 [R].
 
     Raises:
         ValueError: unknown backend, wrong dtype or shape, or tensors on different devices.
@@ -110,11 +110,12 @@ def sample(
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Fast path of sample_from_probs on float32 weights [R, V] and u [R] -> int64 [R]."""
     cdf = weights.cumsum(-1)  # [R, V], non-decreasing because weights >= 0
-    target = u.unsqueeze(1) * cdf[:, -1:]  # [R, 1]
+    total = cdf[:, -1:]  # [R, 1]
+    # u * total can round up to total; capping just below it keeps the draw on an id with
+    # weight (the first id where cdf > target always has weight > 0).
+    target = torch.minimum(u.unsqueeze(1) * total, torch.nextafter(total, torch.zeros_like(total)))
     idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first cdf > target
-    # u * total can round up to total; never step past the last id with weight.
-    last = weights.shape[1] - 1 - (weights > 0).flip(-1).to(torch.uint8).argmax(-1)  # [R]
-    return torch.minimum(idx, last)
+    return idx.clamp_(max=weights.shape[1] - 1)  # only an all-zero row gets here
 
 
 def _probs_torch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,

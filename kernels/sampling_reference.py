@@ -67,9 +67,9 @@ def sample_from_probs_reference(probs: torch.Tensor, uniforms: torch.Tensor) -> 
 def draw_one(weights: torch.Tensor, u: torch.Tensor) -> int:
     """Walk the float32 cumulative sum of weights [V] to the first value above u * total."""
     cdf = weights.cumsum(0)  # the same float32 sums the fast path makes, so draws agree bit for bit
-    target = float(u * cdf[-1])
-    last_positive = max((t for t, w in enumerate(weights.tolist()) if w > 0), default=len(weights) - 1)
+    total = cdf[-1]
+    target = float(torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total))))
     for t, c in enumerate(cdf.tolist()):
         if c > target:
-            return min(t, last_positive)
-    return last_positive
+            return t
+    return len(weights) - 1
