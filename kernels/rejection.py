@@ -122,6 +122,7 @@ def _residual_(p_at: torch.Tensor, d_safe: torch.Tensor, in_vocab: torch.Tensor,
     """[B, V]: max(0, p - q) on rejected rows, p itself on bonus rows; may reuse p_at."""
     if q is None:
         # A point mass at d: max(0, p - q) is p with d's entry zeroed (one write per row).
+        # No empty-residual fallback is needed: a rejected d had p(d) <= u < 1.
         d_at = d_safe[rows, slot]  # [B]
         drop = rejected & in_vocab[rows, slot]  # [B]
         return p_at.index_put_((rows, d_at), p_at[rows, d_at] * ~drop)

@@ -24,7 +24,7 @@ def rejection_sample_reference(
     tokens = torch.full((n_rows, k_plus_1), -1, dtype=torch.int64)
     accepted = torch.zeros(n_rows, dtype=torch.int64)
     for b in range(n_rows):
-        n = min(int(num_drafts[b]), k)
+        n = max(0, min(int(num_drafts[b]), k))
         for j in range(n + 1):
             p = target_probs[b, j].float()
             if j == n:  # every valid draft accepted: bonus draw from p
@@ -63,7 +63,7 @@ def rejection_sample_greedy_reference(
     tokens = torch.full((n_rows, k_plus_1), -1, dtype=torch.int64)
     accepted = torch.zeros(n_rows, dtype=torch.int64)
     for b in range(n_rows):
-        n = min(int(num_drafts[b]), k_plus_1 - 1)
+        n = max(0, min(int(num_drafts[b]), k_plus_1 - 1))
         for j in range(n + 1):
             best = int(target_logits[b, j].argmax())
             if j < n and int(draft_tokens[b, j]) == best:
