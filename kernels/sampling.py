@@ -46,8 +46,8 @@ def draw_uniforms(generators: Sequence[torch.Generator], n: int, device: torch.d
 def probs_from_logits(
     logits: torch.Tensor,
     temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
     *,
     backend: Backend = "auto",
 ) -> torch.Tensor:
@@ -57,6 +57,8 @@ def probs_from_logits(
     lowest id on ties), then top-k, then top-p, then softmax. -inf logits (grammar-masked)
     get probability exactly 0. A row with every logit -inf gives NaN; callers must not
     produce one. temperature and top_p are float tensors [R]; top_k is an int tensor [R].
+    top_k / top_p None means off for every row: the caller knows that from the requests'
+    parameters without looking at a tensor, and it saves the [R, V] sort.
 
     Raises:
         ValueError: unknown backend, wrong dtype or shape, or tensors on different devices.
@@ -66,6 +68,8 @@ def probs_from_logits(
     n_rows = logits.shape[0]
     for name, t, dtypes in (("temperature", temperature, FLOAT_DTYPES), ("top_k", top_k, INDEX_DTYPES),
                             ("top_p", top_p, FLOAT_DTYPES)):
+        if t is None:
+            continue
         check_dtype(name, t, dtypes)
         check_shape(name, t, (n_rows,))
     check_device(logits.device, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -96,8 +100,8 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor, *, backend: B
 def sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
     uniforms: torch.Tensor,
     *,
     backend: Backend = "auto",
@@ -118,12 +122,16 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return idx.clamp_(max=weights.shape[1] - 1)  # only an all-zero row gets here
 
 
-def _probs_torch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor) -> torch.Tensor:
+def _probs_torch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+                 top_p: torch.Tensor | None) -> torch.Tensor:
     x = logits.float()  # [R, V]
     greedy = temperature <= 0  # [R]
     x = x / torch.where(greedy, 1.0, temperature.float()).unsqueeze(1)
-    x = x.masked_fill(~_keep_top_k_top_p(x, top_k, top_p.float()), float("-inf"))
+    if top_k is not None or top_p is not None:  # static: decided by the caller, not by values
+        n_rows = x.shape[0]
+        k = top_k if top_k is not None else torch.zeros(n_rows, dtype=torch.long, device=x.device)
+        p = top_p.float() if top_p is not None else torch.ones(n_rows, device=x.device)
+        x = x.masked_fill(~_keep_top_k_top_p(x, k, p), float("-inf"))
     probs = torch.softmax(x, dim=-1)  # [R, V]
     one_hot = torch.zeros_like(probs).scatter_(1, logits.float().argmax(-1, keepdim=True), 1.0)
     return torch.where(greedy.unsqueeze(1), one_hot, probs)

@@ -11,14 +11,14 @@ import torch
 
 
 def probs_from_logits_reference(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
 ) -> torch.Tensor:
-    """[R, V] logits -> [R, V] float32 probabilities, looping over rows."""
+    """[R, V] logits -> [R, V] float32 probabilities, looping over rows (None: off)."""
     out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
     for r, row in enumerate(logits.float().tolist()):
-        out[r] = torch.tensor(
-            _row_probs(row, float(temperature[r]), int(top_k[r]), float(top_p[r])), dtype=torch.float32
-        )
+        k = int(top_k[r]) if top_k is not None else 0
+        p = float(top_p[r]) if top_p is not None else 1.0
+        out[r] = torch.tensor(_row_probs(row, float(temperature[r]), k, p), dtype=torch.float32)
     return out
 
 

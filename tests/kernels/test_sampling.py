@@ -111,3 +111,14 @@ def test_dispatchers_raise_value_error() -> None:
     for call in bad_calls:
         with pytest.raises(ValueError):
             call()
+
+
+def test_filters_off_by_none_equal_filters_off_by_value(gen: torch.Generator) -> None:
+    logits = torch.randn(16, 90, generator=gen)
+    temperature = torch.tensor([0.0, 0.5, 1.0, 2.0] * 4)
+    by_none = probs_from_logits(logits, temperature)
+    by_value = probs_from_logits(logits, temperature, torch.zeros(16, dtype=torch.long), torch.ones(16))
+    assert torch.equal(by_none, by_value)
+    torch.testing.assert_close(by_none, probs_from_logits(logits, temperature, backend="reference"))
+    only_k = probs_from_logits(logits, temperature, top_k=torch.full((16,), 4))
+    assert bool(((only_k > 0).sum(-1) <= 4).all())
