@@ -1,10 +1,10 @@
 """A packed forward batch: each sequence contributes any number of new tokens at its own positions.
 
-Terms: B = sequences, T = new tokens in all (packed), Q = most new tokens of one sequence,
-K = longest context (cached + new) of one sequence, R = rows whose logits are returned.
+Terms: T = new tokens in all (packed), R = rows whose logits are returned, L = context length of one
+sequence (cached + new).
 
-Everything the attention needs (where to write K/V, what to gather, the mask, how to pad and
-unpad queries) is computed once here and shared by every layer.
+Everything attention needs (where to write K/V, what to gather, the masks) is computed once here,
+on the host, and shared by every layer.
 """
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ import torch
 
 from interlock.models.kv_cache import PagedKVCache
 from interlock.protocol.types import SeqId, TokenId
+
+# Chunks up to this many tokens (decode and verify steps) take attention's row path, which is
+# bitwise batch-invariant; longer chunks (prompt prefill) take the fused SDPA path.
+ROW_PATH_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -37,17 +41,23 @@ class SeqChunk:
 
 
 @dataclass(frozen=True)
+class SeqView:
+    """One sequence's part of a packed batch, as attention sees it."""
+
+    offset: int                    # first packed row of this sequence
+    length: int                    # new tokens
+    start: int                     # position of the first new token
+    blocks: torch.Tensor           # [ceil(L / block size)] long: the sequence's KV blocks, in order
+    mask: torch.Tensor | None      # [length, L] bool causal mask for the SDPA path; None: row path
+
+
+@dataclass(frozen=True)
 class ForwardBatch:
     input_ids: torch.Tensor        # [T] long
     positions: torch.Tensor        # [T] long
     write_slots: torch.Tensor      # [T] long: KV slot of each new token
-    kv_index: torch.Tensor         # [B, K] long: KV slot of each context position (0 where padded)
-    mask: torch.Tensor | None      # [B, 1, Q, K] bool, None when no position needs masking
-    pad_index: torch.Tensor | None     # [B*Q] long into [T + 1] (row T is zeros); None when B == 1
-    unpad_index: torch.Tensor | None   # [T] long into [B*Q]; None when B == 1
     logit_index: torch.Tensor      # [R] long into [T]
-    num_seqs: int
-    max_new: int
+    seqs: tuple[SeqView, ...]
 
     @property
     def num_tokens(self) -> int:
@@ -62,50 +72,23 @@ def build_batch(chunks: list[SeqChunk], kv: PagedKVCache, device: torch.device |
     positions: list[int] = []
     write: list[int] = []
     logit_index: list[int] = []
-    ctx = [c.start + len(c.tokens) for c in chunks]
-    max_new = max(len(c.tokens) for c in chunks)
-    max_ctx = max(ctx)
-    kv_index = torch.zeros(len(chunks), max_ctx, dtype=torch.long)
-    for b, c in enumerate(chunks):
-        n = len(c.tokens)
+    views: list[SeqView] = []
+    for c in chunks:
+        n, ctx = len(c.tokens), c.start + len(c.tokens)
+        table = kv.block_table(c.seq)[: -(-ctx // kv.block_size)]
+        mask = None
+        if n > ROW_PATH_MAX_TOKENS:     # query at position p sees keys 0..p
+            mask = torch.arange(ctx)[None, :] <= torch.arange(c.start, ctx)[:, None]
+            mask = mask.to(device)
+        views.append(SeqView(len(ids), n, c.start, torch.tensor(table, dtype=torch.long, device=device), mask))
         logit_index.extend(len(ids) + r for r in c.logit_rows)
         ids.extend(c.tokens)
-        positions.extend(range(c.start, c.start + n))
-        all_slots = kv.slots(c.seq, 0, ctx[b])
-        write.extend(all_slots[c.start:])
-        kv_index[b, : ctx[b]] = torch.tensor(all_slots, dtype=torch.long)
-
-    # Causal mask over absolute positions: query at position p sees keys 0..p of its own sequence.
-    q_pos = torch.full((len(chunks), max_new), -1, dtype=torch.long)
-    for b, c in enumerate(chunks):
-        q_pos[b, : len(c.tokens)] = torch.arange(c.start, c.start + len(c.tokens))
-    k_pos = torch.arange(max_ctx)
-    mask = k_pos[None, None, :] <= q_pos[:, :, None]            # [B, Q, K]
-    mask[:, :, 0] = True                                         # padded query rows: avoid all-masked NaN
-    needs_mask = not (len(chunks) == 1 and max_new == 1)
-
-    pad_index = unpad_index = None
-    if len(chunks) > 1:
-        pad = torch.full((len(chunks), max_new), len(ids), dtype=torch.long)
-        unpad: list[int] = []
-        offset = 0
-        for b, c in enumerate(chunks):
-            n = len(c.tokens)
-            pad[b, :n] = torch.arange(offset, offset + n)
-            unpad.extend(range(b * max_new, b * max_new + n))
-            offset += n
-        pad_index = pad.view(-1).to(device)
-        unpad_index = torch.tensor(unpad, dtype=torch.long, device=device)
-
+        positions.extend(range(c.start, ctx))
+        write.extend(kv.slots(c.seq, c.start, n))
     return ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         write_slots=torch.tensor(write, dtype=torch.long, device=device),
-        kv_index=kv_index.to(device),
-        mask=mask[:, None].to(device) if needs_mask else None,
-        pad_index=pad_index,
-        unpad_index=unpad_index,
         logit_index=torch.tensor(logit_index, dtype=torch.long, device=device),
-        num_seqs=len(chunks),
-        max_new=max_new,
+        seqs=tuple(views),
     )

@@ -1,9 +1,12 @@
 """The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2) over a paged KV cache.
 
-Terms: T = packed new tokens, B = sequences, Q/K = padded query/context length (see batch.py),
-H = query heads, Hkv = KV heads, D = head dim, E = hidden size, I = MLP size, V = vocabulary.
+Terms: T = packed new tokens, R = logit rows, H = query heads, Hkv = KV heads, G = H / Hkv,
+D = head dim, E = hidden size, I = MLP size, V = vocabulary, L = one sequence's context length.
 
-Q/K/V and gate/up projections are fused into one matrix each, so a layer is four matmuls.
+Weights are held as fused float matrices (q/k/v in one, gate/up in one) — the form the weight
+cache stores — and turned into Linear modules (float or int8, see linear.py) by `build`.
+Everything outside the matmuls (residual stream, norms, RoPE, attention) runs in fp32 when the
+weights are int8, and in the weight dtype otherwise.
 """
 from __future__ import annotations
 
@@ -11,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from interlock.models.batch import ForwardBatch
+from interlock.models.batch import ForwardBatch, SeqView
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import _DTYPES, PagedKVCache
-from interlock.models.rope import apply_rope, cos_sin_table, inv_frequencies
+from interlock.models.linear import Weights, make_linear
+from interlock.models.rope import apply_rope, cos_sin_table
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -26,88 +30,129 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape), requires_grad=False)
+
+
 class Layer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         e, i = config.hidden_size, config.intermediate_size
         qkv = config.q_size + 2 * config.kv_size
         self.attention_norm = nn.Parameter(torch.ones(e), requires_grad=False)
-        self.wqkv = nn.Parameter(torch.empty(qkv, e), requires_grad=False)
+        self.wqkv = _param(qkv, e)
         self.bqkv = nn.Parameter(torch.zeros(qkv), requires_grad=False) if config.qkv_bias else None
-        self.wo = nn.Parameter(torch.empty(e, config.q_size), requires_grad=False)
+        self.wo = _param(e, config.q_size)
         self.ffn_norm = nn.Parameter(torch.ones(e), requires_grad=False)
-        self.w13 = nn.Parameter(torch.empty(2 * i, e), requires_grad=False)   # gate rows, then up rows
-        self.w2 = nn.Parameter(torch.empty(e, i), requires_grad=False)
+        self.w13 = _param(2 * i, e)          # gate rows, then up rows
+        self.w2 = _param(e, i)
 
 
 class Transformer(nn.Module):
-    """Weights plus the forward. Build with `Transformer(config)` and `load_hf_state_dict`."""
+    """Weights plus the forward. Fill with `load_hf_state_dict` / `load_state_dict`, then `build()`."""
 
     def __init__(self, config: ModelConfig, inv_freq: torch.Tensor | None = None) -> None:
         super().__init__()
         self.config = config
-        self.tok_embeddings = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size), requires_grad=False)
+        self.tok_embeddings = _param(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.n_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
-        self.output = (None if config.tie_embeddings else
-                       nn.Parameter(torch.empty(config.vocab_size, config.hidden_size), requires_grad=False))
+        self.output = None if config.tie_embeddings else _param(config.vocab_size, config.hidden_size)
         cos, sin = cos_sin_table(config, inv_freq)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-
-    @property
-    def head(self) -> torch.Tensor:
-        return self.tok_embeddings if self.output is None else self.output
+        self.weights: Weights | None = None
+        self._linears: list[dict[str, nn.Module]] = []
+        self._head: nn.Module | None = None
 
     @property
     def dtype(self) -> torch.dtype:
         return _DTYPES[self.config.dtype]
+
+    @property
+    def act_dtype(self) -> torch.dtype:
+        """dtype of the residual stream and attention."""
+        return torch.float32 if self.weights == "int8" else self.dtype
+
+    def build(self, weights: Weights = "float") -> Transformer:
+        """Create the Linear modules from the fused weights (int8 quantizes them). Returns self."""
+        self._linears = [
+            {"wqkv": make_linear(layer.wqkv, layer.bqkv, weights), "wo": make_linear(layer.wo, None, weights),
+             "w13": make_linear(layer.w13, None, weights), "w2": make_linear(layer.w2, None, weights)}
+            for layer in self.layers
+        ]
+        head = self.tok_embeddings if self.output is None else self.output
+        self._head = make_linear(head, None, weights)
+        self.weights = weights
+        if weights == "int8":      # the float matrices are no longer needed: drop them, keep the embedding
+            for layer in self.layers:
+                for name in ("wqkv", "wo", "w13", "w2"):
+                    setattr(layer, name, None)
+            if self.output is not None:
+                self.output = None
+            self.tok_embeddings.data = self.tok_embeddings.data.float()
+        return self
 
     # --- forward -----------------------------------------------------------------------------
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: PagedKVCache) -> torch.Tensor:
         """Run one packed batch: write K/V of every new token, return fp32 logits [R, V]."""
-        x = self.tok_embeddings[batch.input_ids]                          # [T, E]
-        cos = self.rope_cos[batch.positions].to(x.dtype)                  # [T, D]
-        sin = self.rope_sin[batch.positions].to(x.dtype)
-        for index, layer in enumerate(self.layers):
-            x = x + self._attention(layer, rms_norm(x, layer.attention_norm, self.config.rms_eps),
-                                    cos, sin, batch, kv, index)
-            x = x + self._mlp(layer, rms_norm(x, layer.ffn_norm, self.config.rms_eps))
-        x = rms_norm(x[batch.logit_index], self.norm, self.config.rms_eps)  # [R, E]
-        return F.linear(x, self.head).float()                            # [R, V]
+        if self.weights is None:
+            raise RuntimeError("call build() after loading weights")
+        dt = self.act_dtype
+        x = self.tok_embeddings[batch.input_ids].to(dt)                   # [T, E]
+        cos = self.rope_cos[batch.positions].to(dt)                       # [T, D]
+        sin = self.rope_sin[batch.positions].to(dt)
+        eps = self.config.rms_eps
+        for index, (layer, lin) in enumerate(zip(self.layers, self._linears)):
+            h = rms_norm(x, layer.attention_norm.to(dt), eps)
+            x = x + lin["wo"](self._attention(lin["wqkv"](h).to(dt), cos, sin, batch, kv, index)).to(dt)
+            h = rms_norm(x, layer.ffn_norm.to(dt), eps)
+            gate, up = lin["w13"](h).to(dt).chunk(2, dim=-1)
+            x = x + lin["w2"](F.silu(gate) * up).to(dt)
+        x = rms_norm(x[batch.logit_index], self.norm.to(dt), eps)        # [R, E]
+        return self._head(x)                                              # [R, V] fp32
 
-    def _attention(self, layer: Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def _attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    batch: ForwardBatch, kv: PagedKVCache, index: int) -> torch.Tensor:
+        """qkv: [T, (H + 2 Hkv) D] -> attention output [T, H D]; writes this layer's K/V."""
         c = self.config
-        t = h.shape[0]
-        qkv = F.linear(h, layer.wqkv, layer.bqkv)                          # [T, H*D + 2*Hkv*D]
+        t = qkv.shape[0]
         q, k, v = qkv.split((c.q_size, c.kv_size, c.kv_size), dim=-1)
-        q = apply_rope(q.view(t, c.n_heads, c.head_dim), cos, sin)        # [T, H, D]
-        k = apply_rope(k.view(t, c.n_kv_heads, c.head_dim), cos, sin)     # [T, Hkv, D]
-        k_cache, v_cache = kv.k[index], kv.v[index]                       # [N*S, Hkv, D]
-        k_cache.index_copy_(0, batch.write_slots, k)
-        v_cache.index_copy_(0, batch.write_slots, v.view(t, c.n_kv_heads, c.head_dim))
+        q = apply_rope(q.reshape(t, c.n_heads, c.head_dim), cos, sin)    # [T, H, D]
+        k = apply_rope(k.reshape(t, c.n_kv_heads, c.head_dim), cos, sin) # [T, Hkv, D]
+        k_cache, v_cache = kv.k[index], kv.v[index]                       # [slots, Hkv, D]
+        k_cache.index_copy_(0, batch.write_slots, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, batch.write_slots, v.reshape(t, c.n_kv_heads, c.head_dim).to(v_cache.dtype))
+        out = [self._attend_seq(q, k_cache, v_cache, s, kv.block_size) for s in batch.seqs]
+        return torch.cat(out) if len(out) > 1 else out[0]
 
-        b, qn = batch.num_seqs, batch.max_new
-        keys = k_cache[batch.kv_index].transpose(1, 2)                    # [B, Hkv, K, D]
-        values = v_cache[batch.kv_index].transpose(1, 2)
-        if batch.pad_index is None:                                       # one sequence: no padding
-            queries = q.view(1, qn, c.n_heads, c.head_dim).transpose(1, 2)  # [1, H, Q, D]
-        else:
-            padded = torch.cat([q, q.new_zeros(1, c.n_heads, c.head_dim)])[batch.pad_index]
-            queries = padded.view(b, qn, c.n_heads, c.head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.mask,
-                                             enable_gqa=c.n_heads != c.n_kv_heads)   # [B, H, Q, D]
-        out = out.transpose(1, 2).reshape(b * qn, c.q_size)
-        if batch.unpad_index is not None:
-            out = out[batch.unpad_index]                                  # [T, H*D]
-        return F.linear(out, layer.wo)
-
-    def _mlp(self, layer: Layer, h: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(h, layer.w13).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.w2)
+    def _attend_seq(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    s: SeqView, block_size: int) -> torch.Tensor:
+        c = self.config
+        g = c.n_heads // c.n_kv_heads
+        n_ctx = s.start + s.length
+        # Gather whole blocks (one index per block, not per token), then trim to L.
+        keys = k_cache.view(-1, block_size, c.n_kv_heads, c.head_dim)[s.blocks]
+        keys = keys.view(-1, c.n_kv_heads, c.head_dim)[:n_ctx].transpose(0, 1).to(q.dtype)   # [Hkv, L, D]
+        values = v_cache.view(-1, block_size, c.n_kv_heads, c.head_dim)[s.blocks]
+        values = values.view(-1, c.n_kv_heads, c.head_dim)[:n_ctx].transpose(0, 1).to(q.dtype)
+        qs = q[s.offset: s.offset + s.length]                             # [n, H, D]
+        if s.mask is not None:                                            # prefill: fused kernel
+            out = F.scaled_dot_product_attention(qs.transpose(0, 1), keys, values, attn_mask=s.mask,
+                                                 enable_gqa=g > 1)        # [H, n, D]
+            return out.transpose(0, 1).reshape(s.length, c.q_size)
+        # Row path: each query row attends over exactly its own L keys with fixed-shape matmuls
+        # (M = G), so a row's result does not depend on how many rows or sequences share the step.
+        scale = c.head_dim ** -0.5
+        rows = []
+        for r in range(s.length):
+            n_keys = s.start + r + 1
+            qr = qs[r].view(c.n_kv_heads, g, c.head_dim)                  # [Hkv, G, D]
+            scores = torch.matmul(qr, keys[:, :n_keys].transpose(1, 2)) * scale   # [Hkv, G, L]
+            rows.append(torch.matmul(torch.softmax(scores, dim=-1), values[:, :n_keys]).reshape(c.q_size))
+        return torch.stack(rows)
 
     # --- weights -----------------------------------------------------------------------------
 
@@ -143,6 +188,7 @@ def random_transformer(config: ModelConfig, seed: int = 0) -> Transformer:
 
     The scale matters: with tiny matrices every layer is near identity and the model just repeats
     its last token, which would make speculative-decoding tests pass for the wrong reason.
+    Call `build()` on the result.
     """
     gen = torch.Generator().manual_seed(seed)
     model = Transformer(config)

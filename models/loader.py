@@ -13,6 +13,7 @@ from pathlib import Path
 from interlock.models.config import ModelConfig, tiny_config
 from interlock.models.gguf_loader import load_gguf
 from interlock.models.hf_loader import load_hf_dir
+from interlock.models.linear import Weights
 from interlock.models.llama import Transformer, random_transformer
 from interlock.models.weight_cache import load_cached, save_cached
 from interlock.models.tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer, truncated_tokenizer
@@ -56,24 +57,31 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
     return load_gguf_tokenizer(path) if path.suffix == ".gguf" else load_hf_tokenizer(path)
 
 
-def load_model(name_or_path: str, *, dtype: Dtype = "float32", seed: int = 0) -> LoadedModel:
-    """Load a model by name or path. Raises ModelNotFoundError / UnsupportedModelError / ModelLoadError."""
+def load_model(name_or_path: str, *, weights: Weights = "int8", dtype: Dtype = "float32",
+               seed: int = 0) -> LoadedModel:
+    """Load a model by name or path. Raises ModelNotFoundError / UnsupportedModelError / ModelLoadError.
+
+    weights: "int8" (default: weight-only int8, fast and batch-invariant on CPU, see linear.py) or
+    "float" (the checkpoint's values in `dtype`; float32 is the reference that matches HF).
+    seed: the random weights of the "tiny" preset.
+    """
     start = time.perf_counter()
     if name_or_path == TINY:
         config = tiny_config(TINY_PADDED_VOCAB, dtype=dtype)
         tokenizer = load_tokenizer(TINY)
         config = config.replace(eos_token_id=tokenizer.eos_token_ids[0])
-        model = random_transformer(config, seed=seed)
+        model = random_transformer(config, seed=seed).build(weights)
         return LoadedModel(TINY, config, model, tokenizer, time.perf_counter() - start)
     path = _resolve(name_or_path)
     if path.suffix == ".gguf":
         model = _load_gguf_model(path, dtype)
         tokenizer = load_gguf_tokenizer(path)
     else:
-        config, weights = load_hf_dir(path, dtype)
+        config, state = load_hf_dir(path, dtype)
         model = Transformer(config)
-        model.load_hf_state_dict(weights)
+        model.load_hf_state_dict(state)
         tokenizer = load_hf_tokenizer(path)
+    model.build(weights)
     return LoadedModel(name_or_path, model.config, model, tokenizer, time.perf_counter() - start)
 
 
@@ -81,9 +89,9 @@ def _load_gguf_model(path: Path, dtype: Dtype) -> Transformer:
     """GGUF weights, converted once (dequantize, un-permute, fuse) and cached as fp32 safetensors."""
     cached = load_cached(path)
     if cached is None:
-        config, weights, inv_freq = load_gguf(path, "float32")
+        config, state, inv_freq = load_gguf(path, "float32")
         model = Transformer(config, inv_freq)
-        model.load_hf_state_dict(weights)
+        model.load_hf_state_dict(state)
         save_cached(path, config, model.state_dict(), inv_freq)
         if dtype == "float32":
             return model
