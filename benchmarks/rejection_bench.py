@@ -24,7 +24,8 @@ def _inputs(rows: int, k: int, vocab: int, seed: int) -> dict[str, torch.Tensor]
     p = torch.softmax(logits, -1)
     q = torch.softmax(logits[:, :k].nan_to_num(neginf=-1e4) + torch.randn(rows, k, vocab, generator=gen), -1)
     drafts = sample_from_probs(q.reshape(-1, vocab), torch.rand(rows * k, generator=gen)).view(rows, k)
-    # Greedy drafts agree with the target's argmax for a random prefix, as a decent drafter would.
+    # Greedy and point-mass (n-gram style) drafts agree with the target's argmax for a random
+    # prefix, as a decent drafter would.
     agree = torch.randint(0, k + 1, (rows, 1), generator=gen)
     best = logits[:, :k].argmax(-1)
     greedy_drafts = torch.where(torch.arange(k) < agree, best, (best + 1) % vocab)
@@ -53,7 +54,7 @@ def main() -> None:
     ref_repeats = max(3, args.repeats // 5)
     cases = {
         "stochastic, draft probs": lambda b: rejection_sample(x["p"], x["d"], x["q"], x["n"], x["u"], backend=b),
-        "stochastic, point mass": lambda b: rejection_sample(x["p"], x["d"], None, x["n"], x["u"], backend=b),
+        "stochastic, point mass": lambda b: rejection_sample(x["p"], x["d_greedy"], None, x["n"], x["u"], backend=b),
         "greedy": lambda b: rejection_sample_greedy(x["logits"], x["d_greedy"], x["n"], backend=b),
     }
     results = {}
