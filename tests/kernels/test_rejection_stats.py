@@ -21,7 +21,7 @@ import torch
 
 from interlock.kernels.bitmask import apply_token_bitmask_
 from interlock.kernels.rejection import rejection_sample
-from interlock.kernels.sampling import probs_from_logits
+from interlock.kernels.sampling import probs_from_logits, sample
 
 DRAWS = 50_000
 MIN_ROWS = 2_000  # positions reached by fewer rows are not tested (counted in the budget anyway)
@@ -51,7 +51,8 @@ CASES = [
     Case(64, 4, 1.0, top_k=20, top_p=0.9, ragged=True),
     Case(64, 4, 0.7, point_mass=True, ragged=True),
 ]
-N_TESTS = sum(2 * c.k + 1 for c in CASES)  # per case: K+1 token positions + K accepted-count laws
+# per case: K+1 token positions + K accepted-count laws; plus one plain-sampling check per case
+N_TESTS = sum(2 * c.k + 1 for c in CASES) + len(CASES)
 ALPHA = 1e-3 / N_TESTS
 
 
@@ -154,6 +155,22 @@ def test_output_is_distributed_as_the_masked_target(case: Case) -> None:
     pvalues = _pvalues(case, p_ref, r, out, n)
     assert len(pvalues) >= 3  # at least the first token, a later position and one accepted-count law
     assert min(pvalues) > ALPHA, f"p-values {pvalues} (threshold {ALPHA:.2e})"
+
+
+@pytest.mark.parametrize("case", CASES[::3], ids=lambda c: f"V{c.vocab}-T{c.temperature}-k{c.top_k}-p{c.top_p}")
+def test_plain_sampling_is_distributed_as_the_masked_target(case: Case) -> None:
+    # The non-speculative path (sample on masked logits) against the reference law.
+    gen = torch.Generator().manual_seed(2000 + CASES.index(case))
+    grammar_allowed = _setup(case, gen)[3]
+    logits = torch.where(grammar_allowed[0], torch.randn(case.vocab, generator=gen) * 2, float("-inf"))
+    rows = (DRAWS,)
+    tokens = sample(logits.expand(DRAWS, case.vocab), torch.full(rows, case.temperature),
+                    torch.full(rows, case.top_k), torch.full(rows, case.top_p), torch.rand(DRAWS, generator=gen))
+    law = probs_from_logits(logits.unsqueeze(0), torch.tensor([case.temperature]), torch.tensor([case.top_k]),
+                            torch.tensor([case.top_p]), backend="reference")[0]
+    counts = torch.bincount(tokens, minlength=case.vocab)
+    assert int(counts[law == 0].sum()) == 0
+    assert chi_square_pvalue(counts, law) > ALPHA
 
 
 def test_the_chi_square_check_catches_a_wrong_draft_law() -> None:
