@@ -1,0 +1,59 @@
+"""Speculative-decoding configuration: which drafters, how far ahead.
+
+Strings as on the CLI: "none", or a "+"-joined set of drafters and options, e.g. "ngram+forced".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DRAFTERS = ("ngram", "forced")
+
+
+@dataclass(frozen=True)
+class NGramConfig:
+    """Prompt-lookup drafting with TensorRT-LLM's NGram options.
+
+    max_matching_ngram_size: longest suffix of the sequence looked up (tries shorter ones after);
+    is_keep_all: keep every continuation seen for a key (else only the latest / oldest);
+    is_use_oldest: with several continuations, propose the oldest (else the newest);
+    is_public_pool: one pool shared by all requests (else one per request).
+    """
+
+    max_matching_ngram_size: int = 3
+    is_keep_all: bool = True
+    is_use_oldest: bool = True
+    is_public_pool: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_matching_ngram_size < 1:
+            raise ValueError(f"max_matching_ngram_size must be >= 1, got {self.max_matching_ngram_size}")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Which drafters propose tokens and at most how many per step (max_draft_len = K)."""
+
+    drafters: tuple[str, ...] = ("ngram", "forced")
+    max_draft_len: int = 3
+    ngram: NGramConfig = NGramConfig()
+
+    def __post_init__(self) -> None:
+        unknown = [d for d in self.drafters if d not in DRAFTERS]
+        if unknown:
+            raise ValueError(f"unknown drafter(s) {unknown}; choose from {', '.join(DRAFTERS)}")
+        if not self.drafters:
+            raise ValueError("no drafters: use speculative=None to disable speculation")
+        if not 1 <= self.max_draft_len <= 16:
+            raise ValueError(f"max_draft_len must be in 1..16, got {self.max_draft_len}")
+
+    @classmethod
+    def parse(cls, text: str | None, *, max_draft_len: int = 3) -> SpeculativeConfig | None:
+        """"none" / "" / None -> None; "ngram+forced" -> SpeculativeConfig(("ngram", "forced"))."""
+        if text is None or text.strip().lower() in ("", "none"):
+            return None
+        parts = tuple(p.strip() for p in text.lower().split("+") if p.strip())
+        return cls(drafters=parts, max_draft_len=max_draft_len)
+
+    @property
+    def label(self) -> str:
+        return "+".join(self.drafters)
