@@ -1,2 +1,9 @@
 """Drafters that propose tokens for the target to verify: n-gram prompt lookup, draft models,
-grammar-forced (jump-forward) tokens and user-provided drafters."""
+grammar-forced (jump-forward) tokens and user-provided drafters.
+
+ngram.py    NGramDrafter: prompt lookup with TensorRT-LLM's options (keep all / oldest / public pool),
+            incremental index, O(max_matching_ngram_size) lookups per propose
+combine.py  combine_drafts (longest useful draft among members), forced_then_ngram (forced tokens,
+            then the n-gram continuation past them)
+base.py     the Drafter Protocol for user-provided drafters
+"""
