@@ -1,0 +1,75 @@
+"""Helpers shared by the benchmark scripts: robust summaries, a rich table, the JSON last line.
+
+Every script prints a human table first and, as its very last line, one JSON object, so that a
+caller (CI, the `bench` CLI, another script) can parse the result with `json.loads(lines[-1])`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from rich.console import Console
+from rich.table import Table
+
+T = TypeVar("T")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation between closest ranks; NaN if empty."""
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile q must lie in [0, 100], got {q}")
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
+    """(fn(), seconds it took) with the monotonic high-resolution clock."""
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The 1/5/15-minute load average, where the OS reports one (shared machines skew timings)."""
+    try:
+        return os.getloadavg()
+    except (AttributeError, OSError):
+        return None
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
+                console: Console | None = None) -> None:
+    """A rich table; floats are shown with 2 decimals, the first column left, the rest right."""
+    table = Table(title=title)
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row))
+    (console or Console(file=sys.stdout)).print(table)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return "-" if math.isnan(value) else f"{value:,.2f}"
+    return str(value)
+
+
+def print_json_last(result: dict[str, Any]) -> None:
+    """The machine-readable result, on one line; call it last. NaN becomes null (valid JSON)."""
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}
+    sys.stdout.flush()
+    print(json.dumps(clean, sort_keys=True), flush=True)
