@@ -48,7 +48,7 @@ configs = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(cfg=configs, d=st.integers(1, 5), prompt=TOKENS,
        chunks=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4), max_size=6),
        data=st.data())
@@ -70,7 +70,7 @@ def test_private_pool_matches_brute_force(cfg: NGramConfig, d: int, prompt: list
             assert got and any(s[e:e + len(got)] == got for s, e in occs)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(cfg=configs.map(lambda c: NGramConfig(c.max_matching_ngram_size, c.is_keep_all,
                                              c.is_use_oldest, is_public_pool=True)),
        d=st.integers(1, 5), prompts=st.lists(TOKENS, min_size=2, max_size=3),
@@ -104,7 +104,7 @@ def test_public_pool_proposes_continuations_seen_in_some_request(
             del live[rid]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(cfg=configs, prompt=TOKENS, chunks=st.lists(st.lists(st.integers(0, 3), max_size=4), max_size=6))
 def test_extend_in_pieces_equals_adding_everything_at_once(cfg: NGramConfig, prompt: list[int],
                                                           chunks: list[list[int]]) -> None:
