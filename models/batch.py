@@ -9,11 +9,19 @@ on the host, and shared by every layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from interlock.models.kv_cache import PagedKVCache
-from interlock.protocol.types import SeqId, TokenId
+from interlock.protocol.types import BlockId, SeqId, TokenId
+
+
+class KVLayout(Protocol):
+    """Where a sequence's positions live: PagedKVCache, or a BlockTables snapshot of it."""
+
+    block_size: int
+
+    def block_table(self, seq: SeqId) -> tuple[BlockId, ...]: ...
 
 # Chunks up to this many tokens (decode and verify steps) take attention's row path, which is
 # bitwise batch-invariant; longer chunks (prompt prefill) take the fused SDPA path.
@@ -64,8 +72,11 @@ class ForwardBatch:
         return self.input_ids.shape[0]
 
 
-def build_batch(chunks: list[SeqChunk], kv: PagedKVCache, device: torch.device | str = "cpu") -> ForwardBatch:
-    """Pack chunks into one ForwardBatch (host-side index arithmetic, once per step)."""
+def build_batch(chunks: list[SeqChunk], kv: KVLayout, device: torch.device | str = "cpu") -> ForwardBatch:
+    """Pack chunks into one ForwardBatch (host-side index arithmetic, once per step).
+
+    The chunks' positions must already be reserved in the cache that `kv` describes.
+    """
     if not chunks:
         raise ValueError("empty batch")
     ids: list[int] = []
@@ -75,7 +86,11 @@ def build_batch(chunks: list[SeqChunk], kv: PagedKVCache, device: torch.device |
     views: list[SeqView] = []
     for c in chunks:
         n, ctx = len(c.tokens), c.start + len(c.tokens)
-        table = kv.block_table(c.seq)[: -(-ctx // kv.block_size)]
+        bs = kv.block_size
+        table = kv.block_table(c.seq)
+        if len(table) * bs < ctx:
+            raise IndexError(f"sequence {c.seq} has {len(table) * bs} reserved positions, chunk needs {ctx}")
+        table = table[: -(-ctx // bs)]
         mask = None
         if n > ROW_PATH_MAX_TOKENS:     # query at position p sees keys 0..p
             mask = torch.arange(ctx)[None, :] <= torch.arange(c.start, ctx)[:, None]
@@ -84,7 +99,7 @@ def build_batch(chunks: list[SeqChunk], kv: PagedKVCache, device: torch.device |
         logit_index.extend(len(ids) + r for r in c.logit_rows)
         ids.extend(c.tokens)
         positions.extend(range(c.start, ctx))
-        write.extend(kv.slots(c.seq, c.start, n))
+        write.extend(table[p // bs] * bs + p % bs for p in range(c.start, ctx))
     return ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),

@@ -1,0 +1,58 @@
+"""KVActor: owns the paged KV allocator (block tables, free list).
+
+The K/V *storage* tensors are written only by the model forward (VerifierActor), which gets a
+reference to them at wiring time; positions and blocks are granted only here.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import structlog
+
+from interlock.actors.base import Actor, Handler
+from interlock.models.kv_cache import PagedKVCache
+from interlock.protocol.messages import BlockTables, Free, KVUsage, Reserve, Rewind
+
+log = structlog.get_logger(__name__)
+
+
+class KVActor(Actor[object]):
+    def __init__(self, kv: PagedKVCache) -> None:
+        self.kv = kv
+        super().__init__("kv")
+
+    def handlers(self) -> Mapping[type, Handler]:
+        return {Reserve: self.on_reserve, Rewind: self.on_rewind, Free: self.on_free, KVUsage: self.on_usage}
+
+    async def on_reserve(self, msg: Reserve) -> None:
+        """All or nothing: on KVCacheExhaustedError every position reserved by this message is undone."""
+        done: list[tuple[int, int, bool]] = []
+        try:
+            for seq, n in msg.items:
+                added = seq not in self.kv.sequences
+                if added:
+                    self.kv.add_sequence(seq)
+                self.kv.reserve(seq, n)
+                done.append((seq, n, added))
+        except Exception as exc:
+            for seq, n, added in reversed(done):
+                if added:
+                    self.kv.free(seq)
+                else:
+                    self.kv.rewind(seq, n)
+            msg.reply.set_exception(exc)
+            return
+        seqs = dict.fromkeys(seq for seq, _ in msg.items)
+        msg.reply.set_result(BlockTables(self.kv.block_size, tuple((s, self.kv.block_table(s)) for s in seqs)))
+
+    async def on_rewind(self, msg: Rewind) -> None:
+        for seq, n in msg.items:
+            if n:
+                self.kv.rewind(seq, n)
+
+    async def on_free(self, msg: Free) -> None:
+        for seq in msg.seqs:
+            self.kv.free(seq)
+
+    async def on_usage(self, msg: KVUsage) -> None:
+        msg.reply.set_result((self.kv.num_free_blocks, self.kv.num_blocks, len(self.kv.sequences)))

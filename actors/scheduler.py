@@ -1,0 +1,339 @@
+"""Scheduler: owns requests, slots, the waiting and running queues, and the output streams.
+
+Between steps it admits requests (a free slot and the KV blocks the request can ever need),
+plans one step (decode steps first, then prompt chunks up to the token budget), has the KVActor
+reserve the positions, and sends the StepPlan down the chain. On the TokenEvent it rewinds
+rejected positions, streams the new text, checks stop conditions and frees what finished.
+One step is in flight at a time; everything else waits for the TokenEvent.
+
+Prompt chunks sit at fixed boundaries (multiples of `prefill_chunk`) so a request's prefill is
+computed the same way whatever else shares its steps: with the batch-invariant forward, a
+request produces exactly the tokens it produces alone.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from interlock.actors.base import Actor, Handler
+from interlock.models.detokenize import IncrementalText
+from interlock.models.tokenizer import Tokenizer
+from interlock.protocol.errors import EngineClosedError, KVCacheExhaustedError
+from interlock.protocol.messages import (
+    AddRequest, BindGrammar, BlockTables, Cancel, Free, GrammarReady, Release, RequestSnapshot, RequestSpec,
+    Reserve, Rewind, StepPlan, Submit, TokenEvent, Wake,
+)
+from interlock.protocol.sampling import Delta, RequestStats
+from interlock.protocol.types import FinishReason, RequestId, SlotId
+from interlock.streams.output import OutputStream
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int
+    max_draft_len: int              # K; 0 without speculation
+    prefill_chunk: int = 256
+    max_step_tokens: int = 512      # token budget of one step (decode rows + prompt chunks)
+    max_position: int = 2048
+    block_size: int = 16
+    num_blocks: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.prefill_chunk < 1 or self.max_draft_len < 0:
+            raise ValueError("max_batch_size and prefill_chunk must be >= 1, max_draft_len >= 0")
+        if self.max_step_tokens < self.max_batch_size * (self.max_draft_len + 1):
+            raise ValueError("max_step_tokens must fit one decode step of a full batch")
+
+
+@dataclass
+class _Request:
+    """The scheduler's private, mutable view of one request (nobody else sees it)."""
+
+    spec: RequestSpec
+    stream: OutputStream[Delta]
+    seq: int
+    text: IncrementalText
+    submitted: float
+    slot: SlotId = -1
+    computed: int = 0                       # positions with K/V written (committed)
+    output: list[int] = field(default_factory=list)
+    grammar: str = "none"                   # "none" | "pending" | "ready"
+    blocks: int = 0                         # KV blocks promised at admission
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    exposed_s: float = 0.0
+    compile_ms: float = 0.0
+    first_token: float = 0.0
+    pending: deque[Delta] = field(default_factory=deque)
+    finished: bool = False                  # finish() called; waiting only to flush / free
+    cancelled: bool = False
+
+    @property
+    def last_token(self) -> int:
+        return self.output[-1] if self.output else self.spec.prompt[-1]
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < len(self.spec.prompt) - 1
+
+
+class Scheduler(Actor[object]):
+    def __init__(self, config: SchedulerConfig, tokenizer: Tokenizer, kv: Actor[object], grammar: Actor[object],
+                 draft: Actor[object], verifier: Actor[object], on_done: Callable[[RequestId], None]) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.kv, self.grammar, self.draft, self.verifier = kv, grammar, draft, verifier
+        self.on_done = on_done
+        self.requests: dict[RequestId, _Request] = {}
+        self.waiting: deque[_Request] = deque()
+        self.running: dict[SlotId, _Request] = {}
+        self.free_slots = list(range(config.max_batch_size - 1, -1, -1))
+        self.free_blocks = config.num_blocks      # blocks not promised to an admitted request
+        self.step = 0
+        self.in_flight: StepPlan | None = None
+        self.draining: list[_Request] = []      # released, final deltas not yet taken by the consumer
+        self._next_seq = 0
+        self._compiled: dict[RequestId, Any] = {}  # grammars that compiled before their request got a slot
+        super().__init__("scheduler", inbox_size=max(64, 4 * config.max_batch_size))
+
+    def handlers(self) -> Mapping[type, Handler]:
+        return {Submit: self.on_submit, GrammarReady: self.on_grammar, Cancel: self.on_cancel,
+                Wake: self.on_wake, TokenEvent: self.on_tokens}
+
+    # --- messages ------------------------------------------------------------------------------
+
+    async def on_submit(self, msg: Submit) -> None:
+        spec = msg.spec
+        req = _Request(spec, msg.stream, self._next_seq, IncrementalText(self.tokenizer, spec.sampling.stop),
+                       time.perf_counter(), grammar="pending" if spec.grammar is not None else "none")
+        self._next_seq += 1
+        need = self._blocks_for(req)
+        if need > self.config.num_blocks:
+            msg.stream.fail(KVCacheExhaustedError(
+                f"request needs {need} KV blocks (prompt {len(spec.prompt)} + max_tokens "
+                f"{spec.sampling.max_tokens}), the pool has {self.config.num_blocks}: lower max_tokens "
+                "or give the engine more KV blocks"))
+            self.on_done(spec.request_id)
+            return
+        self.requests[spec.request_id] = req
+        self.waiting.append(req)
+        await self._advance()
+
+    async def on_grammar(self, msg: GrammarReady) -> None:
+        req = self.requests.get(msg.request_id)
+        if req is None or req.finished:
+            return
+        req.compile_ms = msg.compile_ms
+        if msg.error is not None:
+            await self._finish(req, "error", msg.error)
+        else:
+            req.grammar = "ready"
+            if req.slot >= 0:
+                await self.grammar.send(BindGrammar(req.slot, msg.compiled))
+            else:
+                self._compiled[msg.request_id] = msg.compiled
+        await self._advance()
+
+    async def on_cancel(self, msg: Cancel) -> None:
+        req = self.requests.get(msg.request_id)
+        if req is not None:
+            req.cancelled = True
+        await self._advance()
+
+    async def on_wake(self, msg: Wake) -> None:
+        await self._advance()
+
+    async def on_tokens(self, event: TokenEvent) -> None:
+        plan, self.in_flight = self.in_flight, None
+        assert plan is not None and plan.step == event.step, "token event for a step not in flight"
+        await self.grammar.send(event)
+        await self.draft.send(event)
+        rewinds, emits = [], []
+        by_id = {r.request_id: r for r in event.results}
+        for s in plan.snapshots:
+            req = self.requests[s.request_id]
+            result = by_id.get(s.request_id)
+            if result is None:                                    # a prefill chunk
+                req.computed += len(s.chunk)
+                continue
+            used = 1 + result.accepted                             # last token + accepted drafts
+            rewinds.append((req.seq, 1 + plan.max_draft_len - used))
+            req.computed += used
+            req.steps += 1
+            req.drafted += result.drafted
+            req.accepted += result.accepted
+            req.exposed_s += event.exposed_grammar_s
+            emits.append((req, list(result.new_tokens)))
+        if rewinds:                                                # before any Free that _emit may send
+            await self.kv.send(Rewind(tuple(rewinds)))
+        for req, tokens in emits:
+            await self._emit(req, tokens)
+        await self._advance()
+
+    # --- the loop body -----------------------------------------------------------------------
+
+    async def _advance(self) -> None:
+        """Between steps: retire finished/cancelled requests, admit, plan and launch the next step."""
+        if self.in_flight is not None:
+            return
+        for req in list(self.requests.values()):
+            if req.cancelled or req.stream.state == "cancelled":
+                await self._release(req)
+            elif req.pending:
+                self._flush(req)
+        for req in list(self.draining):
+            self._flush(req)
+            if not req.pending or req.stream.state != "open":
+                self.draining.remove(req)
+        await self._admit()
+        plan = self._plan()
+        if plan is None:
+            return
+        # Admission promised every request its blocks, so this reservation cannot run out.
+        tables: BlockTables = await self.kv.ask(lambda reply: Reserve(
+            tuple((s.seq, len(s.chunk) + (plan.max_draft_len if s.sample else 0)) for s in plan.snapshots), reply))
+        self.in_flight = StepPlan(plan.step, plan.snapshots, plan.max_draft_len, tables)
+        await self.grammar.send(self.in_flight)
+
+    async def _admit(self) -> None:
+        while self.waiting and self.free_slots:
+            req = self.waiting[0]
+            if req.cancelled or req.stream.state == "cancelled":
+                self.waiting.popleft()
+                self.requests.pop(req.spec.request_id, None)
+                self.on_done(req.spec.request_id)
+                continue
+            need = self._blocks_for(req)
+            if need > self.free_blocks:
+                return                        # FIFO: wait for blocks rather than starve big requests
+            self.waiting.popleft()
+            req.slot, req.blocks = self.free_slots.pop(), need
+            self.free_blocks -= need
+            self.running[req.slot] = req
+            await self.draft.send(AddRequest(req.spec.request_id, req.spec.prompt))
+            compiled = self._compiled.pop(req.spec.request_id, None)
+            if compiled is not None:
+                await self.grammar.send(BindGrammar(req.slot, compiled))
+
+    def _plan(self) -> StepPlan | None:
+        k = self.config.max_draft_len
+        budget = self.config.max_step_tokens
+        snaps: list[RequestSnapshot] = []
+        for slot in sorted(self.running):           # decode rows first: they keep latency low
+            req = self.running[slot]
+            if req.prefilling or req.finished or req.pending or not req.stream.has_room():
+                continue
+            if req.grammar == "pending":
+                continue                            # prefilled; sampled once its grammar is ready
+            snaps.append(RequestSnapshot(req.spec.request_id, slot, req.seq, req.computed, (req.last_token,),
+                                         True, req.grammar == "ready", req.spec.sampling))
+            budget -= 1 + k
+        for slot in sorted(self.running):           # then prompt chunks, whole chunks only
+            req = self.running[slot]
+            if not req.prefilling or req.finished:
+                continue
+            c = self.config.prefill_chunk
+            end = min((req.computed // c + 1) * c, len(req.spec.prompt) - 1)
+            n = end - req.computed
+            if n > budget and snaps:
+                break
+            snaps.append(RequestSnapshot(req.spec.request_id, slot, req.seq, req.computed,
+                                         tuple(req.spec.prompt[req.computed:end]), False,
+                                         req.grammar != "none", req.spec.sampling))
+            budget -= n
+        if not snaps:
+            return None
+        self.step += 1
+        return StepPlan(self.step, tuple(snaps), k)
+
+    # --- output --------------------------------------------------------------------------------
+
+    async def _emit(self, req: _Request, tokens: list[int]) -> None:
+        if not req.output and tokens:
+            req.first_token = time.perf_counter()
+        sampling = req.spec.sampling
+        reason: FinishReason | None = None
+        for i, t in enumerate(tokens):
+            if t in self.tokenizer.eos_token_ids and not sampling.ignore_eos:
+                tokens, reason = tokens[:i], "stop"
+                break
+        room = sampling.max_tokens - len(req.output)
+        if len(tokens) > room:
+            tokens, reason = tokens[:room], "length"
+        elif len(tokens) == room and reason is None:
+            reason = "length"
+        req.output.extend(tokens)
+        if reason is None and req.computed + 1 + self.config.max_draft_len >= self.config.max_position:
+            reason = "length"
+        text = req.text.push(tokens, final=reason is not None)
+        if req.text.stop_hit:
+            reason = "stop"
+        if reason is None:
+            req.pending.append(Delta(text, tuple(tokens)))
+        else:
+            req.pending.append(Delta(text, tuple(tokens), reason, self._stats(req)))
+            req.finished = True
+            # Free first, deliver after: once the caller sees the end, every Free is already queued.
+            await self._release(req)
+        self._flush(req)
+
+    def _flush(self, req: _Request) -> None:
+        while req.pending and req.stream.try_put(req.pending[0]):
+            delta = req.pending.popleft()
+            if delta.finish_reason is not None:
+                req.stream.finish()
+
+    def _stats(self, req: _Request) -> RequestStats:
+        now = time.perf_counter()
+        return RequestStats(
+            prompt_tokens=len(req.spec.prompt), output_tokens=len(req.output), steps=req.steps,
+            drafted=req.drafted, accepted=req.accepted,
+            ttft_s=(req.first_token or now) - req.submitted, elapsed_s=now - req.submitted,
+            exposed_grammar_ms=req.exposed_s * 1e3, grammar_compile_ms=req.compile_ms)
+
+    async def _finish(self, req: _Request, reason: FinishReason, error: BaseException | None = None) -> None:
+        req.finished = True
+        if error is not None:
+            req.stream.fail(error)
+        else:
+            req.stream.finish()
+        req.pending.clear()
+        await self._release(req)
+
+    async def _release(self, req: _Request) -> None:
+        """Free everything the request holds, in every actor. Never while its step is in flight.
+
+        Deltas the consumer has not taken yet stay queued (`draining`) and are delivered later.
+        """
+        rid = req.spec.request_id
+        if self.requests.pop(rid, None) is None:
+            return
+        if req.pending and req.stream.state == "open":
+            self.draining.append(req)
+        elif req.stream.state == "open":
+            req.stream.fail(EngineClosedError("request dropped"))
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req.slot >= 0:
+            self.running.pop(req.slot, None)
+            await self.grammar.send(Release(rid, req.slot))
+            await self.draft.send(Release(rid, req.slot))
+            await self.verifier.send(Release(rid, req.slot))
+            await self.kv.send(Free((req.seq,)))
+            self.free_slots.append(req.slot)
+            self.free_blocks += req.blocks
+        self._compiled.pop(rid, None)
+        self.on_done(rid)
+
+    def _blocks_for(self, req: _Request) -> int:
+        positions = min(len(req.spec.prompt) + req.spec.sampling.max_tokens + self.config.max_draft_len + 1,
+                        self.config.max_position + self.config.max_draft_len + 1)
+        return -(-positions // self.config.block_size)

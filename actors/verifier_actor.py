@@ -1,0 +1,168 @@
+"""VerifierActor: owns the target model and the sampling state; runs the model lane.
+
+Per step it enqueues on the model lane: the forward over every request's chunk (prefill chunks,
+or the last token plus drafts), a wait for the mask event, then masking and verification; it
+records the token event, awaits it without blocking the loop, and reports a TokenEvent.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from interlock.actors.base import Actor, Handler
+from interlock.actors.grammar_actor import MaskBuffers
+from interlock.kernels import apply_token_bitmask_, probs_from_logits, rejection_sample, rejection_sample_greedy
+from interlock.models.batch import SeqChunk, build_batch
+from interlock.models.kv_cache import PagedKVCache
+from interlock.models.llama import Transformer
+from interlock.protocol.messages import DraftProposal, Release, RequestSnapshot, SlotResult, TokenEvent
+from interlock.protocol.types import RequestId, TokenId
+from interlock.streams.timeline import DeviceEvent, Timeline
+
+
+@dataclass
+class _StepWork:
+    """What one step's host functions share (written on the model lane, read after the token event)."""
+
+    proposal: DraftProposal
+    sampled: list[int]                          # indices into plan.snapshots that sample
+    drafts: list[tuple[TokenId, ...]]
+    logits: torch.Tensor | None = None
+    results: list[SlotResult] = field(default_factory=list)
+    forward_end: float = 0.0
+    exposed_s: float = 0.0
+    forward_s: float = 0.0
+
+
+class VerifierActor(Actor[object]):
+    def __init__(self, model: Transformer, kv: PagedKVCache, timeline: Timeline, buffers: MaskBuffers,
+                 mask_ready: DeviceEvent, tokens_ready: DeviceEvent, scheduler: Actor[object],
+                 tokenizer_vocab: int, eos_token_ids: tuple[int, ...]) -> None:
+        self.model = model
+        self.kv = kv
+        self.timeline = timeline
+        self.buffers = buffers
+        self.mask_ready = mask_ready
+        self.tokens_ready = tokens_ready
+        self.scheduler = scheduler
+        self.tokenizer_vocab = tokenizer_vocab
+        self.eos = frozenset(eos_token_ids)
+        self.generators: dict[RequestId, torch.Generator] = {}
+        super().__init__("verifier")
+
+    def handlers(self) -> Mapping[type, Handler]:
+        return {DraftProposal: self.on_proposal, Release: self.on_release}
+
+    async def on_release(self, msg: Release) -> None:
+        self.generators.pop(msg.request_id, None)
+
+    async def on_proposal(self, proposal: DraftProposal) -> None:
+        plan = proposal.plan
+        sampled = [i for i, s in enumerate(plan.snapshots) if s.sample]
+        work = _StepWork(proposal, sampled, [proposal.drafts[i] for i in sampled])
+        for i in sampled:               # seeded per request, drawn in request order: batch-independent
+            s = plan.snapshots[i]
+            if not s.sampling.greedy and s.request_id not in self.generators:
+                gen = torch.Generator()
+                gen.manual_seed(s.sampling.seed if s.sampling.seed is not None else int(torch.randint(2**62, ()).item()))
+                self.generators[s.request_id] = gen
+        lane = self.timeline.model
+        lane.launch_host(self._forward, work)
+        if any(plan.snapshots[i].constrained for i in sampled):
+            lane.wait(self.mask_ready)
+        if sampled:
+            lane.launch_host(self._verify, work)
+        lane.record(self.tokens_ready)
+        await self.tokens_ready.wait_async()
+        await self.scheduler.send(TokenEvent(plan.step, tuple(work.results), work.exposed_s, work.forward_s))
+
+    # --- model lane ---------------------------------------------------------------------------
+
+    def _forward(self, work: _StepWork) -> None:
+        plan = work.proposal.plan
+        chunks = []
+        for i, s in enumerate(plan.snapshots):
+            tokens = s.chunk + work.proposal.drafts[i]
+            rows = tuple(range(len(tokens))) if s.sample else ()
+            chunks.append(SeqChunk(s.seq, tokens, s.start, rows))
+        start = time.perf_counter()
+        work.logits = self.model(build_batch(chunks, plan.kv), self.kv)   # [sum(1 + n_i), V]
+        work.forward_end = time.perf_counter()
+        work.forward_s = work.forward_end - start
+
+    def _verify(self, work: _StepWork) -> None:
+        work.exposed_s = time.perf_counter() - work.forward_end
+        plan = work.proposal.plan
+        snaps = [plan.snapshots[i] for i in work.sampled]
+        b, k = len(snaps), max(len(d) for d in work.drafts)
+        v = work.logits.shape[1]
+        logits = work.logits.new_zeros((b, k + 1, v))                      # [B, K+1, V]; padding unused
+        draft_tokens = torch.zeros(b, k, dtype=torch.long)
+        num_drafts = torch.zeros(b, dtype=torch.long)
+        offset = 0
+        for row, (s, drafts) in enumerate(zip(snaps, work.drafts)):
+            n = len(drafts)
+            logits[row, : n + 1] = work.logits[offset: offset + n + 1]
+            offset += n + 1
+            if n:
+                draft_tokens[row, :n] = torch.tensor(drafts)
+            valid = n
+            if s.constrained:              # drafts past the first one the grammar refused are moot
+                valid = min(n, int(self.buffers.rows[s.slot]) - 1)
+            num_drafts[row] = valid
+        logits[:, :, self.tokenizer_vocab:] = float("-inf")                 # padded ids: never
+        self._mask(logits, snaps, k)
+        if all(s.sampling.greedy for s in snaps):
+            result = rejection_sample_greedy(logits, draft_tokens, num_drafts)
+        else:
+            result = self._stochastic(logits, snaps, draft_tokens, num_drafts, k)
+        for row, s in enumerate(snaps):
+            n_acc = int(result.num_accepted[row])
+            tokens = [int(t) for t in result.tokens[row, : n_acc + 1]]
+            for j, t in enumerate(tokens):  # nothing after a stop token (the grammar refuses it)
+                if t in self.eos and not s.sampling.ignore_eos:
+                    tokens = tokens[: j + 1]
+                    break
+            work.results.append(SlotResult(s.request_id, s.slot, tuple(tokens), int(num_drafts[row]),
+                                           min(n_acc, len(tokens) - 1)))
+
+    def _mask(self, logits: torch.Tensor, snaps: list[RequestSnapshot], k: int) -> None:
+        """Grammar masks, in place: row j of a constrained request uses bitmask row slot*(K+1)+j."""
+        per = self.buffers.rows_per_slot
+        b = len(snaps)
+        rows = torch.tensor([[s.slot * per + j for j in range(k + 1)] for s in snaps], dtype=torch.long)
+        # Rows past the ones the grammar filled (after a refused draft, or padding) are never read.
+        filled = [int(self.buffers.rows[s.slot]) if s.constrained else 0 for s in snaps]
+        skip = torch.tensor([[j >= n for j in range(k + 1)] for n in filled], dtype=torch.bool)
+        if skip.all():
+            return
+        flat = logits.view(b * (k + 1), -1)
+        apply_token_bitmask_(flat, self.buffers.bitmask, rows=rows.view(-1), skip=skip.view(-1),
+                             mask_vocab_size=self.tokenizer_vocab)
+
+    def _stochastic(self, logits: torch.Tensor, snaps: list[RequestSnapshot], draft_tokens: torch.Tensor,
+                    num_drafts: torch.Tensor, k: int):
+        b = len(snaps)
+        per = self.buffers.rows_per_slot
+        temp = torch.tensor([s.sampling.temperature for s in snaps]).repeat_interleave(k + 1)
+        top_k = torch.tensor([s.sampling.top_k or 0 for s in snaps]).repeat_interleave(k + 1)
+        top_p = torch.tensor([s.sampling.top_p or 1.0 for s in snaps]).repeat_interleave(k + 1)
+        any_k = any(s.sampling.top_k for s in snaps)
+        any_p = any(s.sampling.top_p for s in snaps)
+        probs = probs_from_logits(logits.view(b * (k + 1), -1), temp, top_k if any_k else None,
+                                  top_p if any_p else None).view(b, k + 1, -1)
+        # Each request draws a fixed number of uniforms per step (max_draft_len acceptance draws +
+        # one resample draw), whatever K this batch has: its stream of randoms, and so its output,
+        # does not depend on the other requests.
+        uniforms = torch.zeros(b, k + 1)
+        for row, s in enumerate(snaps):
+            gen = self.generators.get(s.request_id)
+            if gen is None:
+                continue
+            draws = torch.rand(per, generator=gen)
+            uniforms[row, :k] = draws[:k]
+            uniforms[row, k] = draws[per - 1]
+        return rejection_sample(probs, draft_tokens, None, num_drafts, uniforms)

@@ -1,0 +1,241 @@
+"""Engine: the public facade. Loads a model, wires the five actors, streams requests' output.
+
+    async with Engine.from_pretrained("smollm2-135m-instruct", speculative="ngram+forced") as engine:
+        async for delta in engine.generate(messages, grammar=JsonSchema(schema)):
+            print(delta.text, end="")
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import anyio
+import structlog
+
+from interlock.actors.draft_actor import DraftActor
+from interlock.actors.grammar_actor import GrammarActor, MaskBuffers
+from interlock.actors.kv_actor import KVActor
+from interlock.actors.runtime import Runtime
+from interlock.actors.scheduler import Scheduler, SchedulerConfig
+from interlock.actors.verifier_actor import VerifierActor
+from interlock.grammars.layer import GrammarLayer
+from interlock.models.generate import check_prompt_fits
+from interlock.models.kv_cache import PagedKVCache
+from interlock.models.linear import Weights
+from interlock.models.loader import LoadedModel, load_model
+from interlock.models.tokenizer import Message
+from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError, InterlockError, RequestError
+from interlock.protocol.grammar import BackendName, GrammarConfig, GrammarSpec
+from interlock.protocol.messages import Cancel, GrammarReady, RequestSpec, Submit, Wake
+from interlock.protocol.sampling import Completion, Delta, SamplingParams
+from interlock.protocol.speculative import SpeculativeConfig
+from interlock.protocol.types import RequestId
+from interlock.streams.channel import ChannelClosedError
+from interlock.streams.cpu_timeline import CpuTimeline
+from interlock.streams.errors import ChannelFullError
+from interlock.streams.output import OutputStream
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an engine is built with (validated here, never mutated)."""
+
+    speculative: SpeculativeConfig | None = SpeculativeConfig()
+    grammar: GrammarConfig = GrammarConfig()
+    max_batch_size: int = 8
+    num_kv_blocks: int | None = None        # None: enough for max_batch_size full contexts
+    block_size: int = 16
+    prefill_chunk: int = 256
+    max_step_tokens: int = 512
+    output_buffer: int = 16                 # deltas a slow consumer may leave unread before its request pauses
+    max_context: int | None = None          # None: the model's context window
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.output_buffer < 1 or self.block_size < 1:
+            raise ValueError("max_batch_size, output_buffer and block_size must be >= 1")
+
+
+class Engine:
+    """Runs requests on one model. Use as an async context manager; see `generate` and `complete`."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()) -> None:
+        self.model = loaded
+        self.config = config
+        self.tokenizer = loaded.tokenizer
+        self.max_context = min(config.max_context or loaded.config.max_position, loaded.config.max_position)
+        self._ids = itertools.count()
+        self._streams: dict[RequestId, OutputStream[Delta]] = {}
+        self._runtime: Runtime | None = None
+        self._closed = False
+        self._failure: EngineError | None = None
+        k = config.speculative.max_draft_len if config.speculative else 0
+        per_seq = -(-(self.max_context + k + 1) // config.block_size)
+        num_blocks = config.num_kv_blocks or per_seq * config.max_batch_size
+        self.grammars = GrammarLayer(loaded.tokenizer, loaded.config.vocab_size, config.grammar)
+        self._sched_config = SchedulerConfig(
+            max_batch_size=config.max_batch_size, max_draft_len=k, prefill_chunk=config.prefill_chunk,
+            max_step_tokens=max(config.max_step_tokens, config.max_batch_size * (k + 1)),
+            max_position=self.max_context, block_size=config.block_size, num_blocks=num_blocks)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str = "smollm2-135m-instruct", *,
+                        speculative: SpeculativeConfig | str | None = "ngram+forced", draft_len: int = 3,
+                        grammar_backend: BackendName = "auto", max_batch_size: int = 8,
+                        weights: Weights = "int8", **options: object) -> Engine:
+        """Load a model (see models.loader.load_model) and build an engine around it.
+
+        speculative: a SpeculativeConfig, a string such as "ngram+forced" / "ngram" / "forced", or
+        None / "none" for one token per step. options: the other EngineConfig fields.
+        """
+        if isinstance(speculative, str) or speculative is None:
+            speculative = SpeculativeConfig.parse(speculative, max_draft_len=draft_len)
+        config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=grammar_backend),
+                              max_batch_size=max_batch_size, **options)  # type: ignore[arg-type]
+        return cls(load_model(name_or_path, weights=weights), config)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Engine:
+        c = self._sched_config
+        loaded = self.model
+        timeline = CpuTimeline()
+        kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size)
+        buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)
+        mask_ready, tokens_ready = timeline.new_event(), timeline.new_event()
+        kv_actor = KVActor(kv)
+        # Wiring needs references both ways; each actor only ever sends to the others' inboxes.
+        scheduler: Scheduler
+        verifier = VerifierActor(loaded.model, kv, timeline, buffers, mask_ready, tokens_ready, None,  # type: ignore[arg-type]
+                                 self.tokenizer.vocab_size, self.tokenizer.eos_token_ids)
+        draft = DraftActor(self.config.speculative, None)  # type: ignore[arg-type]
+        grammar = GrammarActor(self.grammars.backend, timeline, buffers, mask_ready, verifier, draft)
+        draft.grammar = grammar
+        scheduler = Scheduler(c, self.tokenizer, kv_actor, grammar, draft, verifier, self._forget)
+        verifier.scheduler = scheduler
+        self._timeline = timeline
+        self._kv_actor, self._grammar_actor, self._draft_actor, self._scheduler = kv_actor, grammar, draft, scheduler
+        self._runtime = Runtime([kv_actor, verifier, grammar, draft, scheduler], on_failure=self._on_failure)
+        await self._runtime.__aenter__()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the engine: in-flight requests end with EngineClosedError."""
+        if self._closed:
+            return
+        self._closed = True
+        for stream in list(self._streams.values()):
+            stream.fail(self._failure or EngineClosedError("the engine was closed"))
+        self._streams.clear()
+        try:
+            if self._runtime is not None:
+                await self._runtime.__aexit__(None, None, None)
+        except EngineError:
+            pass                        # already reported to every request
+        finally:
+            self._timeline.close()
+
+    def _on_failure(self, actor: str, exc: BaseException) -> None:
+        log.error("actor_crashed", actor=actor, error=repr(exc))
+        self._failure = EngineError(f"the engine failed: actor {actor} crashed: {exc!r}")
+        self._failure.__cause__ = exc
+        for stream in list(self._streams.values()):
+            stream.fail(self._failure)
+        self._streams.clear()
+        self._closed = True
+
+    def _forget(self, request_id: RequestId) -> None:
+        self._streams.pop(request_id, None)
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[Message], *, grammar: GrammarSpec | None = None,
+                 sampling: SamplingParams = SamplingParams()) -> AsyncIterator[Delta]:
+        """Stream the output as Deltas; the last one has finish_reason and stats.
+
+        Leaving the loop early, closing the iterator or cancelling the consuming task cancels the
+        request and frees everything it held. Raises a RequestError subclass (bad prompt, grammar,
+        capacity) for this request only, EngineError if the engine fails or is closed.
+        """
+        return self._generate(prompt, grammar, sampling)
+
+    async def complete(self, prompt: str | Sequence[Message], *, grammar: GrammarSpec | None = None,
+                       sampling: SamplingParams = SamplingParams()) -> Completion:
+        """The whole output at once."""
+        text, ids, last = [], [], None
+        async for delta in self.generate(prompt, grammar=grammar, sampling=sampling):
+            text.append(delta.text)
+            ids.extend(delta.token_ids)
+            last = delta
+        assert last is not None and last.finish_reason is not None and last.stats is not None
+        return Completion("".join(text), tuple(ids), last.finish_reason, last.stats)
+
+    async def _generate(self, prompt: str | Sequence[Message], grammar: GrammarSpec | None,
+                        sampling: SamplingParams) -> AsyncIterator[Delta]:
+        if self._closed or self._runtime is None:
+            raise self._failure or EngineClosedError("the engine is not running (use `async with engine:`)")
+        tokens = self.tokenizer.encode_prompt(prompt)
+        check_prompt_fits(self.model.config, len(tokens))
+        if len(tokens) + 1 > self.max_context:
+            raise RequestError(f"prompt has {len(tokens)} tokens; the engine's context is {self.max_context}")
+        rid = f"req-{next(self._ids)}"
+        stream: OutputStream[Delta] = OutputStream(self.config.output_buffer, on_room=self._wake,
+                                                   on_cancel=lambda: self._cancel(rid))
+        self._streams[rid] = stream
+        spec = RequestSpec(rid, tuple(tokens), grammar, sampling)
+        try:
+            await self._scheduler.send(Submit(spec, stream))
+            if grammar is not None:
+                await self._compile(rid, grammar)
+            async for delta in stream:
+                yield delta
+        except ChannelClosedError as exc:
+            raise self._failure or EngineClosedError("the engine was closed") from exc
+        finally:
+            stream.cancel()
+
+    async def _compile(self, rid: RequestId, spec: GrammarSpec) -> None:
+        """Compile in this request's own task (a worker thread underneath), while its prompt prefills."""
+        start = time.perf_counter()
+        try:
+            compiled = await self.grammars.compile(spec)
+        except GrammarError as exc:
+            await self._scheduler.send(GrammarReady(rid, error=exc))
+            return
+        await self._scheduler.send(GrammarReady(rid, compiled, compile_ms=(time.perf_counter() - start) * 1e3))
+
+    def _wake(self) -> None:
+        self._post(Wake())
+
+    def _cancel(self, rid: RequestId) -> None:
+        self._post(Cancel(rid))
+
+    def _post(self, msg: object) -> None:
+        """From the consumer's side; a full inbox is fine: the scheduler re-checks streams every step."""
+        if self._closed:
+            return
+        try:
+            self._scheduler.send_nowait(msg)
+        except (ChannelFullError, ChannelClosedError):
+            pass
+
+    # --- introspection (tests, metrics) ------------------------------------------------------
+
+    async def resources(self) -> dict[str, int]:
+        """What is held right now: free/total KV blocks, KV sequences, matchers, n-gram requests."""
+        from interlock.protocol.messages import Count, KVUsage
+
+        free, total, seqs = await self._kv_actor.ask(lambda r: KVUsage(r))
+        matchers = await self._grammar_actor.ask(lambda r: Count(r))
+        ngram = await self._draft_actor.ask(lambda r: Count(r))
+        return {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs,
+                "matchers": matchers, "ngram_requests": ngram,
+                "slots_free": len(self._scheduler.free_slots), "requests": len(self._scheduler.requests)}

@@ -1,0 +1,191 @@
+"""The messages actors exchange, one frozen class per intent (see ARCHITECTURE.md, "Actors").
+
+Snapshots carry ids, ints and tuples; big buffers (KV storage, bitmasks, logits) stay with the
+actor that owns them and are shared read-only by reference, set up once when the runtime is wired.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from interlock.protocol.grammar import GrammarSpec
+from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.types import BlockId, RequestId, SeqId, SlotId, TokenId
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """What the user asked for, tokenized and validated."""
+
+    request_id: RequestId
+    prompt: tuple[TokenId, ...]
+    grammar: GrammarSpec | None
+    sampling: SamplingParams
+
+
+# --- Scheduler inbox -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Submit:
+    spec: RequestSpec
+    stream: Any                    # streams.output.OutputStream[Delta]: the scheduler is its producer
+
+
+@dataclass(frozen=True)
+class GrammarReady:
+    """The request's grammar compiled (compiled is set) or failed (error is set)."""
+
+    request_id: RequestId
+    compiled: Any = None
+    error: BaseException | None = None
+    compile_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: RequestId
+
+
+@dataclass(frozen=True)
+class Wake:
+    """A paused output stream has room again (or anything else worth re-planning for)."""
+
+
+# --- one step ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RequestSnapshot:
+    """One request as one step sees it.
+
+    chunk: the tokens this step feeds the model at positions [start, start + len(chunk)):
+    a prefill chunk of the prompt, or (last token,) for a sampling step, which drafts extend.
+    """
+
+    request_id: RequestId
+    slot: SlotId
+    seq: SeqId
+    start: int
+    chunk: tuple[TokenId, ...]
+    sample: bool                   # this step samples (decode); False for a prefill chunk
+    constrained: bool              # has a grammar (ready whenever sample is True)
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
+class BlockTables:
+    """Read-only view of the KV block tables a step uses (what models.batch.build_batch needs)."""
+
+    block_size: int
+    tables: tuple[tuple[SeqId, tuple[BlockId, ...]], ...]
+
+    def block_table(self, seq: SeqId) -> tuple[BlockId, ...]:
+        for s, table in self.tables:
+            if s == seq:
+                return table
+        raise KeyError(seq)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    step: int
+    snapshots: tuple[RequestSnapshot, ...]
+    max_draft_len: int
+    kv: BlockTables | None = None  # filled in by the Scheduler after the KVActor reserved positions
+
+
+@dataclass(frozen=True)
+class Forced:
+    """Grammar-forced tokens per snapshot (jump-forward), from the GrammarActor to the DraftActor."""
+
+    plan: StepPlan
+    tokens: tuple[tuple[TokenId, ...], ...]
+
+
+@dataclass(frozen=True)
+class DraftProposal:
+    """The plan plus drafts per snapshot (empty for prefill chunks and unspeculated requests)."""
+
+    plan: StepPlan
+    drafts: tuple[tuple[TokenId, ...], ...]
+
+
+@dataclass(frozen=True)
+class SlotResult:
+    request_id: RequestId
+    slot: SlotId
+    new_tokens: tuple[TokenId, ...]   # accepted drafts, then the one sampled token
+    drafted: int
+    accepted: int
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A step's outcome; sampled snapshots only, in plan order."""
+
+    step: int
+    results: tuple[SlotResult, ...]
+    exposed_grammar_s: float          # how long the model lane waited for this step's masks
+    forward_s: float
+
+
+# --- KVActor ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Reserve:
+    """Grow each (seq, n) by n positions; reply with the step's BlockTables. New seqs are added."""
+
+    items: tuple[tuple[SeqId, int], ...]
+    reply: Any
+
+
+@dataclass(frozen=True)
+class Rewind:
+    items: tuple[tuple[SeqId, int], ...]
+
+
+@dataclass(frozen=True)
+class Free:
+    seqs: tuple[SeqId, ...]
+
+
+@dataclass(frozen=True)
+class KVUsage:
+    reply: Any
+
+
+# --- per-request resources -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BindGrammar:
+    """GrammarActor: create the matcher of `slot` from a compiled grammar."""
+
+    slot: SlotId
+    compiled: Any
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """DraftActor: start indexing a request (its prompt)."""
+
+    request_id: RequestId
+    prompt: tuple[TokenId, ...]
+
+
+@dataclass(frozen=True)
+class Release:
+    """Every owner frees what it holds for this request (slot's matcher, n-gram entries)."""
+
+    request_id: RequestId
+    slot: SlotId
+
+
+@dataclass(frozen=True)
+class Count:
+    """Ask an actor how many per-request resources it holds (for leak checks)."""
+
+    reply: Any
+
+
+def chunk_tables(tables: Sequence[tuple[SeqId, Sequence[BlockId]]], block_size: int) -> BlockTables:
+    return BlockTables(block_size, tuple((s, tuple(t)) for s, t in tables))
