@@ -31,6 +31,18 @@ FailureCallback = Callable[[str, BaseException], None]
 log = structlog.get_logger(__name__)
 
 
+class _ShieldWhenStarted(TaskStatus[None]):
+    """Passes the started handshake on, shielding the actor's scope from that moment."""
+
+    def __init__(self, inner: TaskStatus[None], scope: anyio.CancelScope) -> None:
+        self._inner = inner
+        self._scope = scope
+
+    def started(self, value: None = None) -> None:
+        self._scope.shield = True
+        self._inner.started(value)
+
+
 def _ignore_failure(actor_name: str, exc: BaseException) -> None:
     return None
 
@@ -133,10 +145,11 @@ class Runtime:
 
     async def _supervise(self, actor: Actor[Any], *, task_status: TaskStatus[None]) -> None:
         try:
-            # Shielded from the owner's cancellation: __aexit__ (itself shielded) stops the actors
-            # one by one in reverse order, rather than all at once in no particular order.
-            with anyio.CancelScope(shield=True):
-                await actor.run(task_status=task_status)
+            # Once started, the actor is shielded from the owner's cancellation: __aexit__ (itself
+            # shielded) stops the actors one by one in reverse order, rather than all at once.
+            # Not before: anyio's start() cancels a still-starting child and waits for it.
+            with anyio.CancelScope() as scope:
+                await actor.run(task_status=_ShieldWhenStarted(task_status, scope))
         except Exception as exc:
             if not actor.started.is_set():
                 raise  # before the handshake: tg.start() re-raises it in __aenter__
