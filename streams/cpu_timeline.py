@@ -23,10 +23,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
+import structlog
+
 from interlock.streams.errors import LaneFullError, TimelineClosedError, TimelineError
 from interlock.streams.timeline import DeviceEvent, LaneName, LaneStatistics, TimelineStatistics
 
 OpKind = Literal["host", "record", "wait", "marker", "stop"]
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(eq=False)
@@ -225,6 +229,7 @@ class CpuLane:
             try:
                 op()
             except BaseException as exc:  # noqa: BLE001 - a lane thread has nobody else to tell
+                log.error("timeline_host_function_failed", lane=self.name, error=repr(exc))
                 shared.break_all(exc)
                 continue
             if kind != "marker":

@@ -11,8 +11,6 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from interlock.protocol.errors import EngineClosedError
-
 T = TypeVar("T")
 
 _UNSET = object()
@@ -94,7 +92,3 @@ class PendingReplies:
     def _discard(self, reply: Reply[object]) -> None:
         self._pending.discard(reply)
 
-
-def closed_error(owner: str) -> EngineClosedError:
-    """The error pending replies get when `owner` stops cleanly."""
-    return EngineClosedError(f"{owner} stopped before replying")
