@@ -1,0 +1,237 @@
+"""Batch-1 greedy prefill and decode speed: our forward (int8 and float weights) vs HF `generate`.
+
+    .venv/bin/python -m interlock.benchmarks.model_speed --tokens 64 --repeats 5 --threads 2
+
+All three runners see the same process settings (torch threads, fp32 activations for the
+references), the same chat prompt and the same number of new tokens, and run interleaved
+repeat by repeat so that load from other processes on a shared machine hits them alike.
+
+Definitions (N = --tokens new tokens, P = prompt tokens):
+- prefill tok/s = P / time of one forward over the prompt (KV written, last-row logits);
+- decode tok/s  = (N - 1) / decode time: the prefill already yields the first new token, the
+  N - 1 one-token steps after it are the decode. Decode time = median(prefill + decode total)
+  - median(prefill) over the repeats; for HF the total is one `generate(N)` call, so HF's
+  per-step overhead (logits processors, stopping criteria) counts as decode, just as our
+  loop's batch building counts in ours. Medians before the subtraction keep one slow prefill
+  on a loaded machine from producing an absurd rate.
+- HF step decode tok/s (a cross-check that needs no subtraction): (N - 1) / time between the
+  first and the last call of a timestamping logits processor inside the same `generate`.
+- load_s = the second `load_model` call of the embedded model (the first one may convert the
+  GGUF and fill the on-disk weight cache).
+
+The last line printed is a JSON object (see `main`).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from interlock.benchmarks.common import load_average, median, print_json_last, print_table, timed
+from interlock.models.batch import SeqChunk, build_batch
+from interlock.models.kv_cache import PagedKVCache
+from interlock.models.llama import Transformer
+from interlock.models.loader import EMBEDDED, embedded_gguf_path, load_model
+from interlock.protocol.types import TokenId
+
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant. Answer in JSON."},
+    {"role": "user", "content": "Describe a fictional person: give their name, age, city, "
+                                "two hobbies and whether they own a car."},
+]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed generation: prefill seconds, prefill + N - 1 decode steps seconds, the N new tokens.
+
+    step_decode_s: the N - 1 decode steps timed from inside the loop (ours: same as total - prefill).
+    """
+
+    prefill_s: float
+    total_s: float
+    tokens: tuple[TokenId, ...]
+    step_decode_s: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    name: str
+    prefill_tok_s: float
+    decode_tok_s: float
+    step_decode_tok_s: float
+    tokens: tuple[TokenId, ...]
+
+
+# --- ours --------------------------------------------------------------------------------------
+
+def run_ours(model: Transformer, prompt: Sequence[TokenId], n: int) -> Run:
+    """Prefill as one chunk, then n - 1 single-token steps, each timed as a whole (batch build incl.)."""
+    kv = PagedKVCache(model.config, num_blocks=-(-(len(prompt) + n) // 16), block_size=16)
+    kv.add_sequence(0)
+
+    def prefill() -> torch.Tensor:
+        start = kv.reserve(0, len(prompt))
+        return model(build_batch([SeqChunk(0, tuple(prompt), start, (len(prompt) - 1,))], kv), kv)
+
+    def decode(first: TokenId) -> list[TokenId]:
+        out = [first]
+        for _ in range(n - 1):
+            start = kv.reserve(0, 1)
+            logits = model(build_batch([SeqChunk(0, (out[-1],), start, (0,))], kv), kv)
+            out.append(int(torch.argmax(logits[-1])))
+        return out
+
+    logits, prefill_s = timed(prefill)
+    tokens, decode_s = timed(lambda: decode(int(torch.argmax(logits[-1]))))
+    return Run(prefill_s, prefill_s + decode_s, tuple(tokens), decode_s)
+
+
+# --- HF transformers ---------------------------------------------------------------------------
+
+def load_hf() -> torch.nn.Module:
+    from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()        # keep the table readable (GGUF conversion chatter)
+    path = embedded_gguf_path()
+    return LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+
+def _stamper() -> tuple[Callable[..., torch.Tensor], list[float]]:
+    """A logits processor that records when it is called (once per forward, after the forward)."""
+    from transformers import LogitsProcessor
+
+    stamps: list[float] = []
+
+    class Stamp(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            stamps.append(time.perf_counter())
+            return scores
+
+    return Stamp(), stamps
+
+
+def run_hf(model: torch.nn.Module, prompt: Sequence[TokenId], n: int) -> Run:
+    """Prefill: one forward over the prompt with a cache. Total: one generate(n) call."""
+    from transformers import LogitsProcessorList
+
+    ids = torch.tensor([list(prompt)])
+    mask = torch.ones_like(ids)
+    stamp, stamps = _stamper()
+    with torch.inference_mode():
+        _, prefill_s = timed(lambda: model(input_ids=ids, attention_mask=mask, use_cache=True))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")        # generation-config sampling knobs vs do_sample=False
+            out, total_s = timed(lambda: model.generate(
+                ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                eos_token_id=None, pad_token_id=0, logits_processor=LogitsProcessorList([stamp])))
+    if len(stamps) != n:
+        raise RuntimeError(f"expected {n} logits-processor calls inside generate, saw {len(stamps)}")
+    return Run(prefill_s, total_s, tuple(out[0, len(prompt):].tolist()), stamps[-1] - stamps[0])
+
+
+# --- driver ------------------------------------------------------------------------------------
+
+def summarize(name: str, runs: Sequence[Run], prompt_len: int, n: int) -> Summary:
+    prefill_s = median([r.prefill_s for r in runs])
+    decode_s = median([r.total_s for r in runs]) - prefill_s
+    return Summary(name,
+                   prefill_tok_s=prompt_len / prefill_s,
+                   decode_tok_s=(n - 1) / decode_s if decode_s > 0 else math.nan,
+                   step_decode_tok_s=(n - 1) / median([r.step_decode_s for r in runs]),
+                   tokens=runs[-1].tokens)
+
+
+def agree_prefix(a: Sequence[TokenId], b: Sequence[TokenId]) -> int:
+    """How many leading tokens two greedy outputs share (a sanity check, not a speed number)."""
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def measure(runners: dict[str, Callable[[], Run]], warmup: int, repeats: int) -> dict[str, list[Run]]:
+    """Warm every runner, then interleave repeats so background load is shared fairly."""
+    for _ in range(warmup):
+        for fn in runners.values():
+            fn()
+    runs: dict[str, list[Run]] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, fn in runners.items():
+            gc.collect()
+            runs[name].append(fn())
+    return runs
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=64, help="new tokens per generation (N >= 2)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repetitions per runner (medians reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs per runner first")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads, for all")
+    p.add_argument("--json-only", action="store_true", help="print only the JSON line")
+    args = p.parse_args(argv)
+    if args.tokens < 2 or args.repeats < 1 or args.warmup < 0 or args.threads < 1:
+        p.error("need --tokens >= 2, --repeats >= 1, --warmup >= 0, --threads >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    load_before = load_average()
+    first = load_model(EMBEDDED)                              # may convert the GGUF once
+    int8 = load_model(EMBEDDED)                               # the load users see: cached weights
+    del first
+    gc.collect()
+    flt = load_model(EMBEDDED, weights="float")
+    hf, hf_load_s = timed(load_hf)
+    prompt = int8.tokenizer.encode_prompt(MESSAGES)
+    n = args.tokens
+    runs = measure({
+        "ours int8": lambda: run_ours(int8.model, prompt, n),
+        "ours float": lambda: run_ours(flt.model, prompt, n),
+        "hf generate": lambda: run_hf(hf, prompt, n),
+    }, args.warmup, args.repeats)
+    s = {name: summarize(name, r, len(prompt), n) for name, r in runs.items()}
+    load_after = load_average()
+    ours, ref, hfs = s["ours int8"], s["ours float"], s["hf generate"]
+    result = {
+        "threads": args.threads, "prompt_tokens": len(prompt), "new_tokens": n, "repeats": args.repeats,
+        "ours_decode_tok_s": ours.decode_tok_s, "ours_prefill_tok_s": ours.prefill_tok_s,
+        "ours_float_decode_tok_s": ref.decode_tok_s, "ours_float_prefill_tok_s": ref.prefill_tok_s,
+        "hf_decode_tok_s": hfs.decode_tok_s, "hf_prefill_tok_s": hfs.prefill_tok_s,
+        "hf_step_decode_tok_s": hfs.step_decode_tok_s,
+        "step_decode_ratio": ours.step_decode_tok_s / hfs.step_decode_tok_s,
+        "decode_ratio": ours.decode_tok_s / hfs.decode_tok_s,
+        "float_decode_ratio": ref.decode_tok_s / hfs.decode_tok_s,
+        "prefill_ratio": ours.prefill_tok_s / hfs.prefill_tok_s,
+        "load_s": int8.load_s, "hf_load_s": hf_load_s,
+        "float_agrees_with_hf": agree_prefix(ref.tokens, hfs.tokens),
+        "int8_agrees_with_hf": agree_prefix(ours.tokens, hfs.tokens),
+        "loadavg_before": load_before[0] if load_before else None,
+        "loadavg_after": load_after[0] if load_after else None,
+    }
+    if not args.json_only:
+        print_table(
+            f"batch-1 greedy, {len(prompt)}-token prompt, {n} new tokens, {args.threads} threads, "
+            f"median of {args.repeats}",
+            ["runner", "prefill tok/s", "decode tok/s", "decode vs HF", "in-loop decode tok/s",
+             "tokens = HF (prefix)"],
+            [[x.name, x.prefill_tok_s, x.decode_tok_s, x.decode_tok_s / hfs.decode_tok_s, x.step_decode_tok_s,
+              f"{agree_prefix(x.tokens, hfs.tokens)}/{n}"] for x in (ours, ref, hfs)])
+        print(f"load_s (2nd load, int8) {int8.load_s:.2f} s; HF load {hf_load_s:.2f} s; "
+              f"load average {load_before} -> {load_after}")
+    print_json_last(result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
