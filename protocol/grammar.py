@@ -18,7 +18,8 @@ Whitespace: TypeAlias = Literal["compact", "flexible"]
 
 
 def _canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON. Key order is kept on purpose: backends emit properties in schema order."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True)

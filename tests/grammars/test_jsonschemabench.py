@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from interlock.benchmarks.grammar_bench import instance_text
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import JsonSchema
 
@@ -52,10 +53,8 @@ def cases() -> list:
     return out
 
 
-def text_of(data, pretty: bool) -> str:
-    if pretty:
-        return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False)
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def text_of(data, pretty: bool, schema) -> str:
+    return instance_text(data, indent=2 if pretty else None, schema=schema)
 
 
 def accepted(matcher, ids: list[int], eos: int) -> bool:
@@ -81,7 +80,7 @@ def verdicts(backend, tok, row) -> list[bool] | None:
     for test in row["tests"]:
         for pretty in (False, True):
             m = specs.get(pretty, specs[True])        # the flexible grammar also covers compact text
-            out.append(accepted(m, tok.encode(text_of(test["data"], pretty)), eos) == test["valid"])
+            out.append(accepted(m, tok.encode(text_of(test["data"], pretty, row["schema"])), eos) == test["valid"])
     return out
 
 
