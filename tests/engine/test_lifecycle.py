@@ -1,0 +1,189 @@
+"""Requests come and go, fail and get cancelled; the engine keeps going and nothing leaks (tiny preset)."""
+from __future__ import annotations
+
+import random
+from contextlib import aclosing
+
+import anyio
+import pytest
+
+from interlock.engine import Engine, EngineConfig
+from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError
+from interlock.protocol.grammar import Choice, JsonSchema, Regex
+from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.speculative import SpeculativeConfig
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "age": {"type": "integer"}}, "required": ["name", "age"]}
+GRAMMARS = [None, JsonSchema(SCHEMA), Regex(r"[a-z]{3,9}( [a-z]{2,5}){0,3}"), Choice(["alpha", "beta", "gamma"])]
+PROMPTS = ["Once upon a time", "The weather today", "List three colors:", "JSON please", "abc abc abc abc"]
+
+
+def config(max_batch_size: int = 8, **kw) -> EngineConfig:
+    return EngineConfig(speculative=SpeculativeConfig(("ngram", "forced"), max_draft_len=3),
+                        max_batch_size=max_batch_size, **kw)
+
+
+def case(i: int) -> tuple[str, object, SamplingParams]:
+    return PROMPTS[i % len(PROMPTS)], GRAMMARS[i % len(GRAMMARS)], SamplingParams(max_tokens=12 + i % 7)
+
+
+async def alone_outputs(tiny, n: int) -> dict[int, tuple[int, ...]]:
+    out = {}
+    async with Engine(tiny, config(1)) as engine:
+        for i in range(n):
+            prompt, grammar, sampling = case(i)
+            out[i] = (await engine.complete(prompt, grammar=grammar, sampling=sampling)).token_ids
+    return out
+
+
+async def assert_all_free(engine: Engine) -> None:
+    res = await engine.resources()
+    assert res["kv_free_blocks"] == res["kv_total_blocks"], res
+    assert res["kv_sequences"] == res["matchers"] == res["ngram_requests"] == res["requests"] == 0, res
+    assert res["slots_free"] == engine.config.max_batch_size, res
+
+
+async def test_1000_requests_with_random_cancellation(tiny) -> None:
+    distinct = 20
+    alone = await alone_outputs(tiny, distinct)
+    rng = random.Random(1234)
+    done: dict[int, tuple[int, ...]] = {}
+    async with Engine(tiny, config(32)) as engine:
+        limiter = anyio.Semaphore(32)
+
+        async def one(i: int) -> None:
+            prompt, grammar, sampling = case(i % distinct)
+            cancel_after = rng.choice([None, None, 0, 1, 3])        # deltas to read before leaving
+            async with limiter:
+                ids: list[int] = []
+                async with aclosing(engine.generate(prompt, grammar=grammar, sampling=sampling)) as stream:
+                    async for n, delta in aenumerate(stream):
+                        if cancel_after is not None and n >= cancel_after:
+                            return
+                        ids.extend(delta.token_ids)
+                done[i] = tuple(ids)
+
+        with anyio.fail_after(600):
+            async with anyio.create_task_group() as tg:
+                for i in range(1000):
+                    tg.start_soon(one, i)
+        await wait_idle(engine)
+        await assert_all_free(engine)
+    assert len(done) > 300
+    for i, ids in done.items():
+        assert ids == alone[i % distinct], f"request {i} differs from its run alone"
+
+
+async def aenumerate(it):
+    n = 0
+    async for x in it:
+        yield n, x
+        n += 1
+
+
+async def wait_idle(engine: Engine) -> None:
+    """Cancels are processed between steps; wait until the scheduler holds nothing."""
+    with anyio.fail_after(30):
+        while (await engine.resources())["requests"]:
+            await anyio.sleep(0.01)
+
+
+async def test_invalid_grammar_fails_only_its_request(tiny) -> None:
+    alone = await alone_outputs(tiny, 8)
+    async with Engine(tiny, config(8)) as engine:
+        results: dict[int, tuple[int, ...]] = {}
+        errors: list[BaseException] = []
+
+        async def good(i: int) -> None:
+            prompt, grammar, sampling = case(i)
+            results[i] = (await engine.complete(prompt, grammar=grammar, sampling=sampling)).token_ids
+
+        async def bad() -> None:
+            try:
+                await engine.complete("x", grammar=JsonSchema({"type": "object", "properties": {"a": {"type": "no-such-type"}}}))
+            except GrammarError as exc:
+                errors.append(exc)
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(good, i)
+                tg.start_soon(bad)
+        await wait_idle(engine)
+        await assert_all_free(engine)
+    assert len(errors) == 1 and "llguidance" in str(errors[0]) and "xgrammar" in str(errors[0])
+    assert results == alone
+
+
+async def test_shutdown_with_requests_in_flight_ends_them_with_engine_closed(tiny) -> None:
+    caught: list[BaseException] = []
+
+    async def consume(engine: Engine, started: anyio.Event) -> None:
+        try:
+            async for _ in engine.generate("Once upon a time", sampling=SamplingParams(max_tokens=2000, ignore_eos=True)):
+                started.set()
+        except EngineClosedError as exc:
+            caught.append(exc)
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            engine = Engine(tiny, config(4))
+            await engine.__aenter__()
+            events = [anyio.Event() for _ in range(3)]
+            for ev in events:
+                tg.start_soon(consume, engine, ev)
+            for ev in events:
+                await ev.wait()
+            await engine.aclose()
+    assert len(caught) == 3
+    with pytest.raises(EngineClosedError):
+        await engine.complete("late")
+
+
+async def test_actor_crash_fails_every_request_and_closes_the_engine(tiny, monkeypatch) -> None:
+    caught: list[BaseException] = []
+    async with Engine(tiny, config(4)) as engine:
+        calls = {"n": 0}
+        forward = type(engine.model.model).forward
+
+        def flaky(self, batch, kv):
+            calls["n"] += 1
+            if calls["n"] == 6:
+                raise RuntimeError("injected forward failure")
+            return forward(self, batch, kv)
+
+        monkeypatch.setattr(type(engine.model.model), "forward", flaky)
+
+        async def consume() -> None:
+            try:
+                await engine.complete("Once upon a time", sampling=SamplingParams(max_tokens=200, ignore_eos=True))
+            except EngineError as exc:
+                caught.append(exc)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(consume)
+        with pytest.raises(EngineError):
+            await engine.complete("after the crash")
+    assert len(caught) == 3 and all("injected" in repr(e.__cause__) or "crashed" in str(e) for e in caught)
+
+
+async def test_a_consumer_that_stops_reading_does_not_stall_the_others(tiny) -> None:
+    alone = await alone_outputs(tiny, 4)
+    async with Engine(tiny, config(4, output_buffer=2)) as engine:
+        stalled = engine.generate("Once upon a time", sampling=SamplingParams(max_tokens=500, ignore_eos=True))
+        first = await stalled.__anext__()          # then never read again
+        assert first.token_ids
+        results = {}
+        with anyio.fail_after(60):
+            for i in range(4):
+                prompt, grammar, sampling = case(i)
+                results[i] = (await engine.complete(prompt, grammar=grammar, sampling=sampling)).token_ids
+        assert results == alone
+        res = await engine.resources()
+        assert res["requests"] == 1                 # the stalled one is paused, not finished
+        await stalled.aclose()
+        await wait_idle(engine)
+        await assert_all_free(engine)
