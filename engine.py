@@ -29,7 +29,7 @@ from interlock.models.loader import LoadedModel, load_model
 from interlock.models.tokenizer import Message
 from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError, InterlockError, RequestError
 from interlock.protocol.grammar import BackendName, GrammarConfig, GrammarSpec
-from interlock.protocol.messages import Cancel, GrammarReady, RequestSpec, Submit, Wake
+from interlock.protocol.messages import Cancel, EngineMetrics, GetMetrics, GrammarReady, RequestSpec, Submit, Wake
 from interlock.protocol.sampling import Completion, Delta, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.protocol.types import RequestId
@@ -228,6 +228,10 @@ class Engine:
             pass
 
     # --- introspection (tests, metrics) ------------------------------------------------------
+
+    async def metrics(self) -> EngineMetrics:
+        """Step counts and times since start (exposed grammar time included)."""
+        return await self._scheduler.ask(lambda r: GetMetrics(r))
 
     async def resources(self) -> dict[str, int]:
         """What is held right now: free/total KV blocks, KV sequences, matchers, n-gram requests."""

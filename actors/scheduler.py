@@ -25,7 +25,7 @@ from interlock.models.detokenize import IncrementalText
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import EngineClosedError, KVCacheExhaustedError
 from interlock.protocol.messages import (
-    AddRequest, BindGrammar, BlockTables, Cancel, Free, GrammarReady, Release, RequestSnapshot, RequestSpec,
+    AddRequest, BindGrammar, BlockTables, Cancel, EngineMetrics, Free, GetMetrics, GrammarReady, Release, RequestSnapshot, RequestSpec,
     Reserve, Rewind, StepPlan, Submit, TokenEvent, Wake,
 )
 from interlock.protocol.sampling import Delta, RequestStats
@@ -99,14 +99,19 @@ class Scheduler(Actor[object]):
         self.free_blocks = config.num_blocks      # blocks not promised to an admitted request
         self.step = 0
         self.in_flight: StepPlan | None = None
-        self.draining: list[_Request] = []      # released, final deltas not yet taken by the consumer
+        self.draining: list[_Request] = []
+        self._launched = 0.0
+        self._totals = {"steps": 0, "step_s": 0.0, "forward_s": 0.0, "exposed_grammar_s": 0.0, "output_tokens": 0}      # released, final deltas not yet taken by the consumer
         self._next_seq = 0
         self._compiled: dict[RequestId, Any] = {}  # grammars that compiled before their request got a slot
         super().__init__("scheduler", inbox_size=max(64, 4 * config.max_batch_size))
 
     def handlers(self) -> Mapping[type, Handler]:
         return {Submit: self.on_submit, GrammarReady: self.on_grammar, Cancel: self.on_cancel,
-                Wake: self.on_wake, TokenEvent: self.on_tokens}
+                Wake: self.on_wake, TokenEvent: self.on_tokens, GetMetrics: self.on_metrics}
+
+    async def on_metrics(self, msg: GetMetrics) -> None:
+        msg.reply.set_result(EngineMetrics(**self._totals))
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -154,6 +159,12 @@ class Scheduler(Actor[object]):
     async def on_tokens(self, event: TokenEvent) -> None:
         plan, self.in_flight = self.in_flight, None
         assert plan is not None and plan.step == event.step, "token event for a step not in flight"
+        t = self._totals
+        t["steps"] += 1
+        t["step_s"] += time.perf_counter() - self._launched
+        t["forward_s"] += event.forward_s
+        t["exposed_grammar_s"] += event.exposed_grammar_s
+        t["output_tokens"] += sum(len(r.new_tokens) for r in event.results)
         await self.grammar.send(event)
         await self.draft.send(event)
         rewinds, emits = [], []
@@ -201,6 +212,7 @@ class Scheduler(Actor[object]):
         tables: BlockTables = await self.kv.ask(lambda reply: Reserve(
             tuple((s.seq, len(s.chunk) + (plan.max_draft_len if s.sample else 0)) for s in plan.snapshots), reply))
         self.in_flight = StepPlan(plan.step, plan.snapshots, plan.max_draft_len, tables)
+        self._launched = time.perf_counter()
         await self.grammar.send(self.in_flight)
 
     async def _admit(self) -> None:

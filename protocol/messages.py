@@ -181,6 +181,26 @@ class Release:
 
 
 @dataclass(frozen=True)
+class EngineMetrics:
+    """Totals since the engine started (from the Scheduler)."""
+
+    steps: int
+    step_s: float                 # wall time of steps, plan sent -> TokenEvent received
+    forward_s: float
+    exposed_grammar_s: float      # time the model lane waited for masks
+    output_tokens: int
+
+    @property
+    def exposed_grammar_frac(self) -> float:
+        return self.exposed_grammar_s / self.step_s if self.step_s else 0.0
+
+
+@dataclass(frozen=True)
+class GetMetrics:
+    reply: Any
+
+
+@dataclass(frozen=True)
 class Count:
     """Ask an actor how many per-request resources it holds (for leak checks)."""
 
