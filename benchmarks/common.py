@@ -51,6 +51,13 @@ def load_average() -> tuple[float, float, float] | None:
         return None
 
 
+def oversubscribed(threads: int) -> bool:
+    """True when the 1-minute load plus our threads exceed the cores: timings then mostly measure
+    waiting (with OpenMP, every small op waits until all its threads get a core)."""
+    load, cores = load_average(), os.cpu_count() or 1
+    return load is not None and load[0] + threads > cores + 0.5
+
+
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
                 console: Console | None = None) -> None:
     """A rich table; floats are shown with 2 decimals, the first column left, the rest right."""
@@ -59,7 +66,8 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
         table.add_column(name, justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*(_cell(v) for v in row))
-    (console or Console(file=sys.stdout)).print(table)
+    # Piped output (CI logs, `| tee`) would otherwise be squeezed into rich's 80-column default.
+    (console or Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)).print(table)
 
 
 def _cell(value: Any) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import os
 import sys
 import time
 import warnings
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from interlock.benchmarks.common import load_average, median, print_json_last, print_table, timed
+from interlock.benchmarks.common import load_average, median, oversubscribed, print_json_last, print_table, timed
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.llama import Transformer
@@ -171,6 +172,10 @@ def measure(runners: dict[str, Callable[[], Run]], warmup: int, repeats: int) ->
     return runs
 
 
+def _fmt_load(load: tuple[float, float, float] | None) -> str:
+    return "n/a" if load is None else "/".join(f"{x:.2f}" for x in load)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=64, help="new tokens per generation (N >= 2)")
@@ -188,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     load_before = load_average()
+    busy = oversubscribed(args.threads)
     first = load_model(EMBEDDED)                              # may convert the GGUF once
     int8 = load_model(EMBEDDED)                               # the load users see: cached weights
     del first
@@ -199,11 +205,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs = measure({
         "ours int8": lambda: run_ours(int8.model, prompt, n),
         "ours float": lambda: run_ours(flt.model, prompt, n),
-        "hf generate": lambda: run_hf(hf, prompt, n),
+        "HF generate": lambda: run_hf(hf, prompt, n),
     }, args.warmup, args.repeats)
     s = {name: summarize(name, r, len(prompt), n) for name, r in runs.items()}
     load_after = load_average()
-    ours, ref, hfs = s["ours int8"], s["ours float"], s["hf generate"]
+    ours, ref, hfs = s["ours int8"], s["ours float"], s["HF generate"]
     result = {
         "threads": args.threads, "prompt_tokens": len(prompt), "new_tokens": n, "repeats": args.repeats,
         "ours_decode_tok_s": ours.decode_tok_s, "ours_prefill_tok_s": ours.prefill_tok_s,
@@ -217,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "load_s": int8.load_s, "hf_load_s": hf_load_s,
         "float_agrees_with_hf": agree_prefix(ref.tokens, hfs.tokens),
         "int8_agrees_with_hf": agree_prefix(ours.tokens, hfs.tokens),
+        "oversubscribed": busy,
         "loadavg_before": load_before[0] if load_before else None,
         "loadavg_after": load_after[0] if load_after else None,
     }
@@ -229,7 +236,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             [[x.name, x.prefill_tok_s, x.decode_tok_s, x.decode_tok_s / hfs.decode_tok_s, x.step_decode_tok_s,
               f"{agree_prefix(x.tokens, hfs.tokens)}/{n}"] for x in (ours, ref, hfs)])
         print(f"load_s (2nd load, int8) {int8.load_s:.2f} s; HF load {hf_load_s:.2f} s; "
-              f"load average {load_before} -> {load_after}")
+              f"load average {_fmt_load(load_before)} -> {_fmt_load(load_after)}")
+        if busy:
+            print(f"warning: load average + {args.threads} threads exceed the {os.cpu_count()} cores: "
+                  "timings include waiting for a core" + ("; compare with --threads 1" if args.threads > 1 else ""))
     print_json_last(result)
 
 

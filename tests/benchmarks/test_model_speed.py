@@ -64,3 +64,16 @@ def test_json_last_line_is_valid_json_with_nan_as_null(capsys: pytest.CaptureFix
     print_json_last({"ratio": 2.5, "missing": math.nan, "name": "ours"})
     last = capsys.readouterr().out.splitlines()[-1]
     assert json.loads(last) == {"ratio": 2.5, "missing": None, "name": "ours"}
+
+
+def test_oversubscribed_counts_our_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from interlock.benchmarks import common
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(common, "load_average", lambda: (1.0, 1.0, 1.0))
+    assert not common.oversubscribed(1)
+    assert common.oversubscribed(2)
+    monkeypatch.setattr(common, "load_average", lambda: None)
+    assert not common.oversubscribed(64)
