@@ -67,6 +67,7 @@ class _Request:
     grammar: str = "none"                   # "none" | "pending" | "ready"
     blocks: int = 0                         # KV blocks promised at admission
     steps: int = 0
+    step_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
     exposed_s: float = 0.0
@@ -179,6 +180,7 @@ class Scheduler(Actor[object]):
             rewinds.append((req.seq, 1 + plan.max_draft_len - used))
             req.computed += used
             req.steps += 1
+            req.step_tokens += len(result.new_tokens)
             req.drafted += result.drafted
             req.accepted += result.accepted
             req.exposed_s += event.exposed_grammar_s
@@ -307,6 +309,7 @@ class Scheduler(Actor[object]):
         now = time.perf_counter()
         return RequestStats(
             prompt_tokens=len(req.spec.prompt), output_tokens=len(req.output), steps=req.steps,
+            step_tokens=req.step_tokens,
             drafted=req.drafted, accepted=req.accepted,
             ttft_s=(req.first_token or now) - req.submitted, elapsed_s=now - req.submitted,
             exposed_grammar_ms=req.exposed_s * 1e3, grammar_compile_ms=req.compile_ms)

@@ -75,11 +75,12 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     done = [(r, c) for r, c in results if c is not None]
     tokens = sum(len(c.token_ids) for _, c in done)
     steps = sum(c.stats.steps for _, c in done)
+    step_tokens = sum(c.stats.step_tokens for _, c in done)
     return {
         "mode": cfg.speculative, "backend": cfg.backend, "concurrency": cfg.concurrency,
         "requests": len(rows), "completed": len(done), "valid": sum(valid(c, r) for r, c in done),
         "output_tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2),
-        "mean_acceptance_length": round(tokens / steps, 3) if steps else 0.0,
+        "mean_acceptance_length": round(step_tokens / steps, 3) if steps else 0.0,
         "exposed_grammar_frac": round(metrics.exposed_grammar_frac, 4),
         "ttft_p50_s": round(percentile([c.stats.ttft_s for _, c in done], 50), 4) if done else 0.0,
         "draft_len": cfg.draft_len, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,

@@ -51,6 +51,7 @@ class RequestStats:
     prompt_tokens: int
     output_tokens: int
     steps: int                     # verify steps that produced tokens for this request
+    step_tokens: int               # tokens those steps produced, a final stop token included
     drafted: int                   # draft tokens proposed and verified
     accepted: int                  # of those, accepted
     ttft_s: float                  # submit -> first token
@@ -61,7 +62,7 @@ class RequestStats:
     @property
     def mean_acceptance_length(self) -> float:
         """Tokens per verify step, the bonus/corrected token included (1.0 without speculation)."""
-        return self.output_tokens / self.steps if self.steps else 0.0
+        return self.step_tokens / self.steps if self.steps else 0.0
 
     @property
     def acceptance_rate(self) -> float:
