@@ -64,7 +64,7 @@ class LLGuidanceBackend:
         """The llguidance grammar text for spec (parsing errors surface when the matcher is built)."""
         try:
             if isinstance(spec, JsonSchema):
-                return _json_grammar(spec.schema, spec.whitespace == "flexible")
+                return _json_grammar(spec.compiled_schema, spec.whitespace == "flexible")
             if isinstance(spec, JsonObject):
                 return _json_grammar(json.dumps({"type": "object"}), spec.whitespace == "flexible")
             if isinstance(spec, Regex):

@@ -62,7 +62,7 @@ class XGrammarBackend:
 
     def _compile_native(self, spec: GrammarSpec) -> Any:
         if isinstance(spec, JsonSchema):
-            return self._json(spec.schema, spec.whitespace == "flexible")
+            return self._json(spec.compiled_schema, spec.whitespace == "flexible")
         if isinstance(spec, JsonObject):
             return self._json(json.dumps({"type": "object"}), spec.whitespace == "flexible")
         if isinstance(spec, Regex):

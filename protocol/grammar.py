@@ -22,18 +22,40 @@ def _canonical_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def close_objects(schema: Any, *, close: bool = True) -> Any:
+    """A copy of `schema` where objects that declare properties but say nothing of
+    additionalProperties get `additionalProperties: false`.
+
+    Branches of `allOf` are left open: closing each one would refuse the others' properties.
+    """
+    if isinstance(schema, list):
+        return [close_objects(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: close_objects(v, close=k != "allOf") for k, v in schema.items()}
+    if close and isinstance(out.get("properties"), dict) and not any(
+            k in out for k in ("additionalProperties", "patternProperties", "unevaluatedProperties")):
+        out["additionalProperties"] = False
+    return out
+
+
 @dataclass(frozen=True)
 class JsonSchema:
     """Output must be JSON valid against `schema` (a dict or a JSON string).
 
     whitespace: "compact" allows no optional whitespace (fewer tokens, the default); "flexible"
     allows the whitespace JSON allows (pretty-printed output).
+    strict: True (the default for generation) refuses keys an object does not declare unless the
+    schema sets additionalProperties itself; without it a model is free to invent keys, which small
+    models do. False is JSON Schema's own default (extra keys allowed), for checking instances.
     """
 
     schema: str
     whitespace: Whitespace = "compact"
+    strict: bool = True
 
-    def __init__(self, schema: Mapping[str, Any] | str | bool, *, whitespace: Whitespace = "compact") -> None:
+    def __init__(self, schema: Mapping[str, Any] | str | bool, *, whitespace: Whitespace = "compact",
+                 strict: bool = True) -> None:
         if isinstance(schema, str):
             try:
                 parsed = json.loads(schema)
@@ -45,6 +67,7 @@ class JsonSchema:
             parsed = schema
         object.__setattr__(self, "schema", _canonical_json(parsed))
         object.__setattr__(self, "whitespace", whitespace)
+        object.__setattr__(self, "strict", strict)
         if whitespace not in ("compact", "flexible"):
             raise ValueError(f"whitespace must be 'compact' or 'flexible', got {whitespace!r}")
 
@@ -53,8 +76,13 @@ class JsonSchema:
         return json.loads(self.schema)
 
     @property
+    def compiled_schema(self) -> str:
+        """The schema the backends compile (objects closed when strict)."""
+        return _canonical_json(close_objects(self.schema_dict)) if self.strict else self.schema
+
+    @property
     def key(self) -> str:
-        return f"json_schema:{self.whitespace}:{self.schema}"
+        return f"json_schema:{self.whitespace}:{'strict' if self.strict else 'open'}:{self.schema}"
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from interlock.models.loader import TINY_PADDED_VOCAB
 from interlock.protocol.grammar import Choice, Ebnf, JsonSchema, Regex
 
 V = TINY_PADDED_VOCAB
-SCHEMA = JsonSchema({"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+SCHEMA = JsonSchema({"type": "object", "properties": {"n": {"type": "integer"}, "name": {"type": "string"}},
                      "required": ["n", "name"], "additionalProperties": False})
-DOC = '{"n":12,"name":"héllo wörld"}'     # keys sorted: JsonSchema keeps properties sorted
+DOC = '{"n":12,"name":"héllo wörld"}'     # properties in the order the schema declares them
 NAMES = ("xgrammar", "llguidance", "auto")
 
 
