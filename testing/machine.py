@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 from typing import ClassVar
 
-from hypothesis import HealthCheck, settings as Settings
+from hypothesis import HealthCheck, Phase
+from hypothesis import settings as Settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -29,14 +30,15 @@ RELAXED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_
 
 
 class GrammarMachine(RuleBasedStateMachine):
-    """Subclass with `case` (and optionally `mix`) set, or use `matcher_machine`."""
+    """Subclass with `case` (optionally `mix`, `lenient_refusals`) set, or use `matcher_machine`."""
 
     case: ClassVar[GrammarCase]
     mix: ClassVar[TokenMix] = DEFAULT_MIX
+    lenient_refusals: ClassVar[bool] = False          # see Harness
 
     def __init__(self) -> None:
         super().__init__()
-        self.harness = Harness(self.case)
+        self.harness = Harness(self.case, lenient_refusals=self.lenient_refusals)
 
     @rule(data=st.data())
     def accept(self, data: st.DataObject) -> None:
@@ -69,11 +71,14 @@ class GrammarMachine(RuleBasedStateMachine):
 
 
 def default_settings() -> Settings:
-    """The loaded hypothesis profile's budget (max_examples, stateful_step_count), no deadline."""
-    return Settings(deadline=None, suppress_health_check=RELAXED)
+    """The loaded hypothesis profile's budget (max_examples, stateful_step_count), no deadline,
+    and no explain phase: it re-runs the shrunk example hundreds of times (most of the time spent on
+    a failure) to annotate steps that the printed operations already make plain."""
+    phases = [p for p in Settings.default.phases if p != Phase.explain]
+    return Settings(deadline=None, suppress_health_check=RELAXED, phases=phases)
 
 
-def machine_for(case: GrammarCase, *, mix: TokenMix = DEFAULT_MIX,
+def machine_for(case: GrammarCase, *, mix: TokenMix = DEFAULT_MIX, lenient_refusals: bool = False,
                 settings: Settings | None = None) -> type[GrammarMachine]:
     """A GrammarMachine subclass bound to case; its `.TestCase` runs under settings."""
     # The name feeds hypothesis' example database key: one key per spec, backend and factory, so
@@ -81,7 +86,8 @@ def machine_for(case: GrammarCase, *, mix: TokenMix = DEFAULT_MIX,
     factory = getattr(case.matcher_factory, "__qualname__", "")
     digest = hashlib.sha256(f"{case.spec.key}|{case.tokenizer.key}|{factory}".encode()).hexdigest()[:12]
     name = f"GrammarMachine_{case.backend.name}_{digest}"
-    machine = type(name, (GrammarMachine,), {"case": case, "mix": mix, "__module__": __name__})
+    machine = type(name, (GrammarMachine,), {"case": case, "mix": mix, "lenient_refusals": lenient_refusals,
+                                                  "__module__": __name__})
     machine.TestCase.settings = settings or default_settings()
     return machine
 
@@ -89,13 +95,14 @@ def machine_for(case: GrammarCase, *, mix: TokenMix = DEFAULT_MIX,
 def matcher_machine(spec: GrammarSpec, backend: BackendName | GrammarBackend = "xgrammar",
                     tokenizer: Tokenizer | str | None = None, *, vocab_size: int | None = None,
                     matcher_factory: MatcherFactory | None = None, mix: TokenMix = DEFAULT_MIX,
-                    settings: Settings | None = None) -> type[GrammarMachine]:
+                    lenient_refusals: bool = False, settings: Settings | None = None) -> type[GrammarMachine]:
     """Compile spec (once) and return a state machine class checking matchers for it.
 
     backend / tokenizer / vocab_size: as `grammar_case` (default: xgrammar over the small
     byte-level tokenizer). matcher_factory: the matcher to test, made from the case (default: the
-    backend's). Run it with `Machine.TestCase().runTest()`, or let pytest collect `Machine.TestCase`.
+    backend's). lenient_refusals: tolerate accept taking a token its mask refuses (see Harness).
+    Run it with `Machine.TestCase().runTest()`, or let pytest collect `Machine.TestCase`.
     Raises GrammarError when the backend cannot compile spec.
     """
     case = grammar_case(spec, backend, tokenizer, vocab_size=vocab_size, matcher_factory=matcher_factory)
-    return machine_for(case, mix=mix, settings=settings)
+    return machine_for(case, mix=mix, lenient_refusals=lenient_refusals, settings=settings)

@@ -1,17 +1,12 @@
 """Shared fixtures for the grammar tests: tokenizers and backends, built once per session."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-# Helper modules of this folder (grammar_machine.py) are imported by name; importlib mode does not
-# put the folder on sys.path by itself.
-sys.path.insert(0, str(Path(__file__).parent))
-
-from interlock.grammars import make_backend  # noqa: E402
-from interlock.models.loader import TINY_PADDED_VOCAB, load_tokenizer  # noqa: E402
+from interlock.grammars import make_backend
+from interlock.models.loader import TINY_PADDED_VOCAB, load_tokenizer
 
 DATA = Path("/work/shared/data/jsonschemabench")
 BACKENDS = ("xgrammar", "llguidance")

@@ -1,30 +1,36 @@
 """Differential property tests: after any interleaving of accept / refused accept / rollback /
 multi-row fill, a matcher's mask equals a fresh matcher replaying its accepted prefix.
 
-Default profile: 10 examples per spec x 24 specs = 240 per backend. Thorough (run once, see the
-README): HYPOTHESIS_PROFILE=grammar-thorough -> 50 examples per spec (1,200 per backend) x 50 steps.
+The machine is the public one (`interlock.testing.matcher_machine`). Default profile: 10 examples
+per spec x 24 specs = 240 per backend, derandomized (the suite is reproducible). Thorough (run once,
+see the README): HYPOTHESIS_PROFILE=grammar-thorough -> 50 random examples per spec (1,200 per
+backend) x 50 steps.
 """
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
-from grammar_machine import matcher_machine
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 
 from interlock.grammars.bitmask import allowed_ids
 from interlock.protocol.grammar import Ebnf, JsonSchema, Regex
+from interlock.testing import (Accept, MatcherMismatch, OfferRefused, default_settings, grammar_case, matcher_machine,
+                               run_operations)
 
-from conftest import DATA  # noqa: E402  (sys.path set by conftest)
-
-settings.register_profile("grammar-default", max_examples=10, stateful_step_count=20, deadline=None,
-                          suppress_health_check=list(HealthCheck))
-settings.register_profile("grammar-thorough", max_examples=50, stateful_step_count=50, deadline=None,
-                          suppress_health_check=list(HealthCheck))
+DATA = Path("/work/shared/data/jsonschemabench")
+settings.register_profile("grammar-default", default_settings(), max_examples=10, stateful_step_count=20,
+                          derandomize=True, database=None)
+settings.register_profile("grammar-thorough", default_settings(), max_examples=50, stateful_step_count=50)
 PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "grammar-default")
                                if os.environ.get("HYPOTHESIS_PROFILE", "").startswith("grammar-")
                                else "grammar-default")
+# llguidance's mask keeps to the canonical tokenization of forced text while accept takes any
+# (grammars/LENIENCY.md, "Mask vs accept inconsistency"): tolerated here so that every other check
+# still runs on llguidance; test_llguidance_refuses_what_its_mask_refuses tracks the bug itself.
+LENIENT = {"xgrammar": False, "llguidance": True}
 
 
 def specs() -> list:
@@ -41,10 +47,22 @@ def specs() -> list:
 @pytest.mark.parametrize("name", ["xgrammar", "llguidance"])
 @pytest.mark.parametrize("spec", specs())
 def test_mask_equals_fresh_replay(name, spec, tiny_backends, tiny_tokenizer):
-    backend = tiny_backends[name]
-    machine = matcher_machine(backend, backend.compile(spec), tiny_tokenizer)
-    machine.TestCase.settings = PROFILE
+    machine = matcher_machine(spec, tiny_backends[name], tiny_tokenizer, lenient_refusals=LENIENT[name],
+                              settings=PROFILE)
     machine.TestCase().runTest()
+
+
+@pytest.mark.xfail(raises=MatcherMismatch, strict=True,
+                   reason="llguidance accepts tokens its mask refuses (grammars/LENIENCY.md); when this passes, "
+                          "drop LENIENT")
+def test_llguidance_refuses_what_its_mask_refuses():
+    """The shrunk counterexample the public machine found (byte-level tokenizer): after `{"` the
+    mask offers only the canonical `name` token, not `na`, yet accept takes `na`."""
+    case = grammar_case(JsonSchema({"type": "object", "properties": {"name": {"type": "string"}},
+                                    "required": ["name"]}), "llguidance")
+    ids = case.tokenizer.encode('{"na')
+    assert len(ids) == 2 and ids[1] not in case.allowed(case.replay(ids[:1]))
+    run_operations(case, [Accept(ids[0], case.text(ids[:1])), OfferRefused(ids[1], case.text(ids[1:]))])
 
 
 @pytest.mark.parametrize("spec", specs()[:8] + specs()[-2:])
