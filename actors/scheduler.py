@@ -74,8 +74,9 @@ class _Request:
     compile_ms: float = 0.0
     first_token: float = 0.0
     pending: deque[Delta] = field(default_factory=deque)
-    finished: bool = False                  # finish() called; waiting only to flush / free
+    finished: bool = False                  # final delta queued; waiting only to flush / free
     cancelled: bool = False
+    released: bool = False                  # every owner was told to free its part
 
     @property
     def last_token(self) -> int:
@@ -329,8 +330,9 @@ class Scheduler(Actor[object]):
         Deltas the consumer has not taken yet stay queued (`draining`) and are delivered later.
         """
         rid = req.spec.request_id
-        if self.requests.pop(rid, None) is None:
+        if req.released:
             return
+        req.released = True
         if req.pending and req.stream.state == "open":
             self.draining.append(req)
         elif req.stream.state == "open":
@@ -346,6 +348,8 @@ class Scheduler(Actor[object]):
             self.free_slots.append(req.slot)
             self.free_blocks += req.blocks
         self._compiled.pop(rid, None)
+        # Last: once a request is gone from `requests`, every Free for it is already queued.
+        self.requests.pop(rid, None)
         self.on_done(rid)
 
     def _blocks_for(self, req: _Request) -> int:

@@ -2,7 +2,12 @@
 `async with` (an engine's task group must be entered and left by the same task)."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))     # for `import helpers` (importlib import mode)
 
 from interlock.models.loader import LoadedModel, load_model
 
@@ -17,3 +22,13 @@ def tiny() -> LoadedModel:
 @pytest.fixture(scope="session")
 def smollm() -> LoadedModel:
     return load_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def alone(tiny) -> dict[int, tuple[int, ...]]:
+    """Output of each tiny-preset test case run alone (batch 1), computed once."""
+    import anyio
+
+    from helpers import alone_outputs
+
+    return anyio.run(alone_outputs, tiny, 20)

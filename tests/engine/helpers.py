@@ -1,0 +1,55 @@
+"""Shared helpers of the engine tests (tests/engine/conftest.py puts this folder on sys.path)."""
+from __future__ import annotations
+
+import anyio
+
+from interlock.engine import Engine, EngineConfig
+from interlock.protocol.grammar import Choice, JsonSchema, Regex
+from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.speculative import SpeculativeConfig
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "age": {"type": "integer"}}, "required": ["name", "age"]}
+GRAMMARS = [None, JsonSchema(SCHEMA), Regex(r"[a-z]{3,9}( [a-z]{2,5}){0,3}"), Choice(["alpha", "beta", "gamma"])]
+PROMPTS = ["Once upon a time", "The weather today", "List three colors:", "JSON please", "abc abc abc abc"]
+
+
+def config(max_batch_size: int = 8, **kw) -> EngineConfig:
+    return EngineConfig(speculative=SpeculativeConfig(("ngram", "forced"), max_draft_len=3),
+                        max_batch_size=max_batch_size, **kw)
+
+
+def case(i: int) -> tuple[str, object, SamplingParams]:
+    return PROMPTS[i % len(PROMPTS)], GRAMMARS[i % len(GRAMMARS)], SamplingParams(max_tokens=12 + i % 7)
+
+
+async def alone_outputs(tiny, n: int) -> dict[int, tuple[int, ...]]:
+    out = {}
+    async with Engine(tiny, config(1)) as engine:
+        for i in range(n):
+            prompt, grammar, sampling = case(i)
+            out[i] = (await engine.complete(prompt, grammar=grammar, sampling=sampling)).token_ids
+    return out
+
+
+async def assert_all_free(engine: Engine) -> None:
+    res = await engine.resources()
+    assert res["kv_free_blocks"] == res["kv_total_blocks"], res
+    assert res["kv_sequences"] == res["matchers"] == res["ngram_requests"] == res["requests"] == 0, res
+    assert res["slots_free"] == engine.config.max_batch_size, res
+
+
+async def aenumerate(it):
+    n = 0
+    async for x in it:
+        yield n, x
+        n += 1
+
+
+async def wait_idle(engine: Engine) -> None:
+    """Cancels are processed between steps; wait until the scheduler holds nothing."""
+    with anyio.fail_after(30):
+        while (await engine.resources())["requests"]:
+            await anyio.sleep(0.01)
+
+
