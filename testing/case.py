@@ -115,6 +115,9 @@ class Tokens:
     def __repr__(self) -> str:
         return f"Tokens({self.text!r}, ids={list(self.ids)})"
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))           # hypothesis prints dataclasses field by field otherwise
+
 
 @dataclass(frozen=True)
 class Refused:
@@ -130,6 +133,9 @@ class Refused:
 
     def __repr__(self) -> str:
         return f"Refused({self.prefix!r} then {self.token} {self.token_text!r})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
 
 
 def grammar_case(spec: GrammarSpec, backend: BackendName | GrammarBackend = "xgrammar",
