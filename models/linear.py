@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-Weights: TypeAlias = Literal["float", "int8"]
+Weights: TypeAlias = Literal["float", "int8", "int4"]
+INT4_GROUP = 32                     # the block size of GGUF's Q4_0/Q4_1, so those weights map exactly
 
 
 class Linear(nn.Module):
@@ -45,6 +46,44 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+class Int4Linear(nn.Module):
+    """Weight-only int4, asymmetric, one (scale, offset) per group of 32 inputs; bf16 activations.
+
+    A GGUF Q4_1 block (32 weights, w = d*q + m) is exactly such a group, so Q4_1 checkpoints keep
+    their values (up to bf16 rounding of d and m). Half the bytes of int8, and the kernel is as
+    row-independent as the int8 one.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        packed, scales_zeros = quantize_int4(weight.float())
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_zeros", scales_zeros)   # [K/32, N, 2] bf16
+        self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, INT4_GROUP,
+                                                       self.scales_zeros).float()
+        return y if self.bias is None else y + self.bias
+
+
+def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group asymmetric int4 in the layout `_weight_int4pack_mm_for_cpu` wants.
+
+    The kernel computes w = (q - 8) * scale + zero, so zero = min + 8 * scale.
+    """
+    n, k = w.shape
+    if k % INT4_GROUP:
+        raise ValueError(f"int4 weights need in_features divisible by {INT4_GROUP}, got {k}")
+    groups = w.view(n, k // INT4_GROUP, INT4_GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = torch.where(high > low, (high - low) / 15, torch.ones_like(low))
+    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.int32).view(n, k)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()
+    return packed, scales_zeros.to(torch.bfloat16)
+
+
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row symmetric int8: w ≈ q * scale[:, None], |q| ≤ 127. Rows of zeros get scale 1."""
     scale = w.abs().amax(dim=1) / 127.0
@@ -56,6 +95,8 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, weights: Weights) -> nn.Module:
     if weights == "int8":
         return Int8Linear(weight, bias)
+    if weights == "int4":
+        return Int4Linear(weight, bias)
     if weights == "float":
         return Linear(weight, bias)
-    raise ValueError(f"weights must be 'float' or 'int8', got {weights!r}")
+    raise ValueError(f"weights must be 'float', 'int8' or 'int4', got {weights!r}")

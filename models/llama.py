@@ -72,7 +72,7 @@ class Transformer(nn.Module):
     @property
     def act_dtype(self) -> torch.dtype:
         """dtype of the residual stream and attention."""
-        return torch.float32 if self.weights == "int8" else self.dtype
+        return torch.float32 if self.weights in ("int8", "int4") else self.dtype
 
     def build(self, weights: Weights = "float") -> Transformer:
         """Create the Linear modules from the fused weights (int8 quantizes them). Returns self."""
@@ -82,9 +82,11 @@ class Transformer(nn.Module):
             for layer in self.layers
         ]
         head = self.tok_embeddings if self.output is None else self.output
-        self._head = make_linear(head, None, weights)
+        # The head stays int8 under int4: embeddings are usually stored at 8 bits (Q8_0), and
+        # the head decides every token.
+        self._head = make_linear(head, None, "int8" if weights == "int4" else weights)
         self.weights = weights
-        if weights == "int8":      # the float matrices are no longer needed: drop them, keep the embedding
+        if weights != "float":     # the float matrices are no longer needed: drop them, keep the embedding
             for layer in self.layers:
                 for name in ("wqkv", "wo", "w13", "w2"):
                     setattr(layer, name, None)
@@ -119,9 +121,11 @@ class Transformer(nn.Module):
         """qkv: [T, (H + 2 Hkv) D] -> attention output [T, H D]; writes this layer's K/V."""
         c = self.config
         t = qkv.shape[0]
-        q, k, v = qkv.split((c.q_size, c.kv_size, c.kv_size), dim=-1)
-        q = apply_rope(q.reshape(t, c.n_heads, c.head_dim), cos, sin)    # [T, H, D]
-        k = apply_rope(k.reshape(t, c.n_kv_heads, c.head_dim), cos, sin) # [T, Hkv, D]
+        heads = c.n_heads + c.n_kv_heads
+        # RoPE on q and k in one go: they are adjacent in the fused projection.
+        qk = apply_rope(qkv[:, : c.q_size + c.kv_size].reshape(t, heads, c.head_dim), cos, sin)   # [T, H+Hkv, D]
+        q, k = qk[:, : c.n_heads], qk[:, c.n_heads:]
+        v = qkv[:, c.q_size + c.kv_size:]
         k_cache, v_cache = kv.k[index], kv.v[index]                       # [slots, Hkv, D]
         k_cache.index_copy_(0, batch.write_slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, batch.write_slots, v.reshape(t, c.n_kv_heads, c.head_dim).to(v_cache.dtype))
@@ -145,14 +149,12 @@ class Transformer(nn.Module):
             return out.transpose(0, 1).reshape(s.length, c.q_size)
         # Row path: each query row attends over exactly its own L keys with fixed-shape matmuls
         # (M = G), so a row's result does not depend on how many rows or sequences share the step.
-        scale = c.head_dim ** -0.5
-        rows = []
-        for r in range(s.length):
-            n_keys = s.start + r + 1
-            qr = qs[r].view(c.n_kv_heads, g, c.head_dim)                  # [Hkv, G, D]
-            scores = torch.matmul(qr, keys[:, :n_keys].transpose(1, 2)) * scale   # [Hkv, G, L]
-            rows.append(torch.matmul(torch.softmax(scores, dim=-1), values[:, :n_keys]).reshape(c.q_size))
-        return torch.stack(rows)
+        qs = (qs * c.head_dim ** -0.5).view(s.length, c.n_kv_heads, g, c.head_dim)   # [n, Hkv, G, D]
+        keys_t = keys.transpose(1, 2)                                                 # [Hkv, D, L]
+        rows = [torch.matmul(torch.softmax(torch.matmul(qs[r], keys_t[:, :, : s.start + r + 1]), dim=-1),
+                             values[:, : s.start + r + 1])
+                for r in range(s.length)]                                             # n x [Hkv, G, D]
+        return torch.stack(rows).view(s.length, c.q_size)
 
     # --- weights -----------------------------------------------------------------------------
 
