@@ -71,7 +71,8 @@ class Engine:
         self._ids = itertools.count()
         self._streams: dict[RequestId, OutputStream[Delta]] = {}
         self._runtime: Runtime | None = None
-        self._closed = False
+        self._closed = False                # no new requests (closed, or an actor crashed)
+        self._shut_down = False             # runtime stopped and timeline closed
         self._failure: EngineError | None = None
         k = config.speculative.max_draft_len if config.speculative else 0
         per_seq = -(-(self.max_context + k + 1) // config.block_size)
@@ -128,10 +129,10 @@ class Engine:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop the engine: in-flight requests end with EngineClosedError."""
-        if self._closed:
+        """Stop the engine: in-flight requests end with EngineClosedError. Idempotent."""
+        if self._shut_down:
             return
-        self._closed = True
+        self._shut_down = self._closed = True
         for stream in list(self._streams.values()):
             stream.fail(self._failure or EngineClosedError("the engine was closed"))
         self._streams.clear()
