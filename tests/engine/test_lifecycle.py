@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import threading
 from contextlib import aclosing
 
 import anyio
@@ -125,6 +126,8 @@ async def test_actor_crash_fails_every_request_and_closes_the_engine(tiny, monke
         with pytest.raises(EngineError):
             await engine.complete("after the crash")
     assert len(caught) == 3 and all("injected" in repr(e.__cause__) or "crashed" in str(e) for e in caught)
+    lanes = [t for t in threading.enumerate() if t.name.startswith("interlock-") and t.name.endswith("-lane")]
+    assert lanes == []                              # the crashed engine still shut its timeline down
 
 
 async def test_a_consumer_that_stops_reading_does_not_stall_the_others(tiny) -> None:
