@@ -16,6 +16,7 @@ say how many items they hold and enumerate them; empty objects and lists are cal
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,10 @@ FACTS_HEADER = "Record the following facts in the JSON answer, exactly as stated
 GENERIC_REQUEST = "Produce a JSON object that matches the schema."
 ROOT = "the answer"
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\- ]*\Z")
+
+
+# The shared data sits beside the checkout (../shared/data/jsonschemabench); INTERLOCK_DATA overrides it.
+DATASETS = Path(os.environ.get("INTERLOCK_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench")
 
 
 @dataclass(frozen=True)

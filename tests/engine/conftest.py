@@ -11,7 +11,6 @@ sys.path.insert(0, str(Path(__file__).parent))     # for `import helpers` (impor
 
 from interlock.models.loader import LoadedModel, load_model
 
-JME = "/work/shared/data/jsonschemabench/JME.jsonl"
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 from pathlib import Path
 
-from interlock.benchmarks.prompts import build_messages, load_rows
+from interlock.benchmarks.prompts import DATASETS, build_messages, load_rows
 from interlock.engine import Engine, EngineConfig
 from interlock.protocol.grammar import GrammarConfig, JsonSchema
 from interlock.protocol.sampling import SamplingParams
@@ -39,7 +39,7 @@ async def run_rows(loaded, rows, mode: str, backend: str) -> list:
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
 async def test_every_speculative_mode_matches_no_speculation_token_for_token(smollm, backend: str) -> None:
-    rows = load_rows(Path("/work/shared/data/jsonschemabench/JME.jsonl"), limit=ROWS)
+    rows = load_rows(DATASETS / "JME.jsonl", limit=ROWS)
     baseline = await run_rows(smollm, rows, "none", backend)
     for completion, row in zip(baseline, rows):
         if completion.finish_reason == "stop":        # complete outputs validate against the schema

@@ -7,8 +7,9 @@ import pytest
 
 from interlock.grammars import make_backend
 from interlock.models.loader import TINY_PADDED_VOCAB, load_tokenizer
+from interlock.benchmarks.prompts import DATASETS
 
-DATA = Path("/work/shared/data/jsonschemabench")
+DATA = DATASETS
 BACKENDS = ("xgrammar", "llguidance")
 
 

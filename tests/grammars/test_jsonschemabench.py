@@ -18,8 +18,9 @@ import pytest
 from interlock.benchmarks.grammar_bench import instance_text
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import JsonSchema
+from interlock.benchmarks.prompts import DATASETS
 
-DATA = Path("/work/shared/data/jsonschemabench")
+DATA = DATASETS
 FULL = ("JME", "BFCL_simple")
 SAMPLED = {"Github_trivial": 12, "Github_easy": 12, "Glaiveai2K": 12}
 
