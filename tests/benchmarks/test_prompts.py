@@ -9,11 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from interlock.benchmarks.prompts import DATASETS as DATA
 from interlock.benchmarks.prompts import (GENERIC_REQUEST, Instance, Row, build_messages, describe,
-from interlock.benchmarks.prompts import DATASETS
                                           load_rows)
 
-DATA = DATASETS
 JME = DATA / "JME.jsonl"
 
 json_values = st.recursive(

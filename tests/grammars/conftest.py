@@ -1,15 +1,12 @@
 """Shared fixtures for the grammar tests: tokenizers and backends, built once per session."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
+from interlock.benchmarks.prompts import DATASETS as DATA
 from interlock.grammars import make_backend
 from interlock.models.loader import TINY_PADDED_VOCAB, load_tokenizer
-from interlock.benchmarks.prompts import DATASETS
-
-DATA = DATASETS
 BACKENDS = ("xgrammar", "llguidance")
 
 

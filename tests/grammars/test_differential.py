@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
 from interlock.grammars.bitmask import allowed_ids
 from interlock.protocol.grammar import Ebnf, JsonSchema, Regex
+from interlock.benchmarks.prompts import DATASETS as DATA
 from interlock.testing import (Accept, MatcherMismatch, OfferRefused, default_settings, grammar_case, matcher_machine,
-from interlock.benchmarks.prompts import DATASETS
                                run_operations)
 
-DATA = DATASETS
 settings.register_profile("grammar-default", default_settings(), max_examples=10, stateful_step_count=20,
                           derandomize=True, database=None)
 settings.register_profile("grammar-thorough", default_settings(), max_examples=50, stateful_step_count=50)

@@ -5,22 +5,20 @@ produces it, compact and pretty-printed, is accepted token by token and then acc
 invalid instance is refused at some token or at EOS. Known deviations are listed in KNOWN below
 (documented in grammars/LENIENCY.md) and asserted to still deviate, so a fix shows up too.
 
-Instances are serialized with sorted keys: protocol.JsonSchema canonicalizes the schema with
-sorted keys, so the backends expect properties in sorted order (reported; see grammars/LENIENCY.md).
+Instances are serialized with keys in the order the schema declares its properties, as a
+constrained model writes them (benchmarks/grammar_bench.py: order_like_schema).
 """
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from interlock.benchmarks.grammar_bench import instance_text
+from interlock.benchmarks.prompts import DATASETS as DATA
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import JsonSchema
-from interlock.benchmarks.prompts import DATASETS
 
-DATA = DATASETS
 FULL = ("JME", "BFCL_simple")
 SAMPLED = {"Github_trivial": 12, "Github_easy": 12, "Glaiveai2K": 12}
 
