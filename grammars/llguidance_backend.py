@@ -95,9 +95,28 @@ class LLGuidanceMatcher(BaseMatcher):
                          eos_token_ids=backend.tokenizer.eos_token_ids)
         self._m = native
         self._initial = native.deep_copy()         # reset() restores this; no re-parse
+        self._scratch = bm.allocate_bitmask(1, backend.vocab_size)
 
     def _native_validate(self, token_ids: list[TokenId]) -> int:
-        return self._m.validate_tokens(token_ids)
+        """llguidance's own check, narrowed to what its mask allows.
+
+        validate_tokens also takes non-canonical tokenizations that the mask forbids (after `{"`
+        it takes "na" while the mask offers only "name"). The mask is what a model samples from,
+        so it is the contract: each token must also be allowed by the mask of the state before it.
+        """
+        n = self._m.validate_tokens(token_ids)
+        consumed = 0
+        try:
+            for t in token_ids[:n]:
+                llguidance.torch.fill_next_token_bitmask(self._m, self._scratch, 0)
+                if not bm.is_allowed(self._scratch, 0, t):
+                    break
+                self._m.consume_tokens([t])
+                consumed += 1
+        finally:
+            if consumed:
+                self._m.rollback(consumed)
+        return consumed
 
     def _native_consume(self, token_ids: list[TokenId]) -> None:
         if not self._m.consume_tokens(token_ids):

@@ -17,7 +17,7 @@ from hypothesis import settings
 from interlock.grammars.bitmask import allowed_ids
 from interlock.protocol.grammar import Ebnf, JsonSchema, Regex
 from interlock.benchmarks.prompts import DATASETS as DATA
-from interlock.testing import (Accept, MatcherMismatch, OfferRefused, default_settings, grammar_case, matcher_machine,
+from interlock.testing import (Accept, OfferRefused, default_settings, grammar_case, matcher_machine,
                                run_operations)
 
 settings.register_profile("grammar-default", default_settings(), max_examples=10, stateful_step_count=20,
@@ -26,10 +26,6 @@ settings.register_profile("grammar-thorough", default_settings(), max_examples=5
 PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "grammar-default")
                                if os.environ.get("HYPOTHESIS_PROFILE", "").startswith("grammar-")
                                else "grammar-default")
-# llguidance's mask keeps to the canonical tokenization of forced text while accept takes any
-# (grammars/LENIENCY.md, "Mask vs accept inconsistency"): tolerated here so that every other check
-# still runs on llguidance; test_llguidance_refuses_what_its_mask_refuses tracks the bug itself.
-LENIENT = {"xgrammar": False, "llguidance": True}
 
 
 def specs() -> list:
@@ -46,17 +42,14 @@ def specs() -> list:
 @pytest.mark.parametrize("name", ["xgrammar", "llguidance"])
 @pytest.mark.parametrize("spec", specs())
 def test_mask_equals_fresh_replay(name, spec, tiny_backends, tiny_tokenizer):
-    machine = matcher_machine(spec, tiny_backends[name], tiny_tokenizer, lenient_refusals=LENIENT[name],
-                              settings=PROFILE)
+    machine = matcher_machine(spec, tiny_backends[name], tiny_tokenizer, settings=PROFILE)
     machine.TestCase().runTest()
 
 
-@pytest.mark.xfail(raises=MatcherMismatch, strict=True,
-                   reason="llguidance accepts tokens its mask refuses (grammars/LENIENCY.md); when this passes, "
-                          "drop LENIENT")
 def test_llguidance_refuses_what_its_mask_refuses():
     """The shrunk counterexample the public machine found (byte-level tokenizer): after `{"` the
-    mask offers only the canonical `name` token, not `na`, yet accept takes `na`."""
+    mask offers only the canonical `name` token, not `na`; llguidance's own validate_tokens takes
+    `na`, so our matcher narrows it to the mask (grammars/llguidance_backend.py)."""
     case = grammar_case(JsonSchema({"type": "object", "properties": {"name": {"type": "string"}},
                                     "required": ["name"]}), "llguidance")
     ids = case.tokenizer.encode('{"na')

@@ -93,7 +93,6 @@ def test_planted_rollback_bug_is_found_and_shrunk(bug, backend, byte_backends, b
     without the example database, so that a failure saved by an earlier run cannot help."""
     machine = matcher_machine(JsonSchema(SCHEMA), byte_backends[backend], byte_tok,
                               matcher_factory=lambda case: bug(case.backend.matcher(case.compiled)),
-                              lenient_refusals=backend == "llguidance",
                               settings=settings(default_settings(), database=None))
     exc = failure_of(machine)
     accepts = [op for op in exc.history if isinstance(op, Accept)]
