@@ -66,6 +66,8 @@ class ForwardBatch:
     write_slots: torch.Tensor      # [T] long: KV slot of each new token
     logit_index: torch.Tensor      # [R] long into [T]
     seqs: tuple[SeqView, ...]
+    row_index: torch.Tensor | None     # [T'] long: tokens of row-path chunks (None: all of them)
+    dense: tuple[tuple[int, int], ...]  # (offset, length) of each prompt chunk (own GEMM each)
 
     @property
     def num_tokens(self) -> int:
@@ -100,7 +102,14 @@ def build_batch(chunks: list[SeqChunk], kv: KVLayout, device: torch.device | str
         ids.extend(c.tokens)
         positions.extend(range(c.start, ctx))
         write.extend(table[p // bs] * bs + p % bs for p in range(c.start, ctx))
+    dense = tuple((v.offset, v.length) for v in views if v.mask is not None)
+    row_index = None
+    if dense:
+        rows = [v.offset + i for v in views if v.mask is None for i in range(v.length)]
+        row_index = torch.tensor(rows, dtype=torch.long, device=device)
     return ForwardBatch(
+        row_index=row_index,
+        dense=dense,
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         write_slots=torch.tensor(write, dtype=torch.long, device=device),

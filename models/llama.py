@@ -34,6 +34,19 @@ def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape), requires_grad=False)
 
 
+def _project(linear: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    """linear(x), with each prompt chunk through its own dense GEMM (see linear.py)."""
+    if not batch.dense:
+        return linear(x)
+    parts = [(offset, linear.dense(x[offset: offset + n])) for offset, n in batch.dense]
+    out = x.new_empty(x.shape[0], parts[0][1].shape[1], dtype=parts[0][1].dtype)
+    for offset, y in parts:
+        out[offset: offset + y.shape[0]] = y
+    if batch.row_index is not None and batch.row_index.numel():
+        out[batch.row_index] = linear(x[batch.row_index])
+    return out
+
+
 class Layer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -109,10 +122,11 @@ class Transformer(nn.Module):
         eps = self.config.rms_eps
         for index, (layer, lin) in enumerate(zip(self.layers, self._linears)):
             h = rms_norm(x, layer.attention_norm.to(dt), eps)
-            x = x + lin["wo"](self._attention(lin["wqkv"](h).to(dt), cos, sin, batch, kv, index)).to(dt)
+            qkv = _project(lin["wqkv"], h, batch).to(dt)
+            x = x + _project(lin["wo"], self._attention(qkv, cos, sin, batch, kv, index), batch).to(dt)
             h = rms_norm(x, layer.ffn_norm.to(dt), eps)
-            gate, up = lin["w13"](h).to(dt).chunk(2, dim=-1)
-            x = x + lin["w2"](F.silu(gate) * up).to(dt)
+            gate, up = _project(lin["w13"], h, batch).to(dt).chunk(2, dim=-1)
+            x = x + _project(lin["w2"], F.silu(gate) * up, batch).to(dt)
         x = rms_norm(x[batch.logit_index], self.norm.to(dt), eps)        # [R, E]
         return self._head(x)                                              # [R, V] fp32
 
