@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="interlock", description="Grammar-constrained speculative decoding.")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines to stderr")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: decode steps are many small ops, and the "
+                             "grammar lane and event loop need a core of their own)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -164,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     from interlock.logs import configure_logging
 
     configure_logging(json=args.log_json, level=args.log_level)
+    import torch
+
+    torch.set_num_threads(args.threads)
     command = {"run": _run, "generate": _generate, "bench": _bench}[args.command]
     try:
         anyio.run(command, args)
