@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:
         p.add_argument("--model", default="smollm2-135m-instruct")
-        p.add_argument("--speculative", default="ngram+forced", help="none | ngram | forced | ngram+forced")
+        p.add_argument("--speculative", default="ngram+forced", help="none, or drafters joined by +: ngram, forced; option: adaptive (e.g. ngram+forced+adaptive)")
         p.add_argument("--draft-len", type=int, default=3)
         p.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
         p.add_argument("--temperature", type=float, default=0.0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DRAFTERS = ("ngram", "forced")
+OPTIONS = ("adaptive",)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class SpeculativeConfig:
     drafters: tuple[str, ...] = ("ngram", "forced")
     max_draft_len: int = 3
     ngram: NGramConfig = NGramConfig()
+    adaptive: bool = False          # per request, draft fewer lookup tokens after rejections
 
     def __post_init__(self) -> None:
         unknown = [d for d in self.drafters if d not in DRAFTERS]
@@ -48,12 +50,13 @@ class SpeculativeConfig:
 
     @classmethod
     def parse(cls, text: str | None, *, max_draft_len: int = 3) -> SpeculativeConfig | None:
-        """"none" / "" / None -> None; "ngram+forced" -> SpeculativeConfig(("ngram", "forced"))."""
+        """"none" / "" / None -> None; "ngram+forced+adaptive" -> drafters ngram, forced; adaptive on."""
         if text is None or text.strip().lower() in ("", "none"):
             return None
         parts = tuple(p.strip() for p in text.lower().split("+") if p.strip())
-        return cls(drafters=parts, max_draft_len=max_draft_len)
+        drafters = tuple(p for p in parts if p not in OPTIONS)
+        return cls(drafters=drafters, max_draft_len=max_draft_len, adaptive="adaptive" in parts)
 
     @property
     def label(self) -> str:
-        return "+".join(self.drafters)
+        return "+".join(self.drafters + (("adaptive",) if self.adaptive else ()))

@@ -14,7 +14,7 @@ from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
 ROWS = 10
-MODES = ["none", "ngram", "forced", "ngram+forced"]
+MODES = ["none", "ngram", "forced", "ngram+forced", "ngram+forced+adaptive"]
 
 
 async def run_rows(loaded, rows, mode: str, backend: str) -> list:
