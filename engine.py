@@ -113,7 +113,7 @@ class Engine:
         scheduler: Scheduler
         verifier = VerifierActor(loaded.model, kv, timeline, buffers, mask_ready, tokens_ready, None,  # type: ignore[arg-type]
                                  self.tokenizer.vocab_size, self.tokenizer.eos_token_ids)
-        draft = DraftActor(self.config.speculative, None)  # type: ignore[arg-type]
+        draft = DraftActor(self.config.speculative, None, self.tokenizer.vocab_size)  # type: ignore[arg-type]
         grammar = GrammarActor(self.grammars.backend, timeline, buffers, mask_ready, verifier, draft)
         draft.grammar = grammar
         scheduler = Scheduler(c, self.tokenizer, kv_actor, grammar, draft, verifier, self._forget)

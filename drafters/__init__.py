@@ -5,5 +5,6 @@ ngram.py    NGramDrafter: prompt lookup with TensorRT-LLM's options (keep all / 
             incremental index, O(max_matching_ngram_size) lookups per propose
 combine.py  combine_drafts (longest useful draft among members), forced_then_ngram (forced tokens,
             then the n-gram continuation past them)
-base.py     the Drafter Protocol for user-provided drafters
+base.py     the Drafter Protocol for user-provided drafters (wired in actors/draft_actor.py;
+            example: examples/user_drafter.py)
 """

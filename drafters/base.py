@@ -4,16 +4,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from interlock.protocol.messages import RequestSnapshot
+from interlock.protocol.speculative import DraftRequest
 from interlock.protocol.types import TokenId
 
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Proposes draft tokens for a step's sampled requests; synchronous and quick (it runs between
-    steps on the event loop)."""
+    """Proposes draft tokens for a step's sampling requests; synchronous and quick (it runs between
+    steps on the event loop). Any proposal is safe: verification keeps the output exactly the
+    target's, so a bad drafter costs speed, never correctness. See examples/user_drafter.py."""
 
-    def propose(self, snapshots: Sequence[RequestSnapshot], k: int) -> list[list[TokenId]]:
-        """Up to k draft tokens per snapshot, in snapshot order ([] for none). A snapshot's
-        `context` is its prompt + committed output and `chunk[-1]` its last token."""
+    def propose(self, requests: Sequence[DraftRequest], k: int) -> list[list[TokenId]]:
+        """Up to k draft tokens per request, in order ([] for none). `tokens` is the request's prompt
+        plus its committed output; the drafts continue it."""
         ...

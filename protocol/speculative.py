@@ -4,7 +4,10 @@ Strings as on the CLI: "none", or a "+"-joined set of drafters and options, e.g.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from interlock.protocol.types import RequestId, TokenId
 
 DRAFTERS = ("ngram", "forced")
 OPTIONS = ("adaptive",)
@@ -31,6 +34,14 @@ class NGramConfig:
 
 
 @dataclass(frozen=True)
+class DraftRequest:
+    """What a user-provided drafter sees of one request: its id and prompt + committed output."""
+
+    request_id: RequestId
+    tokens: tuple[TokenId, ...]
+
+
+@dataclass(frozen=True)
 class SpeculativeConfig:
     """Which drafters propose tokens and at most how many per step (max_draft_len = K)."""
 
@@ -38,12 +49,15 @@ class SpeculativeConfig:
     max_draft_len: int = 3
     ngram: NGramConfig = NGramConfig()
     adaptive: bool = False          # per request, draft fewer lookup tokens after rejections
+    # A user-provided drafter (drafters.base.Drafter): asked for drafts when the grammar forces none;
+    # the longer of its draft and the n-gram draft is verified.
+    user_drafter: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         unknown = [d for d in self.drafters if d not in DRAFTERS]
         if unknown:
             raise ValueError(f"unknown drafter(s) {unknown}; choose from {', '.join(DRAFTERS)}")
-        if not self.drafters:
+        if not self.drafters and self.user_drafter is None:
             raise ValueError("no drafters: use speculative=None to disable speculation")
         if not 1 <= self.max_draft_len <= 16:
             raise ValueError(f"max_draft_len must be in 1..16, got {self.max_draft_len}")
