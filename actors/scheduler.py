@@ -132,6 +132,8 @@ class Scheduler(Actor[object]):
             return
         self.requests[spec.request_id] = req
         self.waiting.append(req)
+        log.debug("request_submitted", request_id=spec.request_id, prompt_tokens=len(spec.prompt),
+                  grammar=type(spec.grammar).__name__ if spec.grammar else None)
         await self._advance()
 
     async def on_grammar(self, msg: GrammarReady) -> None:
@@ -216,6 +218,8 @@ class Scheduler(Actor[object]):
             tuple((s.seq, len(s.chunk) + (plan.max_draft_len if s.sample else 0)) for s in plan.snapshots), reply))
         self.in_flight = StepPlan(plan.step, plan.snapshots, plan.max_draft_len, tables)
         self._launched = time.perf_counter()
+        log.debug("step_planned", step=plan.step, requests=len(plan.snapshots),
+                  sampling=sum(s.sample for s in plan.snapshots), prompt_tokens=sum(len(s.chunk) for s in plan.snapshots if not s.sample))
         await self.grammar.send(self.in_flight)
 
     async def _admit(self) -> None:
@@ -233,6 +237,8 @@ class Scheduler(Actor[object]):
             req.slot, req.blocks = self.free_slots.pop(), need
             self.free_blocks -= need
             self.running[req.slot] = req
+            log.debug("request_admitted", request_id=req.spec.request_id, slot=req.slot, step=self.step,
+                      kv_blocks=need)
             await self.draft.send(AddRequest(req.spec.request_id, req.spec.prompt))
             compiled = self._compiled.pop(req.spec.request_id, None)
             if compiled is not None:
@@ -294,8 +300,11 @@ class Scheduler(Actor[object]):
         if reason is None:
             req.pending.append(Delta(text, tuple(tokens)))
         else:
-            req.pending.append(Delta(text, tuple(tokens), reason, self._stats(req)))
+            stats = self._stats(req)
+            req.pending.append(Delta(text, tuple(tokens), reason, stats))
             req.finished = True
+            log.debug("request_finished", request_id=req.spec.request_id, step=self.step, reason=reason,
+                      output_tokens=stats.output_tokens, acceptance_length=round(stats.mean_acceptance_length, 3))
             # Free first, deliver after: once the caller sees the end, every Free is already queued.
             await self._release(req)
         self._flush(req)
@@ -316,6 +325,8 @@ class Scheduler(Actor[object]):
             exposed_grammar_ms=req.exposed_s * 1e3, grammar_compile_ms=req.compile_ms)
 
     async def _finish(self, req: _Request, reason: FinishReason, error: BaseException | None = None) -> None:
+        log.info("request_failed" if error else "request_finished", request_id=req.spec.request_id, step=self.step,
+                 reason=reason, error=repr(error) if error else None)
         req.finished = True
         if error is not None:
             req.stream.fail(error)

@@ -51,3 +51,16 @@ async def test_stochastic_constrained_outputs_are_valid_json(tiny) -> None:
                 jsonschema.validate(json.loads(c.text), SCHEMA)
             else:
                 assert c.finish_reason == "length"
+
+
+async def test_stop_string_ends_the_output_before_it(tiny) -> None:
+    from interlock.protocol.sampling import SamplingParams as SP
+
+    async with Engine(tiny, config(2)) as engine:
+        full = await engine.complete("Once upon a time", sampling=SP(max_tokens=40, ignore_eos=True))
+        stop = full.text[len(full.text) // 2: len(full.text) // 2 + 3]
+        assert stop.strip() and len(full.text) > 10
+        cut = await engine.complete("Once upon a time", sampling=SP(max_tokens=40, ignore_eos=True, stop=(stop,)))
+        await wait_idle(engine)
+        await assert_all_free(engine)
+    assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.find(stop)]

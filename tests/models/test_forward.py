@@ -99,3 +99,17 @@ def test_logit_rows_select_only_requested_rows(tiny_float: LoadedModel) -> None:
     some = lm.model(build_batch([SeqChunk(0, (1, 2, 3, 4, 5, 6), 0, (1, 4))], kv), kv)
     assert some.shape == (2, lm.config.vocab_size)
     torch.testing.assert_close(some, all_rows[[1, 4]], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_float_weights_track_fp32(dtype: str, tiny_float: LoadedModel) -> None:
+    """The float path in bf16/fp16 runs end to end and stays close to fp32 (norms in fp32)."""
+    from interlock.models.loader import load_model
+
+    half = load_model("tiny", weights="float", dtype=dtype)
+    assert half.model.tok_embeddings.dtype == getattr(torch, dtype)
+    got = run_alone(half, PROMPTS[0], [5, 6, 7])
+    want = run_alone(tiny_float, PROMPTS[0], [5, 6, 7])
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
+    assert (cos > 0.99).all(), cos
