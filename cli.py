@@ -60,7 +60,6 @@ async def _run(args: argparse.Namespace) -> None:
     from interlock.engine import Engine, EngineConfig
     from interlock.protocol.grammar import GrammarConfig, JsonSchema
     from interlock.protocol.sampling import SamplingParams
-    from interlock.protocol.speculative import SpeculativeConfig
 
     messages = [
         {"role": "system", "content": "Extract the facts as JSON matching this schema:\n" + json.dumps(DEMO_SCHEMA)},

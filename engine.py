@@ -2,17 +2,16 @@
 
     async with Engine.from_pretrained("smollm2-135m-instruct", speculative="ngram+forced") as engine:
         async for delta in engine.generate(messages, grammar=JsonSchema(schema)):
-            print(delta.text, end="")
+            sys.stdout.write(delta.text)
 """
 from __future__ import annotations
 
 import itertools
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 
-import anyio
 import structlog
 
 from interlock.actors.draft_actor import DraftActor
@@ -27,7 +26,7 @@ from interlock.models.kv_cache import PagedKVCache
 from interlock.models.linear import Weights
 from interlock.models.loader import LoadedModel, load_model
 from interlock.models.tokenizer import Message
-from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError, InterlockError, RequestError
+from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError, RequestError
 from interlock.protocol.grammar import BackendName, GrammarConfig, GrammarSpec
 from interlock.protocol.messages import Cancel, EngineMetrics, GetMetrics, GrammarReady, RequestSpec, Submit, Wake
 from interlock.protocol.sampling import Completion, Delta, SamplingParams

@@ -5,7 +5,6 @@ from __future__ import annotations
 import anyio
 import jsonschema
 import pytest
-from pathlib import Path
 
 from interlock.benchmarks.prompts import DATASETS, build_messages, load_rows
 from interlock.engine import Engine, EngineConfig

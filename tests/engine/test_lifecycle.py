@@ -13,7 +13,7 @@ from interlock.protocol.errors import EngineClosedError, EngineError, GrammarErr
 from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 
-from helpers import GRAMMARS, aenumerate, alone_outputs, assert_all_free, case, config, wait_idle
+from helpers import aenumerate, alone_outputs, assert_all_free, case, config, wait_idle
 
 
 async def test_1000_requests_with_random_cancellation(tiny) -> None:

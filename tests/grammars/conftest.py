@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from interlock.benchmarks.prompts import DATASETS as DATA
 from interlock.grammars import make_backend
 from interlock.models.loader import TINY_PADDED_VOCAB, load_tokenizer
 BACKENDS = ("xgrammar", "llguidance")
