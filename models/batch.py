@@ -56,6 +56,7 @@ class SeqView:
     length: int                    # new tokens
     start: int                     # position of the first new token
     blocks: torch.Tensor           # [ceil(L / block size)] long: the sequence's KV blocks, in order
+    first_slot: int | None         # when those blocks are consecutive: K/V are one slice from here
     mask: torch.Tensor | None      # [length, L] bool causal mask for the SDPA path; None: row path
 
 
@@ -97,7 +98,9 @@ def build_batch(chunks: list[SeqChunk], kv: KVLayout, device: torch.device | str
         if n > ROW_PATH_MAX_TOKENS:     # query at position p sees keys 0..p
             mask = torch.arange(ctx)[None, :] <= torch.arange(c.start, ctx)[:, None]
             mask = mask.to(device)
-        views.append(SeqView(len(ids), n, c.start, torch.tensor(table, dtype=torch.long, device=device), mask))
+        consecutive = all(b == table[0] + i for i, b in enumerate(table))
+        views.append(SeqView(len(ids), n, c.start, torch.tensor(table, dtype=torch.long, device=device),
+                             table[0] * bs if consecutive else None, mask))
         logit_index.extend(len(ids) + r for r in c.logit_rows)
         ids.extend(c.tokens)
         positions.extend(range(c.start, ctx))

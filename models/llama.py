@@ -151,11 +151,16 @@ class Transformer(nn.Module):
         c = self.config
         g = c.n_heads // c.n_kv_heads
         n_ctx = s.start + s.length
-        # Gather whole blocks (one index per block, not per token), then trim to L.
-        keys = k_cache.view(-1, block_size, c.n_kv_heads, c.head_dim)[s.blocks]
-        keys = keys.view(-1, c.n_kv_heads, c.head_dim)[:n_ctx].transpose(0, 1).to(q.dtype)   # [Hkv, L, D]
-        values = v_cache.view(-1, block_size, c.n_kv_heads, c.head_dim)[s.blocks]
-        values = values.view(-1, c.n_kv_heads, c.head_dim)[:n_ctx].transpose(0, 1).to(q.dtype)
+        if s.first_slot is not None:    # consecutive blocks (the usual case): a view, no copy
+            keys = k_cache[s.first_slot: s.first_slot + n_ctx]
+            values = v_cache[s.first_slot: s.first_slot + n_ctx]
+        else:                           # gather whole blocks (one index per block), then trim to L
+            keys = k_cache.view(-1, block_size, c.n_kv_heads, c.head_dim)[s.blocks]
+            keys = keys.view(-1, c.n_kv_heads, c.head_dim)[:n_ctx]
+            values = v_cache.view(-1, block_size, c.n_kv_heads, c.head_dim)[s.blocks]
+            values = values.view(-1, c.n_kv_heads, c.head_dim)[:n_ctx]
+        keys = keys.transpose(0, 1).to(q.dtype)                           # [Hkv, L, D]
+        values = values.transpose(0, 1).to(q.dtype)
         qs = q[s.offset: s.offset + s.length]                             # [n, H, D]
         if s.mask is not None:                                            # prefill: fused kernel
             out = F.scaled_dot_product_attention(qs.transpose(0, 1), keys, values, attn_mask=s.mask,
