@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from interlock.models.kv_cache import slots_of
 from interlock.protocol.types import BlockId, SeqId, TokenId
 
 
@@ -104,7 +105,7 @@ def build_batch(chunks: list[SeqChunk], kv: KVLayout, device: torch.device | str
         logit_index.extend(len(ids) + r for r in c.logit_rows)
         ids.extend(c.tokens)
         positions.extend(range(c.start, ctx))
-        write.extend(table[p // bs] * bs + p % bs for p in range(c.start, ctx))
+        write.extend(slots_of(table, bs, c.start, n))
     dense = tuple((v.offset, v.length) for v in views if v.mask is not None)
     row_index = None
     if dense:

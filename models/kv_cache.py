@@ -18,6 +18,11 @@ from interlock.protocol.types import BlockId, SeqId
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def slots_of(table: tuple[BlockId, ...] | list[BlockId], block_size: int, start: int, n: int) -> list[int]:
+    """Flat slot index of positions [start, start + n) of a sequence with this block table."""
+    return [table[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
+
+
 class PagedKVCache:
     """Block pool + per-sequence block tables + the K/V storage tensors."""
 
@@ -61,8 +66,7 @@ class PagedKVCache:
         """Flat slot index of positions [start, start + n) of `seq` (they must be reserved)."""
         if start < 0 or start + n > self._lengths[seq]:
             raise IndexError(f"positions [{start}, {start + n}) outside sequence {seq} of length {self._lengths[seq]}")
-        table, bs = self._tables[seq], self.block_size
-        return [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+        return slots_of(self._tables[seq], self.block_size, start, n)
 
     # --- changes -----------------------------------------------------------------------------
 

@@ -5,7 +5,6 @@ actor that owns them and are shared read-only by reference, set up once when the
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,6 +205,3 @@ class Count:
 
     reply: Any
 
-
-def chunk_tables(tables: Sequence[tuple[SeqId, Sequence[BlockId]]], block_size: int) -> BlockTables:
-    return BlockTables(block_size, tuple((s, tuple(t)) for s, t in tables))
