@@ -240,6 +240,6 @@ class Engine:
         free, total, seqs = await self._kv_actor.ask(lambda r: KVUsage(r))
         matchers = await self._grammar_actor.ask(lambda r: Count(r))
         ngram = await self._draft_actor.ask(lambda r: Count(r))
+        slots_free, requests = await self._scheduler.ask(lambda r: Count(r))
         return {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs,
-                "matchers": matchers, "ngram_requests": ngram,
-                "slots_free": len(self._scheduler.free_slots), "requests": len(self._scheduler.requests)}
+                "matchers": matchers, "ngram_requests": ngram, "slots_free": slots_free, "requests": requests}

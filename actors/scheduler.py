@@ -25,7 +25,8 @@ from interlock.models.detokenize import IncrementalText
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import EngineClosedError, KVCacheExhaustedError
 from interlock.protocol.messages import (
-    AddRequest, BindGrammar, BlockTables, Cancel, EngineMetrics, Free, GetMetrics, GrammarReady, Release, RequestSnapshot, RequestSpec,
+    AddRequest, BindGrammar, BlockTables, Cancel, Count, EngineMetrics, Free, GetMetrics, GrammarReady, Release,
+    RequestSnapshot, RequestSpec,
     Reserve, Rewind, StepPlan, Submit, TokenEvent, Wake,
 )
 from interlock.protocol.sampling import Delta, RequestStats
@@ -110,7 +111,11 @@ class Scheduler(Actor[object]):
 
     def handlers(self) -> Mapping[type, Handler]:
         return {Submit: self.on_submit, GrammarReady: self.on_grammar, Cancel: self.on_cancel,
-                Wake: self.on_wake, TokenEvent: self.on_tokens, GetMetrics: self.on_metrics}
+                Wake: self.on_wake, TokenEvent: self.on_tokens, GetMetrics: self.on_metrics, Count: self.on_count}
+
+    async def on_count(self, msg: Count) -> None:
+        """(free slots, requests held) for leak checks."""
+        msg.reply.set_result((len(self.free_slots), len(self.requests)))
 
     async def on_metrics(self, msg: GetMetrics) -> None:
         msg.reply.set_result(EngineMetrics(**self._totals))
