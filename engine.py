@@ -22,7 +22,7 @@ from interlock.actors.scheduler import Scheduler, SchedulerConfig
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.grammars.layer import GrammarLayer
 from interlock.models.generate import check_prompt_fits
-from interlock.models.kv_cache import PagedKVCache
+from interlock.models.kv_cache import PagedKVCache, block_bytes
 from interlock.models.linear import Weights
 from interlock.models.loader import LoadedModel, load_model
 from interlock.models.tokenizer import Message
@@ -47,7 +47,8 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = SpeculativeConfig()
     grammar: GrammarConfig = GrammarConfig()
     max_batch_size: int = 8
-    num_kv_blocks: int | None = None        # None: enough for max_batch_size full contexts
+    num_kv_blocks: int | None = None        # None: enough for max_batch_size full contexts, within kv_cache_bytes
+    kv_cache_bytes: int = 1 << 30           # cap on the pool when num_kv_blocks is None (vLLM sizes it by memory too)
     block_size: int = 16
     prefill_chunk: int = 256
     max_step_tokens: int = 512
@@ -55,8 +56,8 @@ class EngineConfig:
     max_context: int | None = None          # None: the model's context window
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.output_buffer < 1 or self.block_size < 1:
-            raise ValueError("max_batch_size, output_buffer and block_size must be >= 1")
+        if self.max_batch_size < 1 or self.output_buffer < 1 or self.block_size < 1 or self.kv_cache_bytes < 1:
+            raise ValueError("max_batch_size, output_buffer, block_size and kv_cache_bytes must be >= 1")
 
 
 class Engine:
@@ -75,7 +76,10 @@ class Engine:
         self._failure: EngineError | None = None
         k = config.speculative.max_draft_len if config.speculative else 0
         per_seq = -(-(self.max_context + k + 1) // config.block_size)
-        num_blocks = config.num_kv_blocks or per_seq * config.max_batch_size
+        # Requests are admitted by the blocks they may need, so a smaller pool queues them, never fails them,
+        # unless one request alone needs more than the pool (a typed error for that request).
+        budget = max(1, config.kv_cache_bytes // block_bytes(loaded.config, config.block_size))
+        num_blocks = config.num_kv_blocks or min(per_seq * config.max_batch_size, budget)
         self.grammars = GrammarLayer(loaded.tokenizer, loaded.config.vocab_size, config.grammar)
         self._sched_config = SchedulerConfig(
             max_batch_size=config.max_batch_size, max_draft_len=k, prefill_chunk=config.prefill_chunk,
@@ -104,7 +108,7 @@ class Engine:
         c = self._sched_config
         loaded = self.model
         timeline = CpuTimeline()
-        kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size)
+        kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size)
         buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)
         mask_ready, tokens_ready = timeline.new_event(), timeline.new_event()
         kv_actor = KVActor(kv)
@@ -135,13 +139,15 @@ class Engine:
         for stream in list(self._streams.values()):
             stream.fail(self._failure or EngineClosedError("the engine was closed"))
         self._streams.clear()
+        if self._runtime is None:
+            return                      # never entered
         try:
-            if self._runtime is not None:
-                await self._runtime.__aexit__(None, None, None)
+            await self._runtime.__aexit__(None, None, None)
         except EngineError:
             pass                        # already reported to every request
         finally:
             self._timeline.close()
+            self._kv.release()
 
     def _on_failure(self, actor: str, exc: BaseException) -> None:
         log.error("actor_crashed", actor=actor, error=repr(exc))

@@ -23,6 +23,12 @@ def slots_of(table: tuple[BlockId, ...] | list[BlockId], block_size: int, start:
     return [table[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
 
 
+def block_bytes(config: ModelConfig, block_size: int) -> int:
+    """Bytes one block takes in the pool: K and V for every layer, KV head and position."""
+    itemsize = torch.empty((), dtype=_DTYPES[config.dtype]).element_size()
+    return 2 * config.n_layers * block_size * config.n_kv_heads * config.head_dim * itemsize
+
+
 class PagedKVCache:
     """Block pool + per-sequence block tables + the K/V storage tensors."""
 
@@ -106,6 +112,14 @@ class PagedKVCache:
         table = self._tables[seq]
         while len(table) > keep:
             self._free.append(table.pop())
+
+    def release(self) -> None:
+        """Drop the storage now (the engine calls this on close): a closed engine's pool may sit in
+        a reference cycle until the garbage collector runs, and pools are the largest thing we own."""
+        self.k = self.v = torch.empty(0)
+        self._free.clear()
+        self._tables.clear()
+        self._lengths.clear()
 
     def free(self, seq: SeqId) -> None:
         """Return every block of `seq` to the pool and forget it. Freeing an unknown seq is a no-op."""

@@ -147,3 +147,27 @@ async def test_a_consumer_that_stops_reading_does_not_stall_the_others(tiny) -> 
         await stalled.aclose()
         await wait_idle(engine)
         await assert_all_free(engine)
+
+
+async def test_kv_pool_is_capped_by_bytes_queues_requests_and_is_released_on_close(tiny) -> None:
+    from interlock.models.kv_cache import block_bytes
+
+    per_block = block_bytes(tiny.config, 16)
+    engine = Engine(tiny, config(4, kv_cache_bytes=10 * per_block))
+    async with engine:
+        assert (await engine.resources())["kv_total_blocks"] == 10
+        # Each request may need 4 blocks, so 2 run side by side though 4 slots are free; the rest wait.
+        done = []
+
+        async def one(i: int) -> None:
+            done.append(await engine.complete(PROMPTS_LONG[i % 2], sampling=SamplingParams(max_tokens=24)))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(12):
+                tg.start_soon(one, i)
+        assert len(done) == 12 and all(c.stats.output_tokens > 0 for c in done)
+        await assert_all_free(engine)
+    assert engine._kv.k.numel() == 0 and engine._kv.v.numel() == 0
+
+
+PROMPTS_LONG = ["word " * 30, "other words here " * 12]
