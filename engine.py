@@ -22,11 +22,14 @@ from interlock.actors.scheduler import Scheduler, SchedulerConfig
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.grammars.layer import GrammarLayer
 from interlock.models.generate import check_prompt_fits
+from interlock.drafters.model import DraftLM, ModelDrafter
 from interlock.models.kv_cache import PagedKVCache, block_bytes
 from interlock.models.linear import Weights
 from interlock.models.loader import LoadedModel, load_model
 from interlock.models.tokenizer import Message
-from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError, RequestError
+from interlock.protocol.errors import (
+    EngineClosedError, EngineError, GrammarError, RequestError, UnsupportedModelError,
+)
 from interlock.protocol.grammar import BackendName, GrammarConfig, GrammarSpec
 from interlock.protocol.messages import Cancel, EngineMetrics, GetMetrics, GrammarReady, RequestSpec, Submit, Wake
 from interlock.protocol.sampling import Completion, Delta, SamplingParams
@@ -60,6 +63,25 @@ class EngineConfig:
             raise ValueError("max_batch_size, output_buffer, block_size and kv_cache_bytes must be >= 1")
 
 
+def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> DraftLM | None:
+    """The draft model a speculative config asks for: the target's first layers (self-draft), a
+    checkpoint with the target's tokenizer (draft:PATH), or a DraftLM given directly; else None."""
+    if speculative is None or not speculative.uses_draft_model:
+        return None
+    if "self-draft" in speculative.drafters:
+        return DraftLM(target.model, min(speculative.self_draft_layers, target.config.n_layers))
+    if speculative.draft_lm is not None:
+        return speculative.draft_lm
+    assert speculative.draft_model is not None
+    draft = load_model(speculative.draft_model, weights=target.model.weights or "int8")
+    if draft.tokenizer.vocab_size != target.tokenizer.vocab_size or \
+            draft.tokenizer.eos_token_ids != target.tokenizer.eos_token_ids:
+        raise UnsupportedModelError(
+            f"draft model {speculative.draft_model!r} has another tokenizer than the target "
+            f"({draft.tokenizer.vocab_size} vs {target.tokenizer.vocab_size} ids): a draft must share it")
+    return DraftLM.full(draft.model)
+
+
 class Engine:
     """Runs requests on one model. Use as an async context manager; see `generate` and `complete`."""
 
@@ -81,6 +103,7 @@ class Engine:
         budget = max(1, config.kv_cache_bytes // block_bytes(loaded.config, config.block_size))
         num_blocks = config.num_kv_blocks or min(per_seq * config.max_batch_size, budget)
         self.grammars = GrammarLayer(loaded.tokenizer, loaded.config.vocab_size, config.grammar)
+        self._draft_lm = draft_lm_for(loaded, config.speculative)
         self._sched_config = SchedulerConfig(
             max_batch_size=config.max_batch_size, max_draft_len=k, prefill_chunk=config.prefill_chunk,
             max_step_tokens=max(config.max_step_tokens, config.max_batch_size * (k + 1)),
@@ -116,7 +139,10 @@ class Engine:
         scheduler: Scheduler
         verifier = VerifierActor(loaded.model, kv, timeline, buffers, mask_ready, tokens_ready, None,  # type: ignore[arg-type]
                                  self.tokenizer.vocab_size, self.tokenizer.eos_token_ids)
-        draft = DraftActor(self.config.speculative, None, self.tokenizer.vocab_size)  # type: ignore[arg-type]
+        drafter = self._drafter = (ModelDrafter(self._draft_lm, c.num_blocks, c.block_size)
+                                   if self._draft_lm is not None else None)
+        draft = DraftActor(self.config.speculative, None, self.tokenizer.vocab_size, model=drafter,  # type: ignore[arg-type]
+                           timeline=timeline, bitmask=buffers.bitmask, eos_token_ids=self.tokenizer.eos_token_ids)
         grammar = GrammarActor(self.grammars.backend, timeline, buffers, mask_ready, verifier, draft)
         draft.grammar = grammar
         scheduler = Scheduler(c, self.tokenizer, kv_actor, grammar, draft, verifier, self._forget)
@@ -148,6 +174,8 @@ class Engine:
         finally:
             self._timeline.close()
             self._kv.release()
+            if self._drafter is not None:
+                self._drafter.kv.release()
 
     def _on_failure(self, actor: str, exc: BaseException) -> None:
         log.error("actor_crashed", actor=actor, error=repr(exc))
@@ -240,12 +268,14 @@ class Engine:
         return await self._scheduler.ask(lambda r: GetMetrics(r))
 
     async def resources(self) -> dict[str, int]:
-        """What is held right now: free/total KV blocks, KV sequences, matchers, n-gram requests."""
+        """What is held right now: free/total KV blocks, KV sequences, matchers, n-gram requests, and
+        the draft model's requests and KV blocks (0 of 0 without a draft model)."""
         from interlock.protocol.messages import Count, KVUsage
 
         free, total, seqs = await self._kv_actor.ask(lambda r: KVUsage(r))
         matchers = await self._grammar_actor.ask(lambda r: Count(r))
-        ngram = await self._draft_actor.ask(lambda r: Count(r))
+        ngram, drafted, draft_free, draft_total = await self._draft_actor.ask(lambda r: Count(r))
         slots_free, requests = await self._scheduler.ask(lambda r: Count(r))
         return {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs,
-                "matchers": matchers, "ngram_requests": ngram, "slots_free": slots_free, "requests": requests}
+                "matchers": matchers, "ngram_requests": ngram, "slots_free": slots_free, "requests": requests,
+                "draft_requests": drafted, "draft_kv_free_blocks": draft_free, "draft_kv_total_blocks": draft_total}

@@ -7,6 +7,10 @@ then hands the proposal to the VerifierActor, whose model lane waits on that eve
 TokenEvent it advances each matcher by the accepted tokens. Matchers are only ever advanced
 by committed tokens: filling the draft rows leaves their state unchanged, so a rejection
 needs no rollback.
+
+With a draft model and draft-side masking, the DraftActor asks (DraftMasks) for the row after
+each prefix of its drafts while it drafts; the proposal's fill then skips the rows that already
+hold the mask of the drafts' own prefixes, so each row is computed once per step.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from interlock.actors.base import Actor, Handler
 from interlock.grammars.bitmask import allocate_bitmask
 from interlock.protocol.grammar import GrammarBackend, GrammarMatcher
 from interlock.protocol.messages import (
-    BindGrammar, Count, DraftProposal, Forced, Release, StepPlan, TokenEvent,
+    BindGrammar, Count, DraftMasks, DraftProposal, Forced, Release, StepPlan, TokenEvent,
 )
 from interlock.protocol.types import SlotId
 from interlock.streams.timeline import DeviceEvent, Timeline
@@ -56,17 +60,21 @@ class GrammarActor(Actor[object]):
         self.verifier = verifier
         self.drafter = drafter
         self.matchers: dict[SlotId, GrammarMatcher] = {}
+        self.prefilled: dict[SlotId, dict[int, tuple[int, ...]]] = {}   # row offset -> prefix it holds
+        self._draft_masks_ready = timeline.new_event()
         super().__init__("grammar")
 
     def handlers(self) -> Mapping[type, Handler]:
         return {BindGrammar: self.on_bind, Release: self.on_release, StepPlan: self.on_plan,
-                DraftProposal: self.on_proposal, TokenEvent: self.on_tokens, Count: self.on_count}
+                DraftProposal: self.on_proposal, TokenEvent: self.on_tokens, Count: self.on_count,
+                DraftMasks: self.on_draft_masks}
 
     async def on_bind(self, msg: BindGrammar) -> None:
         self.matchers[msg.slot] = self.backend.matcher(msg.compiled)
 
     async def on_release(self, msg: Release) -> None:
         self.matchers.pop(msg.slot, None)
+        self.prefilled.pop(msg.slot, None)
 
     async def on_count(self, msg: Count) -> None:
         msg.reply.set_result(len(self.matchers))
@@ -78,20 +86,47 @@ class GrammarActor(Actor[object]):
             forced.append(tuple(matcher.forced_tokens()[: plan.max_draft_len]) if matcher else ())
         await self.drafter.send(Forced(plan, tuple(forced)))
 
+    async def on_draft_masks(self, msg: DraftMasks) -> None:
+        ok: list[bool] = []
+        self.timeline.grammar.launch_host(self._fill_draft_rows, (msg.jobs, ok))
+        self.timeline.grammar.record(self._draft_masks_ready)
+        await self._draft_masks_ready.wait_async()
+        msg.reply.set_result(tuple(ok))
+
+    def _fill_draft_rows(self, args: tuple[tuple[tuple[SlotId, tuple[int, ...]], ...], list[bool]]) -> None:
+        """Grammar lane: the row after each prefix (advance through it, fill, roll back)."""
+        jobs, ok = args
+        per = self.buffers.rows_per_slot
+        for slot, prefix in jobs:
+            matcher = self.matchers[slot]
+            if not matcher.accept(prefix):
+                ok.append(False)
+                continue
+            try:
+                matcher.fill_mask(self.buffers.bitmask, slot * per + len(prefix))
+            finally:
+                matcher.rollback(len(prefix))
+            self.prefilled.setdefault(slot, {})[len(prefix)] = prefix
+            ok.append(True)
+
     async def on_proposal(self, proposal: DraftProposal) -> None:
-        jobs = [(s.slot, self.matchers[s.slot], drafts) for s, drafts in zip(proposal.plan.snapshots, proposal.drafts)
-                if s.sample and s.constrained]
+        jobs = []
+        for s, drafts in zip(proposal.plan.snapshots, proposal.drafts):
+            if s.sample and s.constrained:
+                held = self.prefilled.pop(s.slot, {})
+                skip = frozenset(j for j, prefix in held.items() if drafts[:j] == prefix and j <= len(drafts))
+                jobs.append((s.slot, self.matchers[s.slot], drafts, skip))
         if jobs:
             self.timeline.grammar.launch_host(self._fill, jobs)
             self.timeline.grammar.record(self.mask_ready)
         await self.verifier.send(proposal)
 
-    def _fill(self, jobs: list[tuple[SlotId, GrammarMatcher, tuple[int, ...]]]) -> None:
+    def _fill(self, jobs: list[tuple[SlotId, GrammarMatcher, tuple[int, ...], frozenset[int]]]) -> None:
         """Runs on the grammar lane: K+1 rows per constrained request, one call each."""
         per = self.buffers.rows_per_slot
         self.buffers.rows.zero_()
-        for slot, matcher, drafts in jobs:
-            self.buffers.rows[slot] = matcher.fill_masks(self.buffers.bitmask, slot * per, drafts)
+        for slot, matcher, drafts, skip in jobs:
+            self.buffers.rows[slot] = matcher.fill_masks(self.buffers.bitmask, slot * per, drafts, skip)
 
     async def on_tokens(self, event: TokenEvent) -> None:
         for result in event.results:

@@ -184,7 +184,9 @@ class Scheduler(Actor[object]):
             if result is None:                                    # a prefill chunk
                 req.computed += len(s.chunk)
                 continue
-            used = 1 + result.accepted                             # last token + accepted drafts
+            # KV kept: the last token + accepted drafts but the final new token (fed next step; a stop
+            # token that was an accepted draft ends the request, so it never is).
+            used = len(result.new_tokens)
             rewinds.append((req.seq, 1 + plan.max_draft_len - used))
             req.computed += used
             req.steps += 1

@@ -118,7 +118,7 @@ class VerifierActor(Actor[object]):
         if all(s.sampling.greedy for s in snaps):
             result = rejection_sample_greedy(logits, draft_tokens, num_drafts)
         else:
-            result = self._stochastic(logits, snaps, draft_tokens, num_drafts, k)
+            result = self._stochastic(logits, snaps, draft_tokens, self._draft_probs(work, v, k), num_drafts, k)
         for row, s in enumerate(snaps):
             n_acc = int(result.num_accepted[row])
             tokens = [int(t) for t in result.tokens[row, : n_acc + 1]]
@@ -126,8 +126,9 @@ class VerifierActor(Actor[object]):
                 if t in self.eos and not s.sampling.ignore_eos:
                     tokens = tokens[: j + 1]
                     break
+            # A stop token that was an accepted draft counts as accepted (tokens end at it).
             work.results.append(SlotResult(s.request_id, s.slot, tuple(tokens), int(num_drafts[row]),
-                                           min(n_acc, len(tokens) - 1)))
+                                           min(n_acc, len(tokens))))
 
     def _mask(self, logits: torch.Tensor, snaps: list[RequestSnapshot], k: int) -> None:
         """Grammar masks, in place: row j of a constrained request uses bitmask row slot*(K+1)+j."""
@@ -143,8 +144,23 @@ class VerifierActor(Actor[object]):
         apply_token_bitmask_(flat, self.buffers.bitmask, rows=rows.view(-1), skip=skip.view(-1),
                              mask_vocab_size=self.tokenizer_vocab)
 
+    def _draft_probs(self, work: _StepWork, v: int, k: int) -> torch.Tensor | None:
+        """q [B, K, V] when some draft came from a draft model's distribution, else None (point masses)."""
+        probs = work.proposal.probs
+        rows = [probs[i] if probs else None for i in work.sampled]
+        if all(q is None for q in rows):
+            return None
+        q = torch.zeros(len(rows), k, v)
+        for row, (drafts, q_row) in enumerate(zip(work.drafts, rows)):
+            n = len(drafts)
+            if q_row is None:
+                q[row, torch.arange(n), torch.tensor(drafts, dtype=torch.long)] = 1.0
+            else:
+                q[row, :n, : q_row.shape[1]] = q_row
+        return q
+
     def _stochastic(self, logits: torch.Tensor, snaps: list[RequestSnapshot], draft_tokens: torch.Tensor,
-                    num_drafts: torch.Tensor, k: int):
+                    draft_probs: torch.Tensor | None, num_drafts: torch.Tensor, k: int):
         b = len(snaps)
         per = self.buffers.rows_per_slot
         temp = torch.tensor([s.sampling.temperature for s in snaps]).repeat_interleave(k + 1)
@@ -165,4 +181,4 @@ class VerifierActor(Actor[object]):
             draws = torch.rand(per, generator=gen)
             uniforms[row, :k] = draws[:k]
             uniforms[row, k] = draws[per - 1]
-        return rejection_sample(probs, draft_tokens, None, num_drafts, uniforms)
+        return rejection_sample(probs, draft_tokens, draft_probs, num_drafts, uniforms)

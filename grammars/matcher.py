@@ -14,7 +14,7 @@ that must hold for both backends live here, so they cannot drift apart:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import torch
@@ -107,17 +107,23 @@ class BaseMatcher(ABC):
         bm.check_bitmask(bitmask, row, self._vocab_size)
         self._fill_checked(bitmask, row)
 
-    def fill_masks(self, bitmask: Any, start_row: int, drafts: Sequence[TokenId]) -> int:
-        """Rows start_row+j = mask after drafts[:j]; stops at the first refused draft; state unchanged."""
+    def fill_masks(self, bitmask: Any, start_row: int, drafts: Sequence[TokenId],
+                   skip: Container[int] = ()) -> int:
+        """Rows start_row+j = mask after drafts[:j]; stops at the first refused draft; state unchanged.
+
+        skip: offsets j whose rows already hold that mask (filled while a draft model drafted).
+        """
         bm.check_bitmask(bitmask, start_row + len(drafts), self._vocab_size)
-        self._fill_checked(bitmask, start_row)
+        if 0 not in skip:
+            self._fill_checked(bitmask, start_row)
         advanced = 0
         try:
             for draft in drafts:
                 if not self.accept([draft]):
                     break
                 advanced += 1
-                self._fill_checked(bitmask, start_row + advanced)
+                if advanced not in skip:
+                    self._fill_checked(bitmask, start_row + advanced)
         finally:
             self.rollback(advanced)
         return 1 + advanced

@@ -118,3 +118,19 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, weights: Weight
     if weights == "float":
         return Linear(weight, bias)
     raise ValueError(f"weights must be 'float', 'int8' or 'int4', got {weights!r}")
+
+
+def select_rows(linear: nn.Module, index: torch.Tensor) -> nn.Module:
+    """The same layer with only the output rows in `index` (a pruned draft vocabulary's head)."""
+    if isinstance(linear, Linear):
+        bias = None if linear.bias is None else linear.bias[index].clone()
+        return Linear(linear.weight[index].clone(), bias)
+    if isinstance(linear, Int8Linear):      # per-row scales: rows are independent, no re-quantizing
+        out = Int8Linear.__new__(Int8Linear)
+        nn.Module.__init__(out)
+        out.register_buffer("dense_weight", linear.dense_weight[index].clone())
+        out.bias = None if linear.bias is None else nn.Parameter(linear.bias[index].clone(), requires_grad=False)
+        out.register_buffer("qweight", linear.qweight[index].contiguous())
+        out.register_buffer("scales", linear.scales[index].contiguous())
+        return out
+    raise TypeError(f"cannot select rows of {type(linear).__name__}")

@@ -111,8 +111,13 @@ class Transformer(nn.Module):
     # --- forward -----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv: PagedKVCache) -> torch.Tensor:
-        """Run one packed batch: write K/V of every new token, return fp32 logits [R, V]."""
+    def forward(self, batch: ForwardBatch, kv: PagedKVCache, *, n_layers: int | None = None,
+                head: nn.Module | None = None) -> torch.Tensor:
+        """Run one packed batch: write K/V of every new token, return fp32 logits [R, V].
+
+        n_layers / head: run only the first n layers and this head instead (a layer-skip self-draft,
+        or a pruned draft vocabulary); kv then needs only n_layers layers.
+        """
         if self.weights is None:
             raise RuntimeError("call build() after loading weights")
         dt = self.act_dtype
@@ -120,7 +125,7 @@ class Transformer(nn.Module):
         cos = self.rope_cos[batch.positions].to(dt)                       # [T, D]
         sin = self.rope_sin[batch.positions].to(dt)
         eps = self.config.rms_eps
-        for index, (layer, lin) in enumerate(zip(self.layers, self._linears)):
+        for index, (layer, lin) in enumerate(zip(self.layers[:n_layers], self._linears[:n_layers])):
             h = rms_norm(x, layer.attention_norm.to(dt), eps)
             qkv = _project(lin["wqkv"], h, batch).to(dt)
             x = x + _project(lin["wo"], self._attention(qkv, cos, sin, batch, kv, index), batch).to(dt)
@@ -128,7 +133,7 @@ class Transformer(nn.Module):
             gate, up = _project(lin["w13"], h, batch).to(dt).chunk(2, dim=-1)
             x = x + _project(lin["w2"], F.silu(gate) * up, batch).to(dt)
         x = rms_norm(x[batch.logit_index], self.norm.to(dt), eps)        # [R, E]
-        return self._head(x)                                              # [R, V] fp32
+        return (head or self._head)(x)                                   # [R, V] fp32
 
     def _attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    batch: ForwardBatch, kv: PagedKVCache, index: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ backend compiles specs and allocates bitmasks; a matcher is per request and stat
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
@@ -189,11 +189,13 @@ class GrammarMatcher(Protocol):
         """Write the allowed-token bits of the current state into bitmask[row]."""
         ...
 
-    def fill_masks(self, bitmask: Any, start_row: int, drafts: Sequence[TokenId]) -> int:
+    def fill_masks(self, bitmask: Any, start_row: int, drafts: Sequence[TokenId],
+                   skip: Container[int] = ()) -> int:
         """Fill rows start_row.. for the current state and after each draft prefix, in one call.
 
         Row start_row + j is the mask after drafts[:j]. Stops early at the first draft the grammar
-        refuses; returns the number of rows filled (1 + accepted drafts). State is unchanged.
+        refuses; returns the number of rows valid (1 + accepted drafts). State is unchanged.
+        Offsets j in `skip` are left alone: their rows already hold that mask.
         """
         ...
 

@@ -102,11 +102,26 @@ class Forced:
 
 
 @dataclass(frozen=True)
+class DraftMasks:
+    """DraftActor -> GrammarActor, while a draft model drafts: fill, for each (slot, prefix), the
+    bitmask row slot * (K+1) + len(prefix) with the mask after the committed tokens + prefix.
+    Replies with one bool per job: False when the grammar refuses the prefix (row not filled)."""
+
+    jobs: tuple[tuple[SlotId, tuple[TokenId, ...]], ...]
+    reply: Any
+
+
+@dataclass(frozen=True)
 class DraftProposal:
-    """The plan plus drafts per snapshot (empty for prefill chunks and unspeculated requests)."""
+    """The plan plus drafts per snapshot (empty for prefill chunks and unspeculated requests).
+
+    probs: per snapshot, the draft distributions q [len(drafts), V] (a float tensor over the
+    target's vocabulary) or None when every draft is a point mass (n-gram, forced, greedy, user).
+    """
 
     plan: StepPlan
     drafts: tuple[tuple[TokenId, ...], ...]
+    probs: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)

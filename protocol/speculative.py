@@ -1,6 +1,7 @@
 """Speculative-decoding configuration: which drafters, how far ahead.
 
-Strings as on the CLI: "none", or a "+"-joined set of drafters and options, e.g. "ngram+forced".
+Strings as on the CLI: "none", or a "+"-joined set of drafters and options, e.g. "ngram+forced",
+"self-draft+forced", "draft:/path/to/model+forced+adaptive", "self-draft:6+nomask".
 """
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from typing import Any
 
 from interlock.protocol.types import RequestId, TokenId
 
-DRAFTERS = ("ngram", "forced")
-OPTIONS = ("adaptive",)
+DRAFTERS = ("ngram", "forced", "self-draft", "draft")
+OPTIONS = ("adaptive", "nomask")
+# Layers of the target the self-draft runs when none are named. Chosen from measured acceptance
+# and speed on JME (benchmarks: `interlock bench --speculative self-draft:N+forced`, README).
+SELF_DRAFT_LAYERS = 8
 
 
 @dataclass(frozen=True)
@@ -52,25 +56,64 @@ class SpeculativeConfig:
     # A user-provided drafter (drafters.base.Drafter): asked for drafts when the grammar forces none;
     # the longer of its draft and the n-gram draft is verified.
     user_drafter: Any = field(default=None, compare=False)
+    # Draft models ("self-draft" / "draft"): how many target layers the self-draft runs, which
+    # checkpoint "draft" loads, and whether the grammar masks the draft's logits (draft-side masking;
+    # off = TensorRT-LLM's "w/o draft" ablation). draft_lm: a ready drafters.model.DraftLM (e.g. with
+    # a pruned d2t vocabulary), used for "draft" instead of loading draft_model.
+    self_draft_layers: int = SELF_DRAFT_LAYERS
+    draft_model: str | None = None
+    draft_masking: bool = True
+    draft_lm: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         unknown = [d for d in self.drafters if d not in DRAFTERS]
         if unknown:
-            raise ValueError(f"unknown drafter(s) {unknown}; choose from {', '.join(DRAFTERS)}")
+            raise ValueError(f"unknown drafter(s) {unknown}; choose from {', '.join(DRAFTERS)}, draft:PATH")
         if not self.drafters and self.user_drafter is None:
             raise ValueError("no drafters: use speculative=None to disable speculation")
         if not 1 <= self.max_draft_len <= 16:
             raise ValueError(f"max_draft_len must be in 1..16, got {self.max_draft_len}")
+        if "self-draft" in self.drafters and "draft" in self.drafters:
+            raise ValueError("choose one draft model: self-draft or draft:PATH")
+        if "draft" in self.drafters and self.draft_model is None and self.draft_lm is None:
+            raise ValueError("the draft drafter needs a model: draft:PATH (or draft_model=...)")
+        if self.self_draft_layers < 1:
+            raise ValueError(f"self_draft_layers must be >= 1, got {self.self_draft_layers}")
 
     @classmethod
-    def parse(cls, text: str | None, *, max_draft_len: int = 3) -> SpeculativeConfig | None:
-        """"none" / "" / None -> None; "ngram+forced+adaptive" -> drafters ngram, forced; adaptive on."""
+    def parse(cls, text: str | None, *, max_draft_len: int = 3, **fields: Any) -> SpeculativeConfig | None:
+        """"none" / "" / None -> None; "ngram+forced+adaptive" -> drafters ngram, forced; adaptive on;
+        "self-draft:6" -> the self-draft over 6 layers; "draft:PATH" -> a draft checkpoint."""
         if text is None or text.strip().lower() in ("", "none"):
             return None
-        parts = tuple(p.strip() for p in text.lower().split("+") if p.strip())
-        drafters = tuple(p for p in parts if p not in OPTIONS)
-        return cls(drafters=drafters, max_draft_len=max_draft_len, adaptive="adaptive" in parts)
+        drafters: list[str] = []
+        options: dict[str, Any] = {}
+        for part in (p.strip() for p in text.split("+")):
+            name, _, arg = part.partition(":")
+            name = name.lower()
+            if not part or name in OPTIONS:
+                continue
+            if name == "draft":
+                if not arg:
+                    raise ValueError("draft needs a path or model name: draft:PATH")
+                options["draft_model"] = arg
+            elif name == "self-draft" and arg:
+                if not arg.isdigit():
+                    raise ValueError(f"self-draft:N needs a number of layers, got {arg!r}")
+                options["self_draft_layers"] = int(arg)
+            elif arg:
+                raise ValueError(f"{name} takes no argument (got {part!r})")
+            drafters.append(name)
+        parts = {p.strip().lower() for p in text.split("+")}
+        return cls(drafters=tuple(drafters), max_draft_len=max_draft_len, adaptive="adaptive" in parts,
+                   draft_masking="nomask" not in parts, **(options | fields))
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return "self-draft" in self.drafters or "draft" in self.drafters
 
     @property
     def label(self) -> str:
-        return "+".join(self.drafters + (("adaptive",) if self.adaptive else ()))
+        names = [f"self-draft:{self.self_draft_layers}" if d == "self-draft" else
+                 f"draft:{self.draft_model or 'custom'}" if d == "draft" else d for d in self.drafters]
+        return "+".join(names + (["adaptive"] if self.adaptive else []) + ([] if self.draft_masking else ["nomask"]))

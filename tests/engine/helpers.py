@@ -36,6 +36,7 @@ async def assert_all_free(engine: Engine) -> None:
     res = await engine.resources()
     assert res["kv_free_blocks"] == res["kv_total_blocks"], res
     assert res["kv_sequences"] == res["matchers"] == res["ngram_requests"] == res["requests"] == 0, res
+    assert res["draft_requests"] == 0 and res["draft_kv_free_blocks"] == res["draft_kv_total_blocks"], res
     assert res["slots_free"] == engine.config.max_batch_size, res
 
 

@@ -1,0 +1,158 @@
+"""Draft models (a separate checkpoint, the layer-skip self-draft, a pruned d2t vocabulary) change
+speed, never output; draft-side masking keeps every draft inside the grammar (tiny preset)."""
+from __future__ import annotations
+
+import anyio
+import pytest
+import torch
+
+from interlock.actors.grammar_actor import GrammarActor
+from interlock.drafters.model import DraftLM
+from interlock.engine import Engine, EngineConfig
+from interlock.protocol.grammar import JsonSchema
+from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.speculative import SpeculativeConfig
+
+from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free
+
+K = 3
+
+
+def spec(kind: str, tiny, **kw) -> SpeculativeConfig:
+    """Draft-model configs on the tiny preset, by name."""
+    if kind == "draft=target":
+        return SpeculativeConfig(("draft",), max_draft_len=K, draft_lm=DraftLM.full(tiny.model), **kw)
+    if kind == "self-draft":
+        return SpeculativeConfig(("self-draft", "forced"), max_draft_len=K, self_draft_layers=1, **kw)
+    if kind == "self-draft+ngram+adaptive":
+        return SpeculativeConfig(("self-draft", "ngram", "forced"), max_draft_len=K, self_draft_layers=1,
+                                 adaptive=True, **kw)
+    if kind == "d2t-subset":        # a pruned vocabulary: every other id, plus the ones past 512
+        d2t = torch.cat([torch.arange(0, 512, 2), torch.arange(512, tiny.tokenizer.vocab_size)])
+        return SpeculativeConfig(("draft", "forced"), max_draft_len=K,
+                                 draft_lm=DraftLM(tiny.model, 1).pruned(d2t), **kw)
+    if kind == "d2t-permutation":   # the target itself over a shuffled vocabulary: a mapping bug shows
+        d2t = torch.randperm(tiny.config.vocab_size, generator=torch.Generator().manual_seed(0))
+        return SpeculativeConfig(("draft",), max_draft_len=K, draft_lm=DraftLM.full(tiny.model).pruned(d2t), **kw)
+    raise ValueError(kind)
+
+
+async def outputs(tiny, speculative: SpeculativeConfig | None, sampling: SamplingParams, n: int = 8):
+    """Every (prompt, grammar) case run side by side; returns the completions in case order."""
+    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8)) as engine:
+        out: dict[int, object] = {}
+
+        async def one(i: int) -> None:
+            out[i] = await engine.complete(PROMPTS[i % len(PROMPTS)], grammar=GRAMMARS[i % len(GRAMMARS)],
+                                           sampling=sampling)
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for i in range(n):
+                    tg.start_soon(one, i)
+        await assert_all_free(engine)
+    return [out[i] for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def greedy_baseline(tiny):
+    return anyio.run(outputs, tiny, None, SamplingParams(max_tokens=24))
+
+
+@pytest.mark.parametrize("kind", ["draft=target", "self-draft", "self-draft+ngram+adaptive", "d2t-subset",
+                                  "d2t-permutation"])
+@pytest.mark.parametrize("masking", [True, False])
+async def test_greedy_output_equals_no_speculation(tiny, greedy_baseline, kind: str, masking: bool) -> None:
+    got = await outputs(tiny, spec(kind, tiny, draft_masking=masking), SamplingParams(max_tokens=24))
+    assert [c.token_ids for c in got] == [c.token_ids for c in greedy_baseline]
+    assert sum(c.stats.steps for c in got) < sum(c.stats.steps for c in greedy_baseline)
+
+
+@pytest.mark.parametrize("kind", ["draft=target", "d2t-permutation"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+async def test_draft_equal_to_target_is_always_accepted(tiny, kind: str, temperature: float) -> None:
+    sampling = SamplingParams(max_tokens=24, temperature=temperature, seed=7)
+    got = await outputs(tiny, spec(kind, tiny), sampling)
+    for c in got:
+        if c.stats.drafted:
+            assert c.stats.acceptance_rate == 1.0, c.stats
+    # Every step but the last (cut by max_tokens or a stop) emits K drafts + the bonus token.
+    full = [c for c in got if c.stats.steps > 1 and c.finish_reason == "length" and c.stats.output_tokens % (K + 1) == 0]
+    assert full and all(c.stats.mean_acceptance_length == K + 1 for c in full)
+
+
+@pytest.mark.parametrize("masking", [True, False])
+async def test_draft_side_masking_keeps_every_draft_in_the_grammar(tiny, monkeypatch, masking: bool) -> None:
+    """With masking, every row the verifier gets is valid (1 + drafts); without it, the 1-layer
+    self-draft of a random model proposes refused tokens (which shows the check can fail)."""
+    seen: list[tuple[int, int]] = []         # (valid rows, drafts) per constrained request and step
+    fill = GrammarActor._fill
+
+    def spy(self, jobs):
+        fill(self, jobs)
+        seen.extend((int(self.buffers.rows[slot]), len(drafts)) for slot, _, drafts, _ in jobs)
+
+    monkeypatch.setattr(GrammarActor, "_fill", spy)
+    cfg = EngineConfig(speculative=spec("self-draft", tiny, draft_masking=masking), max_batch_size=4)
+    async with Engine(tiny, cfg) as engine:
+        for i, prompt in enumerate(PROMPTS):
+            sampling = SamplingParams(max_tokens=24, temperature=0.0 if i % 2 else 0.9, seed=i)
+            await engine.complete(prompt, grammar=JsonSchema(SCHEMA), sampling=sampling)
+        await assert_all_free(engine)
+    assert seen and any(n for _, n in seen)
+    violated = [r for r in seen if r[0] != r[1] + 1]
+    assert (not violated) if masking else violated
+
+
+async def test_same_seed_same_output_alone_or_in_a_batch_of_8_with_a_draft_model(tiny) -> None:
+    speculative = spec("self-draft", tiny)
+    seeded = [SamplingParams(temperature=0.9, top_p=0.95, seed=s, max_tokens=24) for s in (1, 2, 3)]
+    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=1)) as engine:
+        alone = [(await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=p)).token_ids
+                 for p in seeded]
+    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8)) as engine:
+        batched: dict[int, tuple[int, ...]] = {}
+
+        async def one(i: int) -> None:
+            c = await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=seeded[i])
+            batched[i] = c.token_ids
+
+        async def noise(i: int) -> None:
+            await engine.complete(f"Noise {i}", sampling=SamplingParams(temperature=1.0, max_tokens=5 + 3 * i))
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(one, i)
+                for i in range(5):
+                    tg.start_soon(noise, i)
+        await assert_all_free(engine)
+    assert [batched[i] for i in range(3)] == alone
+
+
+async def test_cancelled_requests_free_the_draft_cache(tiny) -> None:
+    async with Engine(tiny, EngineConfig(speculative=spec("self-draft", tiny), max_batch_size=4)) as engine:
+        async def leave_early(i: int) -> None:
+            async for _ in engine.generate(PROMPTS[i % len(PROMPTS)], grammar=GRAMMARS[i % len(GRAMMARS)],
+                                           sampling=SamplingParams(max_tokens=40)):
+                break
+
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(leave_early, i)
+        with anyio.fail_after(30):
+            while (await engine.resources())["requests"]:
+                await anyio.sleep(0.01)
+        await assert_all_free(engine)
+
+
+def test_a_draft_with_another_tokenizer_is_refused(tiny, monkeypatch) -> None:
+    from dataclasses import replace
+
+    from interlock import engine as engine_module
+    from interlock.protocol.errors import UnsupportedModelError
+
+    stranger = replace(tiny, tokenizer=replace(tiny.tokenizer, eos_token_ids=(12345,)))
+    monkeypatch.setattr(engine_module, "load_model", lambda *a, **k: stranger)
+    with pytest.raises(UnsupportedModelError, match="tokenizer"):
+        Engine(tiny, EngineConfig(speculative=SpeculativeConfig.parse("draft:elsewhere")))
