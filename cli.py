@@ -93,11 +93,16 @@ async def _run(args: argparse.Namespace) -> None:
 async def _generate(args: argparse.Namespace) -> None:
     from interlock.protocol.sampling import SamplingParams
 
-    sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
+                              guidance_scale=args.guidance_scale)
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
+    negative = args.negative_prompt
+    if negative is not None and not args.raw:
+        negative = [{"role": "user", "content": negative}]
     async with _engine(args) as engine:
         stats = finish = None
-        async for delta in engine.generate(prompt, grammar=_spec_from_args(args), sampling=sampling):
+        async for delta in engine.generate(prompt, grammar=_spec_from_args(args), sampling=sampling,
+                                           negative_prompt=negative):
             sys.stdout.write(delta.text)
             sys.stdout.flush()
             stats, finish = delta.stats or stats, delta.finish_reason or finish
@@ -112,16 +117,17 @@ async def _generate(args: argparse.Namespace) -> None:
 
 
 async def _bench(args: argparse.Namespace) -> None:
-    from interlock.benchmarks.engine_bench import BenchConfig, report, run_bench
+    from interlock.benchmarks.engine_bench import BenchConfig, report, run_modes
     from interlock.models.loader import load_model
 
-    cfg = BenchConfig(dataset=Path(args.dataset), limit=args.limit, speculative=args.speculative,
-                      draft_len=args.draft_len, backend=args.backend, concurrency=args.concurrency,
+    cfg = BenchConfig(dataset=Path(args.dataset), limit=args.limit, draft_len=args.draft_len,
+                      backend=args.backend, concurrency=args.concurrency,
                       max_tokens=args.max_tokens, temperature=args.temperature)
-    result = await run_bench(load_model(args.model), cfg)
-    report(result)
+    modes = [m.strip() for m in args.speculative.split(",") if m.strip()]
+    results = await run_modes(load_model(args.model), cfg, modes)
+    report(results)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:
         p.add_argument("--model", default="smollm2-135m-instruct")
-        p.add_argument("--speculative", default="ngram+forced", help="none, or drafters joined by +: ngram, forced; option: adaptive (e.g. ngram+forced+adaptive)")
+        p.add_argument("--speculative", default="ngram+forced", help="none, or drafters joined by +: ngram, forced, self-draft[:N], draft:PATH; options: adaptive, nomask (no draft-side grammar masking), e.g. ngram+forced+adaptive or self-draft+forced")
         p.add_argument("--draft-len", type=int, default=3)
         p.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
         p.add_argument("--temperature", type=float, default=0.0)
@@ -148,13 +154,21 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="use the prompt as is (no chat template)")
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--json-stats", action="store_true")
+    gen.add_argument("--guidance-scale", type=float, default=None,
+                     help="classifier-free guidance: logits = uncond + S * (cond - uncond); S > 1 follows the "
+                          "prompt more (each step also forwards the unconditional sequence)")
+    gen.add_argument("--negative-prompt", default=None,
+                     help="the unconditional prompt for --guidance-scale (default: an empty user message)")
     g = gen.add_mutually_exclusive_group()
     g.add_argument("--schema", help="JSON schema file")
     g.add_argument("--json-object", action="store_true")
     g.add_argument("--regex")
     g.add_argument("--grammar", help="EBNF/GBNF file (.lark: Lark)")
     g.add_argument("--choice", nargs="+")
-    bench = sub.add_parser("bench", help="JSONSchemaBench rows through the engine")
+    bench = sub.add_parser("bench", help="JSONSchemaBench rows through the engine",
+                           description="--speculative may list several modes, comma-separated "
+                                       "(e.g. none,ngram+forced,self-draft+forced): they run in turn on the same rows "
+                                       "and the table gives each one's tokens/s ratio to the first.")
     bench.add_argument("--dataset", required=True)
     bench.add_argument("--limit", type=int)
     bench.add_argument("--concurrency", type=int, default=1)

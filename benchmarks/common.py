@@ -63,7 +63,7 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
     """A rich table; floats are shown with 2 decimals, the first column left, the rest right."""
     table = Table(title=title)
     for i, name in enumerate(columns):
-        table.add_column(name, justify="left" if i == 0 else "right")
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=i == 0)
     for row in rows:
         table.add_row(*(_cell(v) for v in row))
     # Piped output (CI logs, `| tee`) would otherwise be squeezed into rich's 80-column default.

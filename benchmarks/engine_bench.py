@@ -1,13 +1,15 @@
 """`interlock bench`: JSONSchemaBench rows as constrained requests, end to end through the engine.
 
 Prompts come from benchmarks/prompts.py (schema in the system message, the facts of the row's
-valid instance in prose). Prints a table, then one JSON line with the contract's keys.
+valid instance in prose). Several speculative modes (comma-separated) run one after the other on
+the same rows and model in one process, so their ratios are measured side by side. Prints a
+table (tokens/s ratio to the first mode), then one JSON line with every mode's result.
 """
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import anyio
@@ -84,11 +86,24 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
         "exposed_grammar_frac": round(metrics.exposed_grammar_frac, 4),
         "ttft_p50_s": round(percentile([c.stats.ttft_s for _, c in done], 50), 4) if done else 0.0,
         "draft_len": cfg.draft_len, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
+        "dataset": cfg.dataset.stem,
     }
 
 
-def report(result: dict) -> None:
-    keys = ["mode", "backend", "concurrency", "completed", "valid", "output_tokens", "tokens_per_s",
+async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], progress: bool = True) -> list[dict]:
+    """run_bench for each mode in turn; each result gets its tokens/s ratio to the first mode's."""
+    results = []
+    for mode in modes:
+        results.append(await run_bench(loaded, replace(cfg, speculative=mode), progress))
+        results[-1]["ratio"] = round(results[-1]["tokens_per_s"] / max(results[0]["tokens_per_s"], 1e-9), 3)
+    return results
+
+
+def report(results: list[dict]) -> None:
+    keys = ["mode", "completed", "valid", "output_tokens", "tokens_per_s", "ratio",
             "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s"]
-    print_table("interlock bench", keys, [[result[k] for k in keys]])
-    print_json_last(result)
+    first = results[0]
+    title = (f"interlock bench: {first['dataset']}, {first['requests']} rows, T={first['temperature']}, "
+             f"K={first['draft_len']}, concurrency {first['concurrency']}, backend {first['backend']}")
+    print_table(title, keys, [[r.get(k, "") for k in keys] for r in results])
+    print_json_last(results[0] if len(results) == 1 else {"modes": results})
