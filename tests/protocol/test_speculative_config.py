@@ -1,0 +1,40 @@
+"""`--speculative` strings: drafters, their arguments and options, and the errors for nonsense."""
+from __future__ import annotations
+
+import pytest
+
+from interlock.protocol.speculative import SELF_DRAFT_LAYERS, SpeculativeConfig
+
+
+def test_none_disables_speculation() -> None:
+    assert SpeculativeConfig.parse("none") is None and SpeculativeConfig.parse(None) is None
+
+
+@pytest.mark.parametrize("text, drafters, fields", [
+    ("ngram+forced", ("ngram", "forced"), {}),
+    ("ngram+forced+adaptive", ("ngram", "forced"), {"adaptive": True}),
+    ("self-draft+forced", ("self-draft", "forced"), {"self_draft_layers": SELF_DRAFT_LAYERS}),
+    ("self-draft:6+nomask", ("self-draft",), {"self_draft_layers": 6, "draft_masking": False}),
+    ("draft:/models/Tiny Draft.gguf+forced", ("draft", "forced"), {"draft_model": "/models/Tiny Draft.gguf"}),
+    ("Forced + NGRAM", ("forced", "ngram"), {}),
+])
+def test_parse(text: str, drafters: tuple[str, ...], fields: dict) -> None:
+    config = SpeculativeConfig.parse(text, max_draft_len=4)
+    assert config is not None and config.drafters == drafters and config.max_draft_len == 4
+    for name, value in fields.items():
+        assert getattr(config, name) == value
+    assert SpeculativeConfig.parse(config.label, max_draft_len=4) == config     # the label round-trips
+
+
+@pytest.mark.parametrize("text, message", [
+    ("eagle", "unknown drafter"),
+    ("draft", "draft:PATH"),
+    ("self-draft:x", "number of layers"),
+    ("ngram:3", "takes no argument"),
+    ("self-draft+draft:/m", "one draft model"),
+    ("self-draft:0", "self_draft_layers"),
+    ("adaptive", "no drafters"),
+])
+def test_nonsense_is_a_value_error_that_says_why(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SpeculativeConfig.parse(text)
