@@ -192,20 +192,27 @@ class Engine:
     # --- requests ----------------------------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[Message], *, grammar: GrammarSpec | None = None,
-                 sampling: SamplingParams = SamplingParams()) -> AsyncIterator[Delta]:
+                 sampling: SamplingParams = SamplingParams(),
+                 negative_prompt: str | Sequence[Message] | None = None) -> AsyncIterator[Delta]:
         """Stream the output as Deltas; the last one has finish_reason and stats.
+
+        With sampling.guidance_scale set (classifier-free guidance), negative_prompt is the
+        unconditional prompt, a plain string or chat messages like `prompt`; None: the chat
+        template around an empty user message. The request then holds two KV sequences (twice
+        the blocks) and each step forwards both in one packed batch.
 
         Leaving the loop early, closing the iterator or cancelling the consuming task cancels the
         request and frees everything it held. Raises a RequestError subclass (bad prompt, grammar,
         capacity) for this request only, EngineError if the engine fails or is closed.
         """
-        return self._generate(prompt, grammar, sampling)
+        return self._generate(prompt, grammar, sampling, negative_prompt)
 
     async def complete(self, prompt: str | Sequence[Message], *, grammar: GrammarSpec | None = None,
-                       sampling: SamplingParams = SamplingParams()) -> Completion:
+                       sampling: SamplingParams = SamplingParams(),
+                       negative_prompt: str | Sequence[Message] | None = None) -> Completion:
         """The whole output at once."""
         text, ids, last = [], [], None
-        async for delta in self.generate(prompt, grammar=grammar, sampling=sampling):
+        async for delta in self.generate(prompt, grammar=grammar, sampling=sampling, negative_prompt=negative_prompt):
             text.append(delta.text)
             ids.extend(delta.token_ids)
             last = delta
@@ -213,18 +220,21 @@ class Engine:
         return Completion("".join(text), tuple(ids), last.finish_reason, last.stats)
 
     async def _generate(self, prompt: str | Sequence[Message], grammar: GrammarSpec | None,
-                        sampling: SamplingParams) -> AsyncIterator[Delta]:
+                        sampling: SamplingParams, negative_prompt: str | Sequence[Message] | None
+                        ) -> AsyncIterator[Delta]:
         if self._closed or self._runtime is None:
             raise self._failure or EngineClosedError("the engine is not running (use `async with engine:`)")
-        tokens = self.tokenizer.encode_prompt(prompt)
-        check_prompt_fits(self.model.config, len(tokens))
-        if len(tokens) + 1 > self.max_context:
-            raise RequestError(f"prompt has {len(tokens)} tokens; the engine's context is {self.max_context}")
+        tokens = self._encode(prompt)
+        uncond = None
+        if sampling.guidance_scale is not None:
+            uncond = self._encode(negative_prompt if negative_prompt is not None else [{"role": "user", "content": ""}])
+        elif negative_prompt is not None:
+            raise RequestError("negative_prompt needs classifier-free guidance: set sampling.guidance_scale")
         rid = f"req-{next(self._ids)}"
         stream: OutputStream[Delta] = OutputStream(self.config.output_buffer, on_room=self._wake,
                                                    on_cancel=lambda: self._cancel(rid))
         self._streams[rid] = stream
-        spec = RequestSpec(rid, tuple(tokens), grammar, sampling)
+        spec = RequestSpec(rid, tuple(tokens), grammar, sampling, tuple(uncond) if uncond is not None else None)
         try:
             await self._scheduler.send(Submit(spec, stream))
             if grammar is not None:
@@ -235,6 +245,13 @@ class Engine:
             raise self._failure or EngineClosedError("the engine was closed") from exc
         finally:
             stream.cancel()
+
+    def _encode(self, prompt: str | Sequence[Message]) -> list[int]:
+        tokens = self.tokenizer.encode_prompt(prompt)
+        check_prompt_fits(self.model.config, len(tokens))
+        if len(tokens) + 1 > self.max_context:
+            raise RequestError(f"prompt has {len(tokens)} tokens; the engine's context is {self.max_context}")
+        return tokens
 
     async def _compile(self, rid: RequestId, spec: GrammarSpec) -> None:
         """Compile in this request's own task (a worker thread underneath), while its prompt prefills."""

@@ -9,6 +9,11 @@ One step is in flight at a time; everything else waits for the TokenEvent.
 Prompt chunks sit at fixed boundaries (multiples of `prefill_chunk`) so a request's prefill is
 computed the same way whatever else shares its steps: with the batch-invariant forward, a
 request produces exactly the tokens it produces alone.
+
+A request with classifier-free guidance owns a second KV sequence, its unconditional companion
+(RequestSnapshot.guide). The pair is one request here: admitted with the blocks both can ever
+need (both or neither), prefilled side by side, sampled only when both prefills are done, fed the
+same tokens, rewound by the same amount and freed together.
 """
 from __future__ import annotations
 
@@ -25,8 +30,8 @@ from interlock.models.detokenize import IncrementalText
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import EngineClosedError, KVCacheExhaustedError
 from interlock.protocol.messages import (
-    AddRequest, BindGrammar, BlockTables, Cancel, Count, EngineMetrics, Free, GetMetrics, GrammarReady, Release,
-    RequestSnapshot, RequestSpec,
+    AddRequest, BindGrammar, BlockTables, Cancel, Count, EngineMetrics, Free, GetMetrics, GrammarReady, GuideChunk,
+    Release, RequestSnapshot, RequestSpec,
     Reserve, Rewind, StepPlan, Submit, TokenEvent, Wake,
 )
 from interlock.protocol.sampling import Delta, RequestStats
@@ -64,6 +69,8 @@ class _Request:
     submitted: float
     slot: SlotId = -1
     computed: int = 0                       # positions with K/V written (committed)
+    guide_seq: int | None = None            # the CFG companion's KV sequence
+    guide_computed: int = 0                 # its committed positions
     output: list[int] = field(default_factory=list)
     grammar: str = "none"                   # "none" | "pending" | "ready"
     blocks: int = 0                         # KV blocks promised at admission
@@ -84,8 +91,20 @@ class _Request:
         return self.output[-1] if self.output else self.spec.prompt[-1]
 
     @property
+    def guide_last_token(self) -> int:
+        """What the CFG companion feeds next: the same output token, or its own prompt's last one before any."""
+        assert self.spec.uncond_prompt is not None
+        return self.output[-1] if self.output else self.spec.uncond_prompt[-1]
+
+    @property
     def prefilling(self) -> bool:
-        return self.computed < len(self.spec.prompt) - 1
+        """Some prompt position (of the request or its companion) has no K/V yet."""
+        guide = self.spec.uncond_prompt
+        return self.computed < len(self.spec.prompt) - 1 or (guide is not None and self.guide_computed < len(guide) - 1)
+
+    @property
+    def seqs(self) -> tuple[int, ...]:
+        return (self.seq,) if self.guide_seq is None else (self.seq, self.guide_seq)
 
 
 class Scheduler(Actor[object]):
@@ -127,10 +146,14 @@ class Scheduler(Actor[object]):
         req = _Request(spec, msg.stream, self._next_seq, IncrementalText(self.tokenizer, spec.sampling.stop),
                        time.perf_counter(), grammar="pending" if spec.grammar is not None else "none")
         self._next_seq += 1
+        if spec.uncond_prompt is not None:
+            req.guide_seq = self._next_seq
+            self._next_seq += 1
         need = self._blocks_for(req)
         if need > self.config.num_blocks:
+            guide = f", CFG companion prompt {len(spec.uncond_prompt)}" if spec.uncond_prompt is not None else ""
             msg.stream.fail(KVCacheExhaustedError(
-                f"request needs {need} KV blocks (prompt {len(spec.prompt)} + max_tokens "
+                f"request needs {need} KV blocks (prompt {len(spec.prompt)}{guide} + max_tokens "
                 f"{spec.sampling.max_tokens}), the pool has {self.config.num_blocks}: lower max_tokens "
                 "or give the engine more KV blocks"))
             self.on_done(spec.request_id)
@@ -183,12 +206,15 @@ class Scheduler(Actor[object]):
             result = by_id.get(s.request_id)
             if result is None:                                    # a prefill chunk
                 req.computed += len(s.chunk)
+                req.guide_computed += len(s.guide.chunk) if s.guide is not None else 0
                 continue
             # KV kept: the last token + accepted drafts but the final new token (fed next step; a stop
-            # token that was an accepted draft ends the request, so it never is).
+            # token that was an accepted draft ends the request, so it never is). The companion was
+            # fed the same tokens: it keeps as many.
             used = len(result.new_tokens)
-            rewinds.append((req.seq, 1 + plan.max_draft_len - used))
+            rewinds.extend((seq, 1 + plan.max_draft_len - used) for seq in req.seqs)
             req.computed += used
+            req.guide_computed += used if req.guide_seq is not None else 0
             req.steps += 1
             req.step_tokens += len(result.new_tokens)
             req.drafted += result.drafted
@@ -221,12 +247,19 @@ class Scheduler(Actor[object]):
         if plan is None:
             return
         # Admission promised every request its blocks, so this reservation cannot run out.
-        tables: BlockTables = await self.kv.ask(lambda reply: Reserve(
-            tuple((s.seq, len(s.chunk) + (plan.max_draft_len if s.sample else 0)) for s in plan.snapshots), reply))
+        items = []
+        for s in plan.snapshots:
+            drafts = plan.max_draft_len if s.sample else 0
+            items.append((s.seq, len(s.chunk) + drafts))
+            if s.guide is not None:
+                items.append((s.guide.seq, len(s.guide.chunk) + drafts))
+        tables: BlockTables = await self.kv.ask(lambda reply: Reserve(tuple(items), reply))
         self.in_flight = StepPlan(plan.step, plan.snapshots, plan.max_draft_len, tables)
         self._launched = time.perf_counter()
         log.debug("step_planned", step=plan.step, requests=len(plan.snapshots),
-                  sampling=sum(s.sample for s in plan.snapshots), prompt_tokens=sum(len(s.chunk) for s in plan.snapshots if not s.sample))
+                  sampling=sum(s.sample for s in plan.snapshots),
+                  prompt_tokens=sum(len(s.chunk) + (len(s.guide.chunk) if s.guide else 0)
+                                    for s in plan.snapshots if not s.sample))
         await self.grammar.send(self.in_flight)
 
     async def _admit(self) -> None:
@@ -261,26 +294,36 @@ class Scheduler(Actor[object]):
                 continue
             if req.grammar == "pending":
                 continue                            # prefilled; sampled once its grammar is ready
+            guide = None if req.guide_seq is None else GuideChunk(req.guide_seq, req.guide_computed,
+                                                                  (req.guide_last_token,))
             snaps.append(RequestSnapshot(req.spec.request_id, slot, req.seq, req.computed, (req.last_token,),
-                                         True, req.grammar == "ready", req.spec.sampling))
-            budget -= 1 + k
+                                         True, req.grammar == "ready", req.spec.sampling, guide))
+            budget -= (1 + k) * len(req.seqs)
         for slot in sorted(self.running):           # then prompt chunks, whole chunks only
             req = self.running[slot]
             if not req.prefilling or req.finished:
                 continue
-            c = self.config.prefill_chunk
-            end = min((req.computed // c + 1) * c, len(req.spec.prompt) - 1)
-            n = end - req.computed
+            chunk = self._next_chunk(req.spec.prompt, req.computed)
+            guide = None
+            if req.guide_seq is not None:
+                assert req.spec.uncond_prompt is not None
+                guide = GuideChunk(req.guide_seq, req.guide_computed,
+                                   self._next_chunk(req.spec.uncond_prompt, req.guide_computed))
+            n = len(chunk) + (len(guide.chunk) if guide is not None else 0)
             if n > budget and snaps:
                 break
-            snaps.append(RequestSnapshot(req.spec.request_id, slot, req.seq, req.computed,
-                                         tuple(req.spec.prompt[req.computed:end]), False,
-                                         req.grammar != "none", req.spec.sampling))
+            snaps.append(RequestSnapshot(req.spec.request_id, slot, req.seq, req.computed, chunk, False,
+                                         req.grammar != "none", req.spec.sampling, guide))
             budget -= n
         if not snaps:
             return None
         self.step += 1
         return StepPlan(self.step, tuple(snaps), k)
+
+    def _next_chunk(self, prompt: tuple[int, ...], computed: int) -> tuple[int, ...]:
+        """The prompt's next prefill chunk (up to the next multiple of prefill_chunk; never its last token)."""
+        c = self.config.prefill_chunk
+        return tuple(prompt[computed: min((computed // c + 1) * c, len(prompt) - 1)])
 
     # --- output --------------------------------------------------------------------------------
 
@@ -299,7 +342,8 @@ class Scheduler(Actor[object]):
         elif len(tokens) == room and reason is None:
             reason = "length"
         req.output.extend(tokens)
-        if reason is None and req.computed + 1 + self.config.max_draft_len >= self.config.max_position:
+        if reason is None and max(req.computed, req.guide_computed) + 1 + self.config.max_draft_len >= \
+                self.config.max_position:
             reason = "length"
         text = req.text.push(tokens, final=reason is not None)
         if req.text.stop_hit:
@@ -362,7 +406,7 @@ class Scheduler(Actor[object]):
             await self.grammar.send(Release(rid, req.slot))
             await self.draft.send(Release(rid, req.slot))
             await self.verifier.send(Release(rid, req.slot))
-            await self.kv.send(Free((req.seq,)))
+            await self.kv.send(Free(req.seqs))
             self.free_slots.append(req.slot)
             self.free_blocks += req.blocks
         self._compiled.pop(rid, None)
@@ -371,6 +415,11 @@ class Scheduler(Actor[object]):
         self.on_done(rid)
 
     def _blocks_for(self, req: _Request) -> int:
-        positions = min(len(req.spec.prompt) + req.spec.sampling.max_tokens + self.config.max_draft_len + 1,
-                        self.config.max_position + self.config.max_draft_len + 1)
-        return -(-positions // self.config.block_size)
+        """Blocks the request (and its CFG companion) can ever hold: promised at admission, all at once."""
+        prompts = [req.spec.prompt] + ([req.spec.uncond_prompt] if req.spec.uncond_prompt is not None else [])
+        total = 0
+        for prompt in prompts:
+            positions = min(len(prompt) + req.spec.sampling.max_tokens + self.config.max_draft_len + 1,
+                            self.config.max_position + self.config.max_draft_len + 1)
+            total += -(-positions // self.config.block_size)
+        return total

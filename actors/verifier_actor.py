@@ -3,6 +3,12 @@
 Per step it enqueues on the model lane: the forward over every request's chunk (prefill chunks,
 or the last token plus drafts), a wait for the mask event, then masking and verification; it
 records the token event, awaits it without blocking the loop, and reports a TokenEvent.
+
+Classifier-free guidance: a request's companion (snapshot.guide) is fed in the same packed forward,
+right after the request's own chunk, with the same tokens and drafts at its own positions; its rows
+take the same row path, so they are what a forward of the companion alone would give. Before the
+padded-id, grammar and top-k/top-p masks and before verification, the request's K+1 rows become
+uncond + s * (cond - uncond): drafts are verified against the guided, masked distribution.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import torch
 from interlock.actors.base import Actor, Handler
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.kernels import apply_token_bitmask_, probs_from_logits, rejection_sample, rejection_sample_greedy
+from interlock.kernels.cfg import cfg_combine
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.llama import Transformer
@@ -87,9 +94,12 @@ class VerifierActor(Actor[object]):
         for i, s in enumerate(plan.snapshots):
             tokens = s.chunk + work.proposal.drafts[i]
             rows = tuple(range(len(tokens))) if s.sample else ()
-            chunks.append(SeqChunk(s.seq, tokens, s.start, rows))
+            if tokens:                  # () when only the CFG companion still prefills
+                chunks.append(SeqChunk(s.seq, tokens, s.start, rows))
+            if s.guide is not None and s.guide.chunk:
+                chunks.append(SeqChunk(s.guide.seq, s.guide.chunk + work.proposal.drafts[i], s.guide.start, rows))
         start = time.perf_counter()
-        work.logits = self.model(build_batch(chunks, plan.kv), self.kv)   # [sum(1 + n_i), V]
+        work.logits = self.model(build_batch(chunks, plan.kv), self.kv)   # [sum(1 + n_i) (x2 with CFG), V]
         work.forward_end = time.perf_counter()
         work.forward_s = work.forward_end - start
 
@@ -107,6 +117,10 @@ class VerifierActor(Actor[object]):
             n = len(drafts)
             logits[row, : n + 1] = work.logits[offset: offset + n + 1]
             offset += n + 1
+            if s.guide is not None:
+                logits[row, : n + 1] = self._guided(logits[row, : n + 1], work.logits[offset: offset + n + 1],
+                                                    s.sampling.guidance_scale)
+                offset += n + 1
             if n:
                 draft_tokens[row, :n] = torch.tensor(drafts)
             valid = n
@@ -129,6 +143,15 @@ class VerifierActor(Actor[object]):
             # A stop token that was an accepted draft counts as accepted (tokens end at it).
             work.results.append(SlotResult(s.request_id, s.slot, tuple(tokens), int(num_drafts[row]),
                                            min(n_acc, len(tokens))))
+
+    @staticmethod
+    def _guided(cond: torch.Tensor, uncond: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """One request's guided rows [n+1, V] = uncond + s * (cond - uncond)."""
+        if scale is None or scale == 1.0:
+            # u + 1 * (c - u) is c only up to rounding (c - u rounds), and s = 1 must sample exactly
+            # what no guidance samples: the companion then runs but is not mixed in.
+            return cond
+        return cfg_combine(cond, uncond, torch.full((cond.shape[0],), float(scale)))
 
     def _mask(self, logits: torch.Tensor, snaps: list[RequestSnapshot], k: int) -> None:
         """Grammar masks, in place: row j of a constrained request uses bitmask row slot*(K+1)+j."""

@@ -21,6 +21,7 @@ class RequestSpec:
     prompt: tuple[TokenId, ...]
     grammar: GrammarSpec | None
     sampling: SamplingParams
+    uncond_prompt: tuple[TokenId, ...] | None = None   # CFG's companion prompt (sampling.guidance_scale set)
 
 
 # --- Scheduler inbox -------------------------------------------------------------------------
@@ -54,11 +55,27 @@ class Wake:
 # --- one step ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class GuideChunk:
+    """A CFG request's unconditional companion as one step sees it: its own KV sequence, fed at its
+    own positions [start, start + len(chunk)). On a sampling step chunk is (last token,): the
+    request's last output token, or the unconditional prompt's last token before any output; the
+    verifier appends the request's drafts. On a prefill step it is the next chunk of the
+    unconditional prompt, or () when only the conditional prompt is left to prefill."""
+
+    seq: SeqId
+    start: int
+    chunk: tuple[TokenId, ...]
+
+
+@dataclass(frozen=True)
 class RequestSnapshot:
     """One request as one step sees it.
 
     chunk: the tokens this step feeds the model at positions [start, start + len(chunk)):
     a prefill chunk of the prompt, or (last token,) for a sampling step, which drafts extend.
+    A prefill chunk is () when only a CFG request's companion is left to prefill.
+    guide: the CFG companion's part of this step (None without guidance). Only the Scheduler,
+    which plans it, and the VerifierActor, which feeds it and combines its logits, read it.
     """
 
     request_id: RequestId
@@ -69,6 +86,7 @@ class RequestSnapshot:
     sample: bool                   # this step samples (decode); False for a prefill chunk
     constrained: bool              # has a grammar (ready whenever sample is True)
     sampling: SamplingParams
+    guide: GuideChunk | None = None
 
 
 @dataclass(frozen=True)

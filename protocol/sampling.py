@@ -1,6 +1,7 @@
 """SamplingParams and what a request gives back: Delta, RequestStats, Completion."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from interlock.protocol.types import FinishReason, TokenId
@@ -13,6 +14,11 @@ class SamplingParams:
     temperature 0 is greedy. top_k None / top_p None switch those filters off. seed makes a
     stochastic request reproducible whatever else shares its batch. stop: strings that end the
     output (not included in it). max_tokens bounds the generated tokens.
+
+    guidance_scale s turns on classifier-free guidance: each step the logits are
+    uncond + s * (cond - uncond), where uncond comes from a companion sequence fed the same
+    output after an unconditional prompt (Engine.generate's negative_prompt). None: off. s = 1
+    samples exactly what no guidance samples (at the companion's cost); s = 0 ignores the prompt.
     """
 
     temperature: float = 0.0
@@ -22,6 +28,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    guidance_scale: float | None = None
 
     def __post_init__(self) -> None:
         from interlock.protocol.errors import RequestError
@@ -38,6 +45,8 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):
             raise RequestError("stop strings must be non-empty")
+        if self.guidance_scale is not None and not math.isfinite(self.guidance_scale):
+            raise RequestError(f"guidance_scale must be a finite number or None, got {self.guidance_scale}")
 
     @property
     def greedy(self) -> bool:
