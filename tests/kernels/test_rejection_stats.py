@@ -23,6 +23,8 @@ from interlock.kernels.bitmask import apply_token_bitmask_
 from interlock.kernels.rejection import rejection_sample
 from interlock.kernels.sampling import probs_from_logits, sample
 
+from chi_square import chi_square_pvalue
+
 DRAWS = 50_000
 MIN_ROWS = 2_000  # positions reached by fewer rows are not tested (counted in the budget anyway)
 
@@ -54,29 +56,6 @@ CASES = [
 # per case: K+1 token positions + K accepted-count laws; plus one plain-sampling check per case
 N_TESTS = sum(2 * c.k + 1 for c in CASES) + len(CASES)
 ALPHA = 1e-3 / N_TESTS
-
-
-def chi_square_pvalue(observed: torch.Tensor, expected: torch.Tensor) -> float:
-    """P-value of observed counts [N] against probabilities [N]; bins under 5 expected are pooled."""
-    total = float(observed.sum())
-    exp = expected.double() * total
-    big = exp >= 5
-    obs_bins, exp_bins = observed[big].double().tolist(), exp[big].tolist()
-    pooled_obs, pooled_exp = float(observed[~big].sum()), float(exp[~big].sum())
-    if pooled_exp >= 5:
-        obs_bins.append(pooled_obs)
-        exp_bins.append(pooled_exp)
-    elif pooled_exp > 0 or pooled_obs > 0:  # too small to stand alone: join the smallest bin
-        i = min(range(len(exp_bins)), key=exp_bins.__getitem__)
-        obs_bins[i] += pooled_obs
-        exp_bins[i] += pooled_exp
-    df = len(exp_bins) - 1
-    if df == 0:
-        return 1.0
-    stat = sum((o - e) ** 2 / e for o, e in zip(obs_bins, exp_bins))
-    # chi2 survival function = regularized upper incomplete gamma Q(df/2, stat/2).
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
 
 
 def _setup(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
