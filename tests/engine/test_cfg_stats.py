@@ -1,0 +1,109 @@
+"""Statistical exactness of classifier-free guidance with speculation: the first two tokens of
+stochastic CFG requests, drafted by a model that sees only the conditional prompt (so drafts are
+accepted and rejected), are distributed as the guided, grammar-masked, top-k target.
+
+The expected law is computed outside the engine: the tiny model's cond and uncond logits after
+the prompts (and after each first token), cfg_combine, the grammar's masks from a fresh matcher,
+probs_from_logits. The engine's forward is batch-invariant, so the logits it verifies against are
+these. A check against the unguided law shows the test can tell guidance from none.
+"""
+from __future__ import annotations
+
+import anyio
+import torch
+
+from interlock.drafters.model import DraftLM
+from interlock.engine import Engine, EngineConfig
+from interlock.grammars.bitmask import allocate_bitmask
+from interlock.kernels import apply_token_bitmask_, probs_from_logits
+from interlock.kernels.cfg import cfg_combine
+from interlock.models.batch import SeqChunk, build_batch
+from interlock.models.kv_cache import PagedKVCache
+from interlock.protocol.grammar import Regex
+from interlock.protocol.sampling import Completion, SamplingParams
+from interlock.protocol.speculative import SpeculativeConfig
+
+from chi_square import chi_square_pvalue
+from helpers import assert_all_free
+
+PROMPT = "Once upon a time"
+GRAMMAR = Regex(r"[a-z]{3,9}( [a-z]{2,5}){0,3}")
+SCALE, TOP_K, TEMPERATURE = 2.5, 3, 1.0
+DRAWS = 1000
+ALPHA = 1e-3
+
+
+def _logits_after(tiny, prompt: list[int], nexts: list[int]) -> torch.Tensor:
+    """Target logits [1 + len(nexts), V] after prompt and after each prefix of nexts, computed the way
+    the engine does: prefill prompt[:-1], then one row-path chunk [prompt[-1], *nexts]."""
+    kv = PagedKVCache(tiny.config, num_blocks=16, block_size=16)
+    kv.add_sequence(0)
+    kv.reserve(0, len(prompt) - 1)
+    tiny.model(build_batch([SeqChunk(0, tuple(prompt[:-1]), 0, ())], kv), kv)
+    tail = (prompt[-1], *nexts)
+    start = kv.reserve(0, len(tail))
+    return tiny.model(build_batch([SeqChunk(0, tail, start, tuple(range(len(tail))))], kv), kv)
+
+
+def _law(tiny, engine: Engine, scale: float) -> dict[tuple[int, int], float]:
+    """P(first two tokens) under the guided (scale), masked, top-k distribution."""
+    tok = tiny.tokenizer
+    cond_prompt = tok.encode_prompt(PROMPT)
+    uncond_prompt = tok.encode_prompt([{"role": "user", "content": ""}])
+    matcher = anyio.run(engine.grammars.matcher, GRAMMAR)
+    bitmask = allocate_bitmask(1, tiny.config.vocab_size)
+
+    def probs(cond: torch.Tensor, uncond: torch.Tensor, prefix: list[int]) -> torch.Tensor:
+        guided = cfg_combine(cond[None], uncond[None], torch.tensor([scale]))
+        guided[:, tok.vocab_size:] = float("-inf")
+        assert matcher.accept(prefix)
+        matcher.fill_mask(bitmask, 0)
+        matcher.rollback(len(prefix))
+        apply_token_bitmask_(guided, bitmask)
+        return probs_from_logits(guided.float(), torch.tensor([TEMPERATURE]), torch.tensor([TOP_K]), None)[0]
+
+    first = probs(_logits_after(tiny, cond_prompt, [])[0], _logits_after(tiny, uncond_prompt, [])[0], [])
+    law = {}
+    for t0 in first.nonzero().flatten().tolist():
+        cond, uncond = _logits_after(tiny, cond_prompt, [t0]), _logits_after(tiny, uncond_prompt, [t0])
+        second = probs(cond[1], uncond[1], [t0])
+        for t1 in second.nonzero().flatten().tolist():
+            law[(t0, t1)] = float(first[t0]) * float(second[t1])
+    return law
+
+
+async def _samples(engine: Engine) -> list[Completion]:
+    out: list[Completion] = []
+    sampling = [SamplingParams(temperature=TEMPERATURE, top_k=TOP_K, guidance_scale=SCALE, seed=i, max_tokens=2)
+                for i in range(DRAWS)]
+
+    async def worker(w: int) -> None:
+        for i in range(w, DRAWS, 8):
+            c = await engine.complete(PROMPT, grammar=GRAMMAR, sampling=sampling[i])
+            out.append(c)
+
+    with anyio.fail_after(300):
+        async with anyio.create_task_group() as tg:
+            for w in range(8):
+                tg.start_soon(worker, w)
+    return out
+
+
+async def test_stochastic_cfg_with_speculation_samples_the_guided_masked_law(tiny) -> None:
+    speculative = SpeculativeConfig(("draft",), max_draft_len=2, draft_lm=DraftLM.full(tiny.model))
+    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8)) as engine:
+        completions = await _samples(engine)
+        await assert_all_free(engine)
+        guided = await anyio.to_thread.run_sync(_law, tiny, engine, SCALE)
+        unguided = await anyio.to_thread.run_sync(_law, tiny, engine, 1.0)
+    samples = [c.token_ids for c in completions]
+    drafted, accepted = sum(c.stats.drafted for c in completions), sum(c.stats.accepted for c in completions)
+    assert 0 < accepted < drafted, "drafts should be both accepted and rejected"
+    outcomes = sorted(set(guided) | set(unguided))
+    assert all(len(s) == 2 for s in samples), "every sample is two tokens (no stop this early)"
+    assert set(samples) <= set(guided), "a token outside the guided, masked top-k support was emitted"
+    counts = torch.tensor([samples.count(o) for o in outcomes])
+    p_guided = chi_square_pvalue(counts, torch.tensor([guided.get(o, 0.0) for o in outcomes]))
+    p_unguided = chi_square_pvalue(counts, torch.tensor([unguided.get(o, 0.0) for o in outcomes]))
+    assert p_guided > ALPHA
+    assert p_unguided < ALPHA
