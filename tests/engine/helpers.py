@@ -54,3 +54,34 @@ async def wait_idle(engine: Engine) -> None:
             await anyio.sleep(0.01)
 
 
+
+
+SEEDED = [SamplingParams(temperature=0.9, top_p=0.95, seed=s, max_tokens=24) for s in (1, 2, 3)]
+
+
+async def seeded_alone_and_batched(tiny, speculative: SpeculativeConfig | None
+                                   ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The SEEDED requests' outputs run one by one (batch 1), and run in a batch of 8 beside five
+    unseeded requests of different lengths; a seed must give the same output both ways."""
+    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=1)) as engine:
+        alone = [(await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=p)).token_ids
+                 for p in SEEDED]
+    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8)) as engine:
+        batched: dict[int, tuple[int, ...]] = {}
+
+        async def seeded(i: int) -> None:
+            c = await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=SEEDED[i])
+            batched[i] = c.token_ids
+
+        async def noise(i: int) -> None:
+            await engine.complete(f"Noise {i}", sampling=SamplingParams(temperature=1.0, max_tokens=5 + 3 * i))
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for i in range(len(SEEDED)):
+                    tg.start_soon(seeded, i)
+                for i in range(5):
+                    tg.start_soon(noise, i)
+        await wait_idle(engine)
+        await assert_all_free(engine)
+    return alone, [batched[i] for i in range(len(SEEDED))]

@@ -13,7 +13,7 @@ from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free
+from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, seeded_alone_and_batched
 
 K = 3
 
@@ -105,29 +105,8 @@ async def test_draft_side_masking_keeps_every_draft_in_the_grammar(tiny, monkeyp
 
 
 async def test_same_seed_same_output_alone_or_in_a_batch_of_8_with_a_draft_model(tiny) -> None:
-    speculative = spec("self-draft", tiny)
-    seeded = [SamplingParams(temperature=0.9, top_p=0.95, seed=s, max_tokens=24) for s in (1, 2, 3)]
-    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=1)) as engine:
-        alone = [(await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=p)).token_ids
-                 for p in seeded]
-    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8)) as engine:
-        batched: dict[int, tuple[int, ...]] = {}
-
-        async def one(i: int) -> None:
-            c = await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=seeded[i])
-            batched[i] = c.token_ids
-
-        async def noise(i: int) -> None:
-            await engine.complete(f"Noise {i}", sampling=SamplingParams(temperature=1.0, max_tokens=5 + 3 * i))
-
-        with anyio.fail_after(60):
-            async with anyio.create_task_group() as tg:
-                for i in range(3):
-                    tg.start_soon(one, i)
-                for i in range(5):
-                    tg.start_soon(noise, i)
-        await assert_all_free(engine)
-    assert [batched[i] for i in range(3)] == alone
+    alone, batched = await seeded_alone_and_batched(tiny, spec("self-draft", tiny))
+    assert batched == alone
 
 
 async def test_cancelled_requests_free_the_draft_cache(tiny) -> None:

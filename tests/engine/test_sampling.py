@@ -3,40 +3,16 @@ from __future__ import annotations
 
 import json
 
-import anyio
 
 from interlock.engine import Engine
 from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 
-from helpers import SCHEMA, config, wait_idle, assert_all_free
-
-SEEDED = [SamplingParams(temperature=0.9, top_p=0.95, seed=s, max_tokens=24) for s in (1, 2, 3)]
-
+from helpers import SCHEMA, assert_all_free, config, seeded_alone_and_batched, wait_idle
 
 async def test_same_seed_same_output_alone_or_in_a_batch_of_8(tiny) -> None:
-    async with Engine(tiny, config(1)) as engine:
-        alone = [(await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=p)).token_ids
-                 for p in SEEDED]
-    async with Engine(tiny, config(8)) as engine:
-        batched: dict[int, tuple[int, ...]] = {}
-
-        async def seeded(i: int) -> None:
-            c = await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=SEEDED[i])
-            batched[i] = c.token_ids
-
-        async def noise(i: int) -> None:        # unseeded, different lengths: other uses of the batch
-            await engine.complete(f"Noise {i}", sampling=SamplingParams(temperature=1.0, max_tokens=5 + 3 * i))
-
-        with anyio.fail_after(60):
-            async with anyio.create_task_group() as tg:
-                for i in range(3):
-                    tg.start_soon(seeded, i)
-                for i in range(5):
-                    tg.start_soon(noise, i)
-        await wait_idle(engine)
-        await assert_all_free(engine)
-    assert [batched[i] for i in range(3)] == alone
+    alone, batched = await seeded_alone_and_batched(tiny, config(1).speculative)
+    assert batched == alone
     assert len(set(alone)) > 1                  # the seeds matter: not all the same draw
 
 
