@@ -3,7 +3,7 @@ grammar-forced tokens, lookups and draft-model tokens into each step's drafts.
 
 Per request and step: the forced tokens come first (free drafts), then the n-gram continuation;
 when that falls short of the request's k and a draft model is configured, the draft model
-continues after the forced tokens instead (the longest draft wins). The draft model runs on the
+continues after the forced tokens instead (its draft is used whatever its length; see _model_drafts). The draft model runs on the
 model lane, one token per forward; with draft-side masking, while it computes position j the
 GrammarActor fills the mask row after j drafts, and the draft is sampled from masked logits.
 
@@ -24,7 +24,7 @@ from interlock.drafters.combine import combine_drafts, forced_then_ngram
 from interlock.drafters.model import ModelDrafter
 from interlock.drafters.ngram import NGramDrafter
 from interlock.kernels import apply_token_bitmask_, probs_from_logits
-from interlock.kernels.sampling import inverse_cdf
+from interlock.kernels.sampling import inverse_cdf, request_generator
 from interlock.protocol.messages import (
     AddRequest, Count, DraftMasks, DraftProposal, Forced, Release, RequestSnapshot, TokenEvent,
 )
@@ -184,8 +184,7 @@ class DraftActor(Actor[object]):
                               torch.tensor([sp.top_p]) if sp.top_p else None)
         gen = self.generators.get(s.request_id)
         if gen is None:      # its own stream, seeded from the request's seed: same seed, same drafts
-            gen = self.generators[s.request_id] = torch.Generator()
-            gen.manual_seed((sp.seed if sp.seed is not None else int(torch.randint(2**62, ()).item())) ^ 0x5EED)
+            gen = self.generators[s.request_id] = request_generator(sp.seed, salt=0x5EED)
         token = int(inverse_cdf(q, torch.rand(1, generator=gen))[0])
         q_target = torch.zeros(self.vocab_size)
         if d2t is None:

@@ -22,6 +22,7 @@ from interlock.actors.base import Actor, Handler
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.kernels import apply_token_bitmask_, probs_from_logits, rejection_sample, rejection_sample_greedy
 from interlock.kernels.cfg import cfg_combine
+from interlock.kernels.sampling import request_generator
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.llama import Transformer
@@ -73,8 +74,7 @@ class VerifierActor(Actor[object]):
         for i in sampled:               # seeded per request, drawn in request order: batch-independent
             s = plan.snapshots[i]
             if not s.sampling.greedy and s.request_id not in self.generators:
-                gen = torch.Generator()
-                gen.manual_seed(s.sampling.seed if s.sampling.seed is not None else int(torch.randint(2**62, ()).item()))
+                gen = request_generator(s.sampling.seed)
                 self.generators[s.request_id] = gen
         lane = self.timeline.model
         lane.launch_host(self._forward, work)

@@ -31,6 +31,14 @@ from interlock.kernels._checks import (
 from interlock.kernels.sampling_reference import probs_from_logits_reference, sample_from_probs_reference
 
 
+def request_generator(seed: int | None, salt: int = 0) -> torch.Generator:
+    """A request's own random stream: from its seed (xor salt, so one request can own several
+    independent streams), or from a fresh random seed when it has none."""
+    gen = torch.Generator()
+    gen.manual_seed((seed if seed is not None else int(torch.randint(2**62, ()).item())) ^ salt)
+    return gen
+
+
 def draw_uniforms(generators: Sequence[torch.Generator], n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[R, n] float32 uniforms in [0, 1): row r is the next n draws of generators[r].
 
