@@ -15,10 +15,33 @@ interchangeable, and code above `streams/` cannot tell them apart:
 - A host function that raises fails the whole timeline (CUDA errors are sticky): ops not yet
   run are skipped, every waiter wakes, and `synchronize()`, `wait_async()` and later enqueues
   raise `TimelineError` chained to the original exception.
+
+Two kinds of work go on a lane:
+- `launch_host(fn)`: host work (grammar advance, mask fill, reading a step's snapshots). On the
+  CPU it runs on the lane's thread; on CUDA it is a `cudaLaunchHostFunc` callback that runs when
+  the stream reaches it (and makes no CUDA call).
+- `launch(fn)`: device work, i.e. fn issues tensor ops (a forward, a mask apply, sampling). On the
+  CPU it also runs on the lane's thread, when the lane reaches it; on CUDA fn is called at once on
+  the calling thread with the lane's stream current, so the kernels it issues are enqueued (or
+  captured) in lane order. fn must not synchronize with the host (no `.item()`, no
+  data-dependent shapes): on CUDA it runs once per *capture*, not once per replay, so it must read
+  its inputs from persistent buffers that earlier ops of the program fill.
+
+Captured programs (`timeline.capture()` / `timeline.replay(program)`): inside `with
+timeline.capture() as program:`, ops enqueued on either lane are recorded instead of run, in
+host order; nothing runs during capture. `replay(program)` enqueues the recorded ops again, as if
+the same calls were made now: records and waits get fresh generations at each replay, so a
+program's events behave exactly as in an eager step. On CUDA a program is a CUDA graph (the
+grammar stream forked from and joined to the model stream inside it, host functions as host
+nodes kept alive for as long as the program lives); on the CPU it is the recorded op list. Host
+functions in a program take no per-step arguments: they read the step's data from bounded
+per-actor queues (snapshots) and persistent buffers, so replay i never sees step i+1's state.
+`program.close()` (or dropping the timeline) frees the graph and the callables it keeps alive.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -70,6 +93,14 @@ class Lane(Protocol):
         """
         ...
 
+    def launch(self, fn: Callable[..., object], *args: object) -> None:
+        """Enqueue device work: `fn(*args)` issues tensor ops for this lane (see the module docstring).
+
+        CPU: runs on the lane's thread in FIFO order, like `launch_host`. CUDA: called now with the
+        lane's stream current; its kernels run in lane order. Must not synchronize with the host.
+        """
+        ...
+
     def record(self, event: DeviceEvent) -> None:
         """Enqueue: complete `event` once everything before it on this lane has run."""
         ...
@@ -83,11 +114,35 @@ class Lane(Protocol):
         ...
 
 
+class Program(Protocol):
+    """A captured step program (see the module docstring): replayable, closable."""
+
+    @property
+    def ops(self) -> int:
+        """How many lane ops (host functions, device launches, records, waits) one replay enqueues."""
+        ...
+
+    def close(self) -> None:
+        """Free what the program keeps alive (the CUDA graph, its host callables). Idempotent."""
+        ...
+
+
 class Timeline(Protocol):
     """Two lanes and their events; the only device abstraction the actors see."""
 
     grammar: Lane
     model: Lane
+
+    def capture(self) -> AbstractContextManager[Program]:
+        """Record the ops enqueued on both lanes inside the block as a program; nothing runs.
+
+        Captures do not nest. An exception inside the block discards the program.
+        """
+        ...
+
+    def replay(self, program: Program) -> None:
+        """Enqueue `program`'s ops once more, in their recorded host order (fresh event generations)."""
+        ...
 
     def new_event(self) -> DeviceEvent:
         """A fresh, never-recorded event usable on both lanes of this timeline."""
