@@ -3,6 +3,7 @@ callbacks, callables kept alive exactly as long as needed, and no deadlock. Skip
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import anyio
@@ -194,7 +195,7 @@ async def test_capture_replay_gives_the_eager_results(timeline) -> None:
         assert graph_log == eager_log and len(eager_log) == 5
         assert torch.equal(gstate["out"], state["out"])
         kept = timeline.host_functions_pending
-        assert kept == 3     # the program's three host callables, alive while it can replay
+        assert kept == 2     # the program's two host callables, alive while it can replay
         program.close()
         assert timeline.host_functions_pending == 0
         with pytest.raises(ValueError):
@@ -207,8 +208,12 @@ async def test_ten_thousand_replays_while_other_threads_work(timeline) -> None:
     spins = [0, 0]
 
     def busy(i: int) -> None:
+        # Python work that yields the GIL between pieces, as an event loop does. (A thread that
+        # only computes keeps the GIL for the whole switch interval, 5 ms, and every callback
+        # waits that long for it: slow, not deadlocked.)
         while not stop.is_set():
-            spins[i] += sum(range(200))   # holds and drops the GIL over and over
+            spins[i] += sum(range(200))
+            time.sleep(0)
 
     def bump() -> None:
         counter[0] += 1
