@@ -4,10 +4,13 @@ Run on a CUDA machine (random weights of real shapes, drawn on the GPU; no check
     python -m interlock.benchmarks.gpu_bench --tokenizer tokenizer.json [--out FILE] [--quick]
 
 One step, for B requests with n-gram-style point-mass drafts of length K = 3:
-- model lane: a host function stages the step's token ids, drafts and uniforms into pinned
-  buffers, async H2D, target forward over B*(K+1) rows (models/cuda_llama.py), wait for the mask
-  event, mask apply (Triton), probabilities, rejection sampling (Triton), async D2H of the tokens,
-  a host function that delivers them, token event;
+- model lane: async H2D of the step's token ids, drafts and uniforms from pinned buffers, target
+  forward over B*(K+1) rows (models/cuda_llama.py), wait for the mask event, mask apply (Triton),
+  probabilities, rejection sampling (Triton), async D2H of the tokens, a host function that
+  delivers them and stages the next step's inputs into the pinned buffers, token event. (Staging
+  at the head of the step instead costs the whole mask fill: the driver runs host functions one
+  at a time, so the model lane's staging waited behind the grammar lane's fill before the forward
+  could start. At the tail, the fill overlaps the forward.);
 - grammar lane (constrained runs only): a host function with real xgrammar matchers (a JSON
   schema) fills K+1 bitmask rows per request into a pinned buffer (after t, d1, .., dK, then rolls
   back and commits the step's tokens), async H2D, mask event.
@@ -162,6 +165,7 @@ class Step:
         self.pointers = [0] * b
         self.gen = torch.Generator().manual_seed(1)
         self.mask_event, self.token_event = timeline.new_event(), timeline.new_event()
+        self.stage()                # the first step's inputs; later ones are staged at each step's tail
 
     # host functions (no CUDA calls: pinned CPU tensors only)
     def stage(self) -> None:
@@ -172,8 +176,11 @@ class Step:
             self.pointers[b] = 0 if p + 2 * (K + 1) >= len(s) else p + K + 1
         torch.rand(self.u_host.shape, generator=self.gen, out=self.u_host)
 
-    def deliver(self) -> None:
+    def deliver_and_stage(self) -> None:
+        """The step's tail: hand the tokens over, then stage the next step's inputs (which a real
+        step derives from the accepted tokens: next token, n-gram drafts)."""
         self.delivered.append(self.tokens_host[0].tolist() + [int(self.accepted_host[0])])
+        self.stage()
 
     # device work
     def h2d(self) -> None:
@@ -201,13 +208,12 @@ class Step:
             g.launch_host(self.grammar.step, self.mask_host)
             g.launch(lambda: self.mask.copy_(self.mask_host, non_blocking=True))
             g.record(self.mask_event)
-        m.launch_host(self.stage)
-        m.launch(self.h2d)
+        m.launch(self.h2d)          # inputs staged by the previous step's tail (or before the first)
         m.launch(self.forward)
         if self.grammar is not None:
             m.wait(self.mask_event)
         m.launch(self.verify)
-        m.launch_host(self.deliver)
+        m.launch_host(self.deliver_and_stage)
         m.record(self.token_event)
 
 
