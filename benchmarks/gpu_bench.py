@@ -245,12 +245,13 @@ def make_cache(config: ModelConfig, batch: int) -> PagedKVCache:
     return kv
 
 
-def bench_steps(name: str, model, batch: int, tokenizer: str, steps: int) -> dict[str, object]:
+def bench_steps(name: str, model, batch: int, tokenizer: str, steps: int, threads: int) -> dict[str, object]:
     from interlock.streams.cuda_timeline import CudaTimeline
 
-    grammar = GrammarHost(tokenizer, batch)
+    grammar = GrammarHost(tokenizer, batch, threads)
     kv = make_cache(SHAPES[name], batch)
-    out: dict[str, object] = {"model": name, "batch": batch, "grammar_compile_s": grammar.compile_s}
+    out: dict[str, object] = {"model": name, "batch": batch, "grammar_threads": threads,
+                              "grammar_compile_s": grammar.compile_s}
     with CudaTimeline() as tl:
         for label, g in (("unconstrained", None), ("constrained", grammar)):
             step = Step(tl, model, kv, grammar.scripts, g)
@@ -338,6 +339,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", required=True, help="a byte-level BPE tokenizer.json (SmolLM2's)")
     parser.add_argument("--out", default=None, help="results JSON (default benchmarks/results/gpu-DATE.json)")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--grammar-threads", type=int, default=16, help="xgrammar batch-fill threads")
     parser.add_argument("--quick", action="store_true", help="the 1B shape only, batch 1 (a smoke test)")
     args = parser.parse_args()
     today = datetime.date.today().isoformat()
@@ -353,7 +355,7 @@ def main() -> None:
         model = CudaLlama.random(SHAPES[name], seed=0)
         for batch in ([1] if args.quick else [1, 32]):
             try:
-                results["steps"].append(bench_steps(name, model, batch, args.tokenizer, args.steps))
+                results["steps"].append(bench_steps(name, model, batch, args.tokenizer, args.steps, args.grammar_threads))
                 results.setdefault("invariance", []).append(bench_invariance(name, model, batch))
             except Exception as exc:  # noqa: BLE001 - record it, measure the other shapes
                 results.setdefault("errors", []).append(f"{name} B={batch}: {exc!r}")
