@@ -2,4 +2,6 @@
 
 `load_model(name_or_path)` gives a `LoadedModel` (weights, config, tokenizer); `PagedKVCache`
 owns the KV blocks; `Transformer.forward(batch, kv)` runs one packed batch.
+`cuda_llama.py` is the same forward on CUDA in bf16 over `StepInputs` tensors (batch-invariant,
+capturable in a CUDA graph), with its row-independent Triton ops in `triton_ops.py`.
 """

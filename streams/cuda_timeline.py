@@ -317,6 +317,8 @@ class CudaTimeline:
         self._shared.check()
         if self._capturing is not None:
             raise RuntimeError("cannot replay inside a capture")
+        if not isinstance(program, CudaProgram) or program._state.host is not self._host:
+            raise ValueError("program was not captured on this timeline")
         state = program._state
         if state.graph is None or program.closed:
             raise ValueError("program is closed")
