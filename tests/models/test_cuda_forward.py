@@ -99,3 +99,33 @@ def test_forward_replays_in_a_cuda_graph(models) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+def test_greedy_speculative_equals_greedy_plain(models) -> None:
+    """Verify chunks of 3 drafts (some wrong) + the Triton greedy verifier reproduce one-token-at-a-time
+    greedy decoding token for token, KV rewinds included: the exactness the engine relies on."""
+    from interlock.kernels.rejection import rejection_sample_greedy
+
+    cfg, _, cuda = models
+    steps, k, vocab = 24, 3, cfg.vocab_size
+    kv = _cache(cfg)
+    plain = [int(_prefill(cuda, kv, 0, PROMPT)[-1].argmax())]
+    while len(plain) < steps + k + 1:
+        logits = _run(cuda, kv, [SeqChunk(0, (plain[-1],), kv.reserve(0, 1), (0,))])
+        plain.append(int(logits[0].argmax()))
+
+    kv = _cache(cfg)
+    out = [int(_prefill(cuda, kv, 0, PROMPT)[-1].argmax())]
+    rejected = 0
+    while len(out) < steps:
+        drafts = plain[len(out): len(out) + k]
+        if len(out) % 3 == 1:
+            drafts[1] = (drafts[1] + 1) % vocab                # a wrong draft: rejected, then rewound
+        logits = _run(cuda, kv, [SeqChunk(0, (out[-1], *drafts), kv.reserve(0, k + 1), tuple(range(k + 1)))])
+        result = rejection_sample_greedy(logits.view(1, k + 1, vocab), torch.tensor([drafts], device="cuda"),
+                                         torch.tensor([k], device="cuda"), backend="cuda")
+        accepted = int(result.num_accepted[0])
+        rejected += accepted < k
+        out.extend(result.tokens[0, : accepted + 1].tolist())
+        kv.rewind(0, k - accepted)                            # positions of the rejected drafts
+    assert out[:steps] == plain[:steps] and rejected > 0
