@@ -270,3 +270,16 @@ async def test_blocked_callback_finishes_while_another_thread_launches(timeline)
         await timeline.grammar.synchronize()
         await timeline.model.synchronize()
     assert sorted(seen) == ["blocked one", "launched meanwhile"]
+
+
+async def test_dropping_a_program_frees_its_callables(timeline) -> None:
+    import gc
+
+    counter = [0]
+    with timeline.capture() as program:
+        timeline.grammar.launch_host(counter.append, 1)
+    timeline.replay(program)
+    assert timeline.host_functions_pending == 1
+    del program
+    gc.collect()                       # the finalizer waits for the last replay, then frees
+    assert timeline.host_functions_pending == 0 and counter == [0, 1]
