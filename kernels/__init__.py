@@ -1,8 +1,9 @@
 """Synchronous tensor functions: bitmask apply, sampling, rejection sampling, CFG combine.
 
 Each public function is a dispatcher with an explicit `backend=` ("auto", "torch",
-"reference"; "cuda" is reserved for the device variants that come later) that raises
-ValueError on an unknown backend, a wrong dtype or shape, or tensors on mixed devices.
+"reference", and "cuda" for the Triton kernels of bitmask apply and rejection sampling, which
+"auto" picks for CUDA tensors) that raises ValueError on an unknown backend, a wrong dtype or
+shape, tensors on mixed devices, or "cuda" for tensors elsewhere or a kernel without one.
 The "torch" fast paths keep fixed shapes and make no host sync, so they can sit in a
 captured CUDA graph; the "reference" versions loop in Python and are the obvious spec.
 
@@ -16,6 +17,8 @@ captured CUDA graph; the "reference" versions loop in Python and are the obvious
 - cfg.py         cfg_combine: classifier-free guidance per-row scale
 - types.py       RejectionResult
 - *_reference.py the slow obvious versions; _checks.py the shared argument checks
+- *_triton.py    the CUDA variants (bitmask_triton.py, rejection_triton.py), imported only
+                 when backend "cuda" runs
 """
 from __future__ import annotations
 

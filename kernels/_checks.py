@@ -5,29 +5,43 @@ dispatcher can run them on a hot path without a host sync.
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 from typing import Literal, TypeAlias
 
 import torch
 
 Backend: TypeAlias = Literal["auto", "torch", "reference", "cuda"]
-Resolved: TypeAlias = Literal["torch", "reference"]
+Resolved: TypeAlias = Literal["torch", "reference", "cuda"]
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
 
 
-def resolve_backend(backend: str, device: torch.device) -> Resolved:
-    """Map a requested backend to an implementation, or raise ValueError."""
+def resolve_backend(backend: str, device: torch.device, *, has_cuda: bool = False) -> Resolved:
+    """Map a requested backend to an implementation, or raise ValueError.
+
+    has_cuda: the kernel has a CUDA (Triton) variant; "auto" picks it for CUDA tensors.
+    "cuda" on tensors of another device, or for a kernel without that variant, is a ValueError.
+    """
     if backend == "auto":
-        # The CUDA variants will be chosen here for CUDA tensors once they exist.
-        return "torch"
+        return "cuda" if has_cuda and device.type == "cuda" and _triton_available() else "torch"
     if backend in ("torch", "reference"):
         return backend  # type: ignore[return-value]
     if backend == "cuda":
         if device.type != "cuda":
             raise ValueError(f"backend 'cuda' needs CUDA tensors, got device {device}")
-        raise ValueError("backend 'cuda' is not built in this version; use 'torch' or 'auto'")
+        if not has_cuda:
+            raise ValueError("this kernel has no 'cuda' backend; use 'torch' or 'auto'")
+        if not _triton_available():
+            raise ValueError("backend 'cuda' needs triton, which is not installed")
+        return "cuda"
     raise ValueError(f"unknown backend {backend!r}; expected 'auto', 'torch', 'reference' or 'cuda'")
+
+
+@functools.cache
+def _triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 def check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:

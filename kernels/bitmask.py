@@ -46,7 +46,8 @@ def apply_token_bitmask_(
             disallowed.
         mask_vocab_size: ids >= this are disallowed even if their bit is set (the padded
             ids of a model whose vocabulary is larger than the tokenizer's). Default 32*W.
-        backend: "auto" | "torch" | "reference" | "cuda" (reserved; not built yet).
+        backend: "auto" (the Triton kernel for CUDA tensors, else "torch") | "torch" |
+            "reference" | "cuda" (kernels/bitmask_triton.py; CUDA tensors only).
 
     Token ids outside [0, min(mask_vocab_size, 32*W)) are always disallowed. A row whose
     every token is disallowed becomes all -inf; callers must not sample it. Index values
@@ -59,7 +60,12 @@ def apply_token_bitmask_(
     limit = 32 * bitmask.shape[1]
     if mask_vocab_size is not None:
         limit = min(limit, mask_vocab_size)
-    if resolve_backend(backend, logits.device) == "torch":
+    resolved = resolve_backend(backend, logits.device, has_cuda=True)
+    if resolved == "cuda":
+        from interlock.kernels.bitmask_triton import apply_token_bitmask_triton_  # needs triton + CUDA
+
+        apply_token_bitmask_triton_(logits, bitmask, rows, skip, d2t, limit)
+    elif resolved == "torch":
         _apply_torch_(logits, bitmask, rows, skip, d2t, limit)
     else:
         apply_token_bitmask_reference_(logits, bitmask, rows, skip, d2t, limit)

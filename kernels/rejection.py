@@ -57,14 +57,21 @@ def rejection_sample(
         draft_probs: q [B, K, V] float, or None for point-mass drafts.
         num_drafts: n [B] int32/int64, 0 <= n <= K (not checked: that needs a host sync).
         uniforms: u [B, K+1] float in [0, 1), drawn per request by the caller.
-        backend: "auto" | "torch" | "reference" | "cuda" (reserved; not built yet).
+        backend: "auto" (Triton for CUDA tensors, else "torch") | "torch" | "reference" |
+            "cuda" (kernels/rejection_triton.py: equal to "torch" on the same uniforms, up to
+            the rounding of the cumulative sum at a CDF step; CUDA tensors only).
 
     Raises:
         ValueError: unknown backend, wrong dtype or shape, or tensors on different devices.
     """
-    _check(target_probs, draft_tokens, draft_probs, num_drafts, uniforms)
-    if resolve_backend(backend, target_probs.device) == "reference":
+    _, k_plus_1, _ = _check(target_probs, draft_tokens, draft_probs, num_drafts, uniforms)
+    resolved = resolve_backend(backend, target_probs.device, has_cuda=True)
+    if resolved == "reference":
         return rejection_sample_reference(target_probs, draft_tokens, draft_probs, num_drafts, uniforms)
+    if resolved == "cuda" and k_plus_1 > 1:  # K = 0 is plain sampling: the torch path serves it
+        from interlock.kernels.rejection_triton import rejection_sample_triton  # needs triton + CUDA
+
+        return rejection_sample_triton(target_probs, draft_tokens, draft_probs, num_drafts, uniforms)
     return _rejection_torch(target_probs, draft_tokens, draft_probs, num_drafts, uniforms)
 
 
@@ -85,8 +92,13 @@ def rejection_sample_greedy(
         ValueError: unknown backend, wrong dtype or shape, or tensors on different devices.
     """
     n_rows, k_plus_1, _ = _check(target_logits, draft_tokens, None, num_drafts, None)
-    if resolve_backend(backend, target_logits.device) == "reference":
+    resolved = resolve_backend(backend, target_logits.device, has_cuda=True)
+    if resolved == "reference":
         return rejection_sample_greedy_reference(target_logits, draft_tokens, num_drafts)
+    if resolved == "cuda":
+        from interlock.kernels.rejection_triton import rejection_sample_greedy_triton  # needs triton + CUDA
+
+        return rejection_sample_greedy_triton(target_logits, draft_tokens, num_drafts)
     best = target_logits.argmax(-1)  # [B, K+1]
     ok = best[:, :-1] == draft_tokens.long()  # [B, K]
     n_acc = _leading_true(ok & _valid(num_drafts, k_plus_1 - 1))  # [B]

@@ -8,7 +8,9 @@
   producer (`try_put`, `finish`, `fail`), `on_room` / `on_cancel` callbacks.
 - `timeline.py`: the device timeline interface (grammar lane, model lane, events, host
   functions) with CUDA stream/event semantics; `cpu_timeline.py`: its thread-per-lane CPU
-  implementation.
+  implementation; `cuda_timeline.py`: the CUDA one (streams, events, CUDA-graph programs), with
+  `hostfunc.py`, the cuLaunchHostFunc binding whose callables live as long as a graph may replay
+  them.
 - `errors.py`: the typed errors raised here (full, empty, closed, timeline failed).
 
 The timeline has a grammar lane and a model lane joined by token and mask events; it has a CPU

@@ -54,7 +54,7 @@ CASES = [
     Case(64, 4, 0.7, point_mass=True, ragged=True),
 ]
 # per case: K+1 token positions + K accepted-count laws; plus one plain-sampling check per case
-N_TESTS = sum(2 * c.k + 1 for c in CASES) + len(CASES)
+N_TESTS = 2 * sum(2 * c.k + 1 for c in CASES) + len(CASES)   # x2: the torch and the CUDA kernel
 ALPHA = 1e-3 / N_TESTS
 
 
@@ -92,7 +92,8 @@ def _accept_law(case: Case, p_ref: torch.Tensor, r: torch.Tensor, n: int) -> tor
     return torch.tensor(law, dtype=torch.float64)
 
 
-def _run(case: Case, p: torch.Tensor, r: torch.Tensor, drafts_from: torch.Tensor, gen: torch.Generator):
+def _run(case: Case, p: torch.Tensor, r: torch.Tensor, drafts_from: torch.Tensor, gen: torch.Generator,
+         backend: str = "torch"):
     k, vocab = case.k, case.vocab
     drafts = torch.multinomial(drafts_from, DRAWS, replacement=True, generator=gen).T.contiguous()  # [N, K]
     if case.ragged:
@@ -101,6 +102,11 @@ def _run(case: Case, p: torch.Tensor, r: torch.Tensor, drafts_from: torch.Tensor
         n = torch.full((DRAWS,), k)
     u = torch.rand(DRAWS, k + 1, generator=gen)
     q = None if case.point_mass else r.expand(DRAWS, k, vocab)
+    if backend == "cuda":  # the Triton kernel on the same inputs; results come back to the CPU
+        q = None if q is None else q.cuda()
+        out = rejection_sample(p.expand(DRAWS, k + 1, vocab).cuda(), drafts.cuda(), q, n.cuda(), u.cuda(),
+                               backend="cuda")
+        return type(out)(out.num_accepted.cpu(), out.tokens.cpu()), n
     return rejection_sample(p.expand(DRAWS, k + 1, vocab), drafts, q, n, u), n
 
 
@@ -122,10 +128,12 @@ def _pvalues(case: Case, p_ref: torch.Tensor, r: torch.Tensor, out, n: torch.Ten
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"V{c.vocab}-K{c.k}-T{c.temperature}-k{c.top_k}-p{c.top_p}"
                          f"-{'point' if c.point_mass else 'probs'}{'-dmask' if c.draft_masked else ''}"
                          f"{'-ragged' if c.ragged else ''}")
-def test_output_is_distributed_as_the_masked_target(case: Case) -> None:
+@pytest.mark.parametrize("backend", ["torch", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_output_is_distributed_as_the_masked_target(case: Case, backend: str) -> None:
     gen = torch.Generator().manual_seed(1000 + CASES.index(case))
     p, p_ref, r, grammar_allowed = _setup(case, gen)
-    out, n = _run(case, p, r, r, gen)
+    out, n = _run(case, p, r, r, gen, backend)
     emitted = out.tokens >= 0
     positions = torch.arange(case.k + 1).expand(DRAWS, -1)[emitted]
     tokens = out.tokens[emitted]

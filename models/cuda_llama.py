@@ -1,0 +1,189 @@
+"""The Llama forward on CUDA in bf16 over the paged KV cache, batch-invariant, graph-capturable.
+
+Terms as in llama.py (T rows = new tokens, E, H, Hkv, D, V), plus M = `gemm_rows`.
+
+Why a second forward: llama.py's attention loops over sequences and rows in Python and its
+batch shapes come from host lists, which suits a CPU but cannot be captured in a CUDA graph and
+is not row-independent with cuBLAS. Here every input is a tensor in a `StepInputs` (fixed T), so
+one forward is one fixed sequence of kernels, and each row's logits are bitwise the same whether
+the row is decoded alone, in a verify chunk or next to other requests (greedy speculative ==
+greedy plain, as on the CPU):
+
+- matmuls: cuBLAS picks its kernel (tiles, split-K) from the shape, so a row's rounding can
+  change with T. Every GEMM therefore runs on exactly M rows (T padded up to a multiple of M, one
+  GEMM per M rows): same shape, same kernel, same per-row arithmetic. Cost: a decode step of one
+  row does an M-row GEMM; decode GEMMs are bound by weight bytes, so M = 128 costs little
+  (measured in benchmarks/gpu_bench.py: `invariant_cost`).
+- RMSNorm and attention: Triton kernels with one program per row (models/triton_ops.py).
+- everything else (embedding, RoPE, SiLU, residual adds, KV writes) is elementwise.
+`invariant=False` uses plain unpadded GEMMs and torch's RMSNorm, for measuring that cost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from interlock.models.batch import SeqChunk
+from interlock.models.config import ModelConfig
+from interlock.models.kv_cache import PagedKVCache, slots_of
+from interlock.models.llama import Transformer
+from interlock.models.rope import apply_rope, cos_sin_table
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """A forward's inputs as persistent device tensors (one row per new token)."""
+
+    input_ids: torch.Tensor     # [T] int64
+    positions: torch.Tensor     # [T] int64
+    write_slots: torch.Tensor   # [T] int64: KV slot each row writes
+    tables: torch.Tensor        # [T, max blocks] int32: the block table of the row's sequence
+
+    @property
+    def rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    def copy_(self, other: StepInputs) -> None:
+        """Fill these (persistent, graph-captured) buffers from `other` (same shapes)."""
+        for name in ("input_ids", "positions", "write_slots", "tables"):
+            getattr(self, name).copy_(getattr(other, name), non_blocking=True)
+
+
+def step_inputs(chunks: list[SeqChunk], kv: PagedKVCache, *, rows: int | None = None, max_blocks: int,
+                pad_slot: int = 0, device: torch.device | str = "cuda") -> StepInputs:
+    """Host-side packing of chunks into `rows` rows (default: their token count).
+
+    Padding rows decode token 0 at position 0 and write their K/V to `pad_slot` (a slot the
+    caller keeps out of every sequence). Every chunk's positions must be reserved in `kv`.
+    """
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    tables: list[list[int]] = []
+    for c in chunks:
+        table = list(kv.block_table(c.seq))
+        if len(table) > max_blocks:
+            raise ValueError(f"sequence {c.seq} has {len(table)} blocks, more than max_blocks={max_blocks}")
+        ids.extend(c.tokens)
+        positions.extend(range(c.start, c.start + len(c.tokens)))
+        slots.extend(slots_of(table, kv.block_size, c.start, len(c.tokens)))
+        tables.extend([table + [0] * (max_blocks - len(table))] * len(c.tokens))
+    n = len(ids) if rows is None else rows
+    if n < len(ids):
+        raise ValueError(f"{len(ids)} tokens do not fit in {n} rows")
+    pad = n - len(ids)
+    pad_table = [pad_slot // kv.block_size] + [0] * (max_blocks - 1)
+    return StepInputs(
+        torch.tensor(ids + [0] * pad, dtype=torch.int64, device=device),
+        torch.tensor(positions + [0] * pad, dtype=torch.int64, device=device),
+        torch.tensor(slots + [pad_slot] * pad, dtype=torch.int64, device=device),
+        torch.tensor(tables + [pad_table] * pad, dtype=torch.int32, device=device),
+    )
+
+
+@dataclass(frozen=True)
+class _Layer:
+    attention_norm: torch.Tensor
+    wqkv: torch.Tensor
+    bqkv: torch.Tensor | None
+    wo: torch.Tensor
+    ffn_norm: torch.Tensor
+    w13: torch.Tensor
+    w2: torch.Tensor
+
+
+class CudaLlama:
+    """bf16 weights on a CUDA device and the forward over `StepInputs` (see the module docstring)."""
+
+    def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[_Layer], norm: torch.Tensor,
+                 head: torch.Tensor, *, gemm_rows: int = 128, invariant: bool = True) -> None:
+        if gemm_rows < 1:
+            raise ValueError(f"gemm_rows must be >= 1, got {gemm_rows}")
+        self.config = config
+        self.embed, self.layers, self.norm, self.head = embed, layers, norm, head
+        self.gemm_rows = gemm_rows
+        self.invariant = invariant
+        cos, sin = cos_sin_table(config)
+        self.rope_cos = cos.to(embed.device, embed.dtype)
+        self.rope_sin = sin.to(embed.device, embed.dtype)
+
+    @classmethod
+    def from_transformer(cls, model: Transformer, device: torch.device | str = "cuda",
+                         dtype: torch.dtype = torch.bfloat16, **kwargs: object) -> CudaLlama:
+        """The same weights as a (float-weight) CPU Transformer, rounded to `dtype` on `device`
+        (the KV cache must have that dtype too)."""
+        def to(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.detach().to(device, dtype).contiguous()
+
+        layers = [_Layer(to(x.attention_norm), to(x.wqkv), to(x.bqkv), to(x.wo), to(x.ffn_norm), to(x.w13),
+                         to(x.w2)) for x in model.layers]
+        head = model.tok_embeddings if model.output is None else model.output
+        return cls(model.config, to(model.tok_embeddings), layers, to(model.norm), to(head), **kwargs)
+
+    @classmethod
+    def random(cls, config: ModelConfig, device: torch.device | str = "cuda", seed: int = 0,
+               **kwargs: object) -> CudaLlama:
+        """Random weights drawn on the device (no host copy of a multi-GB model), scaled as
+        llama.random_transformer scales them: unit embeddings and norms, 1/sqrt(fan_in) matrices."""
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def mat(rows: int, cols: int, scale: float) -> torch.Tensor:
+            w = torch.randn(rows, cols, generator=gen, device=device, dtype=torch.bfloat16)
+            return w.mul_(scale)
+
+        c = config
+        e, i, qkv = c.hidden_size, c.intermediate_size, c.q_size + 2 * c.kv_size
+        ones = torch.ones(e, device=device, dtype=torch.bfloat16)
+        layers = [_Layer(ones, mat(qkv, e, e ** -0.5), None, mat(e, c.q_size, c.q_size ** -0.5), ones,
+                         mat(2 * i, e, e ** -0.5), mat(e, i, i ** -0.5)) for _ in range(c.n_layers)]
+        embed = mat(c.vocab_size, e, 1.0)
+        head = embed if c.tie_embeddings else mat(c.vocab_size, e, 1.0)
+        return cls(config, embed, layers, ones, head, **kwargs)
+
+    @torch.inference_mode()
+    def forward(self, inputs: StepInputs, kv: PagedKVCache) -> torch.Tensor:
+        """Write K/V of every row, return fp32 logits [T, V]. No host sync: capturable."""
+        from interlock.models import triton_ops  # needs triton and a CUDA device
+
+        c = self.config
+        norm = triton_ops.rms_norm if self.invariant else _torch_rms_norm
+        x = self.embed[inputs.input_ids]                                           # [T, E]
+        cos, sin = self.rope_cos[inputs.positions], self.rope_sin[inputs.positions]   # [T, D]
+        for index, layer in enumerate(self.layers):
+            qkv = self._linear(norm(x, layer.attention_norm, c.rms_eps), layer.wqkv, layer.bqkv)
+            attn = self._attention(qkv, cos, sin, inputs, kv, index, triton_ops)
+            x = x + self._linear(attn, layer.wo)
+            gate, up = self._linear(norm(x, layer.ffn_norm, c.rms_eps), layer.w13).chunk(2, dim=-1)
+            x = x + self._linear(F.silu(gate) * up, layer.w2)
+        return self._linear(norm(x, self.norm, c.rms_eps), self.head).float()   # [T, V]
+
+    __call__ = forward
+
+    def _attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inputs: StepInputs,
+                   kv: PagedKVCache, index: int, ops: object) -> torch.Tensor:
+        c = self.config
+        t = qkv.shape[0]
+        qk = apply_rope(qkv[:, : c.q_size + c.kv_size].reshape(t, c.n_heads + c.n_kv_heads, c.head_dim), cos, sin)
+        q = qk[:, : c.n_heads].reshape(t, c.q_size).contiguous()                     # [T, H D]
+        kv.k[index].index_copy_(0, inputs.write_slots, qk[:, c.n_heads:])
+        kv.v[index].index_copy_(0, inputs.write_slots, qkv[:, c.q_size + c.kv_size:].reshape(t, c.n_kv_heads, c.head_dim))
+        return ops.paged_attention(q, kv.k[index], kv.v[index], inputs.tables, inputs.positions,  # type: ignore[attr-defined]
+                                   c.n_kv_heads, kv.block_size)
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, in] @ w.T: one GEMM per M rows, padded to exactly M (see the module docstring)."""
+        if not self.invariant:
+            return F.linear(x, w, b)
+        t, m = x.shape[0], self.gemm_rows
+        padded = -(-t // m) * m
+        if padded != t:
+            x = torch.cat([x, x.new_zeros(padded - t, x.shape[1])])
+        out = torch.cat([F.linear(x[i: i + m], w, b) for i in range(0, padded, m)]) if padded > m else F.linear(x, w, b)
+        return out[:t]
+
+
+def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
