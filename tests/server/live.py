@@ -78,13 +78,28 @@ class LiveServer:
         raise KeyError(key)
 
     def wait_idle(self, timeout: float = 10) -> dict[str, int]:
-        """Cancels are processed between engine steps: poll until the engine holds nothing."""
+        """Cancels are processed between engine steps, and each actor frees its part from its own
+        inbox: poll until everything is free (or the timeout), and return the last reading."""
         deadline = time.monotonic() + timeout
         while True:
             res = self.resources()
-            if res["requests"] == 0 or time.monotonic() > deadline:
+            if all_free(res, self.engine.config.max_batch_size) or time.monotonic() > deadline:
                 return res
             time.sleep(0.01)
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 5) -> bool:
+    """Poll `predicate` until it holds or `timeout` passes; its last value."""
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return predicate()
+
+
+def all_free(res: dict[str, int], max_batch_size: int) -> bool:
+    return (res["kv_free_blocks"] == res["kv_total_blocks"] and res["slots_free"] == max_batch_size
+            and res["kv_sequences"] == res["matchers"] == res["ngram_requests"] == res["requests"] == 0
+            and res["draft_requests"] == 0 and res["draft_kv_free_blocks"] == res["draft_kv_total_blocks"])
 
 
 def assert_all_free(res: dict[str, int], max_batch_size: int) -> None:
