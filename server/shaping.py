@@ -51,7 +51,8 @@ class ChoiceShaper:
     def finish_reason(self, reason: FinishReason) -> OpenAIFinish:
         if reason == "length":
             return "length"
-        return "tool_calls" if self.tools is not None and is_json(self.text) else "stop"
+        called = self.tools is not None and self.tools.name is not None and is_json(self.text)
+        return "tool_calls" if called else "stop"
 
     def closing(self, reason: FinishReason) -> list[Any]:
         finish = self.finish_reason(reason)
