@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,9 +17,11 @@ import structlog
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from interlock.engine import Engine
+from interlock.protocol.sampling import Delta
 from interlock.server.admission import Admission
 from interlock.server.config import ServerConfig
 from interlock.server.errors import APIError
@@ -27,7 +29,7 @@ from interlock.server.generation import (
     ClientGone, ShuttingDown, check_finished, collect_all, open_runs, unless_stopped, wait_disconnect,
 )
 from interlock.server.metrics import ServerMetrics
-from interlock.server.middleware import BodyLimit, Outcomes
+from interlock.server.middleware import BodyLimit, BodyTooLarge, Outcomes
 from interlock.server.responses import (
     ChatCompletion, ChatCompletionChunk, ModelCard, ModelList, TextCompletion, Usage,
 )
@@ -79,32 +81,19 @@ class Server:
         except BaseException as exc:
             ticket.release()
             return self._stopped(exc)
-        rid, created = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, int(time.time())
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         shapers = [ChoiceShaper(i, chat=chat, tools=plan.tools) for i in range(len(runs))]
         if plan.stream:
-            def chunk(choices: list[Any], usage: Any) -> bytes:
-                cls = ChatCompletionChunk if chat else TextCompletion
-                body = cls(id=rid, created=created, model=self.config.model_name, choices=choices, usage=usage)
-                return b"data: " + body.model_dump_json().encode() + b"\n\n"
-
-            return SSEResponse(runs, shapers, chunk, Usage.of if plan.include_usage else None,
-                               plan.grammar_param, on_close=ticket.release, deadline=self.drain_deadline)
+            return SSEResponse(runs, shapers, chunk_encoder(chat, rid, self.config.model_name),
+                               Usage.of if plan.include_usage else None, plan.grammar_param,
+                               on_close=ticket.release, deadline=self.drain_deadline)
         try:
             results = await unless_stopped(lambda: collect_all(runs, plan.grammar_param), gone, self.drain_deadline)
         except BaseException as exc:
             return self._stopped(exc)
         finally:
             ticket.release()
-        choices, stats = [], []
-        for shaper, deltas in zip(shapers, results):
-            text, last = check_finished(deltas)
-            shaper.piece(text)
-            assert last.finish_reason is not None and last.stats is not None
-            choices.append(shaper.full(last.finish_reason))
-            stats.append(last.stats)
-        cls = ChatCompletion if chat else TextCompletion
-        body = cls(id=rid, created=created, model=self.config.model_name, choices=choices, usage=Usage.of(stats))
-        return JSONResponse(body.model_dump(mode="json"))
+        return JSONResponse(full_body(chat, rid, self.config.model_name, shapers, results))
 
     @staticmethod
     def _stopped(exc: BaseException) -> Response:
@@ -125,11 +114,43 @@ class Server:
         return None
 
 
+def chunk_encoder(chat: bool, rid: str, model: str) -> Callable[[list[Any], Usage | None], bytes]:
+    """The `data:` event for some chunk choices (or none and the usage, at the end of a stream)."""
+    created, cls = int(time.time()), ChatCompletionChunk if chat else TextCompletion
+
+    def encode(choices: list[Any], usage: Usage | None) -> bytes:
+        body = cls(id=rid, created=created, model=model, choices=choices, usage=usage)
+        return b"data: " + body.model_dump_json().encode() + b"\n\n"
+
+    return encode
+
+
+def full_body(chat: bool, rid: str, model: str, shapers: list[ChoiceShaper], results: list[list[Delta]]) -> dict:
+    """A non-streamed answer: each choice's whole text through its shaper, and the usage of all."""
+    choices, stats = [], []
+    for shaper, deltas in zip(shapers, results):
+        text, last = check_finished(deltas)
+        shaper.piece(text)
+        assert last.finish_reason is not None and last.stats is not None    # check_finished made sure
+        choices.append(shaper.full(last.finish_reason))
+        stats.append(last.stats)
+    cls = ChatCompletion if chat else TextCompletion
+    body = cls(id=rid, created=int(time.time()), model=model, choices=choices, usage=Usage.of(stats))
+    return body.model_dump(mode="json")
+
+
 def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     return APIError(400, f"{param or 'body'}: {first.get('msg')}", param=param, code="invalid_value").response()
+
+
+def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own errors (unknown path, wrong method, unreadable body) in OpenAI's shape."""
+    if isinstance(exc.__cause__, BodyTooLarge):     # FastAPI reports any body-read error as a 400
+        return APIError(413, "request body too large", code="body_too_large").response()
+    return APIError(exc.status_code, str(exc.detail)).response()
 
 
 def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
@@ -154,6 +175,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI
     app.state.server = server
     app.add_exception_handler(APIError, lambda request, exc: exc.response())  # type: ignore[arg-type, return-value]
     app.add_exception_handler(RequestValidationError, validation_error)        # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, http_error)                       # type: ignore[arg-type]
     app.add_exception_handler(Exception, lambda request, exc: APIError(  # type: ignore[arg-type, return-value]
         500, f"internal error: {type(exc).__name__}", code="internal_error").response())
 

@@ -181,3 +181,15 @@ def test_smollm_json_schema_and_tools_validate(smollm):
         assert tc.function.name == "get_weather" and re.fullmatch(r"call_[0-9a-f]{24}", tc.id)
         jsonschema.validate(json.loads(tc.function.arguments), WEATHER["function"]["parameters"])
         assert_all_free(srv.wait_idle(), SPEC.max_batch_size)
+
+
+def test_stop_and_guidance_extensions(server):
+    client = server.client()
+    kw = dict(model="tiny", prompt="Once upon a time", temperature=0, max_tokens=16)
+    plain = client.completions.create(**kw).choices[0]
+    stopped = client.completions.create(stop=[" time time"], **kw).choices[0]
+    assert plain.text.startswith(" time time") and stopped.finish_reason == "stop"
+    assert plain.text.startswith(stopped.text) and " time time" not in stopped.text
+    # guidance_scale 1 samples exactly the unguided output (the engine skips the combine)
+    guided = client.completions.create(extra_body={"guidance_scale": 1.0, "negative_prompt": "Write badly."}, **kw)
+    assert guided.choices[0].text == plain.text

@@ -115,6 +115,15 @@ def test_malformed_and_oversized_bodies(server):
     big = {**BASE, "messages": [{"role": "user", "content": "x" * (server.config.max_body_bytes + 10)}]}
     check_error(post(server, "chat", big), 413, None)
 
+    def chunks():                                      # no Content-Length: the bytes are counted
+        yield b'{"model": "tiny", "messages": [{"role": "user", "content": "'
+        for _ in range(server.config.max_body_bytes // 65536 + 2):
+            yield b"x" * 65536
+        yield b'"}]}'
+
+    check_error(httpx.post(server.url + "/v1/chat/completions", content=chunks(), timeout=30), 413, None)
+    check_error(httpx.get(server.url + "/v1/nothing"), 404, None)
+
 
 def test_openai_client_sees_typed_errors(server):
     client = server.client()
