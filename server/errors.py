@@ -41,14 +41,15 @@ def unsupported(field: str, why: str = "not supported yet") -> APIError:
     return APIError(400, f"`{field}` is {why}", param=field, code="unsupported_field")
 
 
-def from_interlock(exc: InterlockError, grammar_param: str | None = None) -> APIError:
-    """The HTTP error for an engine error (grammar_param: the request field the grammar came from)."""
+def from_interlock(exc: InterlockError, grammar_param: str | None = None, prompt_param: str = "messages") -> APIError:
+    """The HTTP error for an engine error (grammar_param / prompt_param: the request fields the
+    grammar and the prompt came from)."""
     if isinstance(exc, PromptTooLongError):
-        return APIError(400, str(exc), param="messages", code="context_length_exceeded")
+        return APIError(400, str(exc), param=prompt_param, code="context_length_exceeded")
     if isinstance(exc, GrammarError):
         return APIError(400, str(exc), param=grammar_param, code="invalid_grammar")
-    if isinstance(exc, RequestError):
-        return APIError(400, str(exc), code="invalid_request")
+    if isinstance(exc, RequestError):       # a parameter error may name its field (`field`)
+        return APIError(400, str(exc), param=getattr(exc, "field", None), code="invalid_request")
     if isinstance(exc, CapacityError):
         return APIError(400, str(exc), code="over_capacity")
     if isinstance(exc, ModelLoadError):      # e.g. chat messages to a model without a chat template

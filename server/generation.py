@@ -85,7 +85,7 @@ async def open_runs(engine: Engine, plan: Plan, t0: float, metrics: ServerMetric
         raise
     if errors:
         await close_all(runs)
-        raise from_interlock(errors[min(errors)], plan.grammar_param)
+        raise from_interlock(errors[min(errors)], plan.grammar_param, plan.prompt_param)
     return runs
 
 

@@ -122,6 +122,7 @@ class SamplingFields(BaseModel):
     guidance_scale: float | None = None
     negative_prompt: str | list[ChatMessage] | None = None
     speculative: bool | None = None
+    repetition_penalty: float | None = Field(default=None, gt=0)   # vLLM's extension; 1 is off
 
     def refuse_unknown(self) -> None:
         """400 naming the first field this server does not know, unless it was sent as null."""

@@ -53,6 +53,7 @@ class Plan:
     include_usage: bool
     tools: bool                      # outputs are tool calls
     grammar_param: str | None        # the request field a GrammarError points at
+    prompt_param: str                # the request field a prompt error points at
 
 
 def message_text(m: ChatMessage) -> str:
@@ -95,9 +96,9 @@ def check_common(req: SamplingFields, facts: EngineFacts, config: ServerConfig) 
 
 def sampling_params(req: SamplingFields, max_tokens: int | None, seed: int | None, config: ServerConfig) -> SamplingParams:
     extra: dict[str, Any] = {}
-    for name in ("presence_penalty", "frequency_penalty"):
+    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
         value = getattr(req, name)
-        if value:
+        if value is not None and value != neutral:
             if name not in _SAMPLING_FIELDS:
                 raise unsupported(name, "not supported yet (the engine has no penalties)")
             extra[name] = value
@@ -201,7 +202,7 @@ def plan_chat(req: ChatCompletionRequest, facts: EngineFacts, config: ServerConf
     calls = tuple(EngineCall(messages, grammar, sampling_params(req, max_tokens, derived_seed(req.seed, i), config),
                              negative) for i in range(req.n or 1))
     return Plan(calls, bool(req.stream), bool(req.stream_options and req.stream_options.include_usage),
-                tools_spec is not None, param)
+                tools_spec is not None, param, "messages")
 
 
 def plan_completion(req: CompletionRequest, facts: EngineFacts, config: ServerConfig) -> Plan:
@@ -226,4 +227,5 @@ def plan_completion(req: CompletionRequest, facts: EngineFacts, config: ServerCo
     n = req.n or 1
     calls = tuple(EngineCall(p, grammar, sampling_params(req, req.max_tokens, derived_seed(req.seed, i), config),
                              req.negative_prompt) for p in prompts for i in range(n))
-    return Plan(calls, bool(req.stream), bool(req.stream_options and req.stream_options.include_usage), False, param)
+    return Plan(calls, bool(req.stream), bool(req.stream_options and req.stream_options.include_usage), False, param,
+                "prompt")

@@ -57,10 +57,10 @@ BAD = [
     ({"best_of": 2}, "completions", 400, "best_of"),
     ({"suffix": "x"}, "completions", 400, "suffix"),
     ({"prompt": []}, "completions", 400, "prompt"),
+    ({"prompt": "hello " * 5000}, "completions", 400, "prompt"),
 ]
 if not HAS_PENALTIES:
-    BAD.append(({"presence_penalty": 0.5}, "chat", 400, "presence_penalty"))
-    BAD.append(({"frequency_penalty": 0.5}, "chat", 400, "frequency_penalty"))
+    BAD += [({name: 0.5}, "chat", 400, name) for name in ("presence_penalty", "frequency_penalty", "repetition_penalty")]
 
 
 @pytest.fixture(scope="module")
