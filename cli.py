@@ -1,4 +1,4 @@
-"""The `interlock` command: `run` (the embedded demo), `generate`, `bench`.
+"""The `interlock` command: `run` (the embedded demo), `generate`, `bench`, `serve`.
 
 `generate` writes only the generated text to stdout (logs and stats go to stderr), so it composes
 in shell pipelines.
@@ -130,6 +130,21 @@ async def _bench(args: argparse.Namespace) -> None:
         Path(args.json).write_text(json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")
 
 
+async def _serve(args: argparse.Namespace) -> None:
+    """The OpenAI-compatible server (interlock.server) over one engine, until SIGTERM / SIGINT."""
+    from interlock.engine import Engine
+    from interlock.server import ServerConfig, serve
+
+    config = ServerConfig(model_name=args.served_model_name or args.model, host=args.host, port=args.port,
+                          api_key=args.api_key, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
+                          default_max_tokens=args.max_tokens, shutdown_timeout_s=args.shutdown_timeout)
+    engine = Engine.from_pretrained(args.model, speculative=args.speculative, draft_len=args.draft_len,
+                                    grammar_backend=args.backend, max_batch_size=args.max_batch_size)
+    print(f"interlock serve: {config.model_name} on http://{config.host}:{config.port}/v1 "
+          f"(speculative {args.speculative}, batch {args.max_batch_size})", file=sys.stderr, flush=True)
+    await serve(engine, config, log_level=args.log_level)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="interlock", description="Grammar-constrained speculative decoding.")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines to stderr")
@@ -174,6 +189,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", type=int, default=1)
     bench.add_argument("--json", help="also write the result JSON here")
     common(bench, 256)
+    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat/completions, structured outputs, "
+                                       "tools, SSE, /metrics)")
+    srv.add_argument("--model", default="smollm2-135m-instruct")
+    srv.add_argument("--served-model-name", default=None, help="the `model` id clients send (default: --model)")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--speculative", default="ngram+forced", help="as for generate; fixed for every request")
+    srv.add_argument("--draft-len", type=int, default=3)
+    srv.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
+    srv.add_argument("--max-batch-size", type=int, default=8)
+    srv.add_argument("--max-queue", type=int, default=64,
+                     help="requests admitted beyond the batch; past it the server answers 429 with Retry-After")
+    srv.add_argument("--max-tokens", type=int, default=256, help="for requests that give no max_tokens")
+    srv.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    srv.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
+    srv.add_argument("--shutdown-timeout", type=float, default=10.0,
+                     help="seconds requests in flight get to finish after SIGTERM/SIGINT")
     return parser
 
 
@@ -185,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    command = {"run": _run, "generate": _generate, "bench": _bench}[args.command]
+    command = {"run": _run, "generate": _generate, "bench": _bench, "serve": _serve}[args.command]
     try:
         anyio.run(command, args)
     except InterlockError as exc:

@@ -1,0 +1,16 @@
+"""The OpenAI-compatible HTTP server over one Engine (`interlock serve`).
+
+Owns: the app factory and routes (app.py), request/response bodies (schemas.py, responses.py),
+turning an OpenAI request into engine requests (translate.py, tools.py), running them and
+shaping results (generation.py), SSE streaming with disconnect = cancel (sse.py), OpenAI-shaped
+errors (errors.py), bounded admission (admission.py), body-size limit and outcome counting
+(middleware.py), Prometheus metrics (metrics.py), and the uvicorn process with graceful
+shutdown (run.py). It uses only the Engine's public API.
+"""
+from __future__ import annotations
+
+from interlock.server.app import create_app
+from interlock.server.config import ServerConfig
+from interlock.server.run import build_server, serve
+
+__all__ = ["ServerConfig", "build_server", "create_app", "serve"]

@@ -1,0 +1,31 @@
+"""ServerConfig: what one server process is started with (validated here, never mutated)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Limits and identity of the HTTP layer; the engine has its own EngineConfig.
+
+    max_queue: engine requests admitted beyond the engine's batch (a request with n choices takes
+    n); past it the server answers 429 with Retry-After instead of letting memory grow.
+    """
+
+    model_name: str = "smollm2-135m-instruct"  # the id clients pass as `model` and /v1/models lists
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_queue: int = 64
+    max_body_bytes: int = 1 << 20
+    max_n: int = 16
+    default_max_tokens: int = 256
+    retry_after_s: int = 1
+    shutdown_timeout_s: float = 10.0
+    health_timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 0 or self.max_body_bytes < 1 or self.max_n < 1 or self.default_max_tokens < 1:
+            raise ValueError("max_queue must be >= 0; max_body_bytes, max_n and default_max_tokens >= 1")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")

@@ -1,0 +1,76 @@
+"""How one choice's deltas become OpenAI stream chunks and a final choice (chat or text, with or
+without tool calls). The streamed pieces concatenate to exactly the non-streamed answer."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from interlock.protocol.types import FinishReason
+from interlock.server.responses import (
+    AssistantMessage, ChatChoice, ChunkChoice, OpenAIFinish, TextChoice,
+)
+from interlock.server.tools import ToolCallStream
+
+
+def is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+class ChoiceShaper:
+    """One choice of one request. Chat choices open with a role delta; tool-call choices stream
+    tool-call deltas instead of content."""
+
+    def __init__(self, index: int, *, chat: bool, tools: bool) -> None:
+        self.index, self.chat = index, chat
+        self.tools = ToolCallStream() if tools else None
+        self.parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def opening(self) -> list[Any]:
+        if not self.chat:
+            return []
+        return [ChunkChoice(index=self.index, delta={"role": "assistant", "content": None if self.tools else ""})]
+
+    def piece(self, text: str) -> list[Any]:
+        self.parts.append(text)
+        if not text:
+            return []
+        if self.tools is not None:
+            return [ChunkChoice(index=self.index, delta={"tool_calls": [d]}) for d in self.tools.feed(text)]
+        if self.chat:
+            return [ChunkChoice(index=self.index, delta={"content": text})]
+        return [TextChoice(index=self.index, text=text, finish_reason=None)]
+
+    def finish_reason(self, reason: FinishReason) -> OpenAIFinish:
+        if reason == "length":
+            return "length"
+        called = self.tools is not None and self.tools.name is not None and is_json(self.text)
+        return "tool_calls" if called else "stop"
+
+    def closing(self, reason: FinishReason) -> list[Any]:
+        finish = self.finish_reason(reason)
+        if not self.chat:
+            return [TextChoice(index=self.index, text="", finish_reason=finish)]
+        out = []
+        if self.tools is not None:
+            out = [ChunkChoice(index=self.index, delta={"tool_calls": [d]})
+                   for d in self.tools.finish(is_json(self.text))]
+        return out + [ChunkChoice(index=self.index, delta={}, finish_reason=finish)]
+
+    def full(self, reason: FinishReason) -> ChatChoice | TextChoice:
+        finish = self.finish_reason(reason)
+        if not self.chat:
+            return TextChoice(index=self.index, text=self.text, finish_reason=finish)
+        if self.tools is not None:
+            found = self.tools.calls(is_json(self.text))
+            if found:
+                return ChatChoice(index=self.index, finish_reason=finish,
+                                  message=AssistantMessage(content=None, tool_calls=found))
+        return ChatChoice(index=self.index, finish_reason=finish, message=AssistantMessage(content=self.text))

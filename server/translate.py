@@ -1,0 +1,231 @@
+"""From an OpenAI request to engine calls: prompt, grammar, SamplingParams, one per choice.
+
+Pure functions of the request and the engine's fixed configuration. Every field is either
+mapped or refused with a 400 naming it; nothing is silently ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from interlock.protocol.errors import InterlockError
+from interlock.protocol.grammar import BackendName, Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Regex
+from interlock.protocol.sampling import SamplingParams
+from interlock.server.config import ServerConfig
+from interlock.server.errors import APIError, from_interlock, unsupported
+from interlock.server.schemas import (
+    ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, StructuredOutputs,
+)
+from interlock.server.tools import call_text, tools_grammar, with_tools
+
+Message = dict[str, str]
+Prompt = str | list[Message]
+# Penalties exist in the engine only once SamplingParams has them (added by the reliability work).
+_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the server must know of its engine to check a request (all fixed at start)."""
+
+    speculative: bool
+    grammar_backend: BackendName
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """One choice: the arguments of one Engine.generate call."""
+
+    prompt: Prompt
+    grammar: GrammarSpec | None
+    sampling: SamplingParams
+    negative_prompt: Prompt | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A request translated: its choices and how to shape their outputs."""
+
+    calls: tuple[EngineCall, ...]
+    stream: bool
+    include_usage: bool
+    tools: bool                      # outputs are tool calls
+    grammar_param: str | None        # the request field a GrammarError points at
+    prompt_param: str                # the request field a prompt error points at
+
+
+def message_text(m: ChatMessage) -> str:
+    if m.tool_calls:
+        return call_text(m)
+    if isinstance(m.content, list):
+        return "".join(p.text for p in m.content)
+    return m.content or ""
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[Message]:
+    # "developer" is OpenAI's newer name for the system role; chat templates know "system".
+    return [{"role": "system" if m.role == "developer" else m.role, "content": message_text(m)} for m in messages]
+
+
+def derived_seed(seed: int | None, i: int) -> int | None:
+    """Choice 0 keeps the seed (so n=1 equals the engine's own seeded output); the rest derive from it."""
+    if seed is None or i == 0:
+        return seed
+    return random.Random(f"{seed}:{i}").getrandbits(63)
+
+
+def check_common(req: SamplingFields, facts: EngineFacts, config: ServerConfig) -> None:
+    req.refuse_unknown()
+    if req.top_logprobs:
+        raise unsupported("top_logprobs", "not supported yet (log-probabilities need engine support)")
+    if req.speculative is not None and req.speculative != facts.speculative:
+        raise unsupported("speculative", f"fixed per server: this engine runs {'with' if facts.speculative else 'without'} "
+                                         "speculation for every request (start another server for the other mode)")
+    if req.grammar_backend not in (None, "auto", facts.grammar_backend):
+        raise unsupported("grammar_backend", f"fixed per server: this engine compiles every grammar with "
+                                             f"{facts.grammar_backend!r}")
+    if req.n is not None and req.n > config.max_n:
+        raise APIError(400, f"n must be <= {config.max_n}, got {req.n}", param="n", code="invalid_value")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+    if req.negative_prompt is not None and req.guidance_scale is None:
+        raise APIError(400, "negative_prompt needs guidance_scale", param="negative_prompt")
+
+
+def sampling_params(req: SamplingFields, max_tokens: int | None, seed: int | None, config: ServerConfig) -> SamplingParams:
+    extra: dict[str, Any] = {}
+    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+        value = getattr(req, name)
+        if value is not None and value != neutral:
+            if name not in _SAMPLING_FIELDS:
+                raise unsupported(name, "not supported yet (the engine has no penalties)")
+            extra[name] = value
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    try:
+        return SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=None if req.top_p in (None, 1.0) else req.top_p,
+            top_k=None if req.top_k in (None, 0, -1) else req.top_k,
+            max_tokens=max_tokens or config.default_max_tokens, stop=stop, seed=seed,
+            guidance_scale=req.guidance_scale, **extra)
+    except InterlockError as exc:
+        raise from_interlock(exc) from exc
+
+
+def structured_grammar(so: StructuredOutputs) -> GrammarSpec:
+    given = [k for k, v in (("json", so.json_), ("regex", so.regex), ("choice", so.choice),
+                            ("grammar", so.grammar), ("json_object", so.json_object)) if v]
+    if len(given) != 1:
+        raise APIError(400, f"structured_outputs needs exactly one of json, regex, choice, grammar, json_object; "
+                            f"got {given or 'none'}", param="structured_outputs")
+    try:
+        if so.json_ is not None:
+            return JsonSchema(so.json_)
+        if so.regex is not None:
+            return Regex(so.regex)
+        if so.choice is not None:
+            return Choice(so.choice)
+        if so.grammar is not None:
+            return Ebnf(so.grammar)
+        return JsonObject()
+    except InterlockError as exc:
+        raise from_interlock(exc, "structured_outputs") from exc
+
+
+def choose_grammar(req: ChatCompletionRequest | CompletionRequest, tools_spec: GrammarSpec | None
+                   ) -> tuple[GrammarSpec | None, str | None]:
+    """The one grammar a request asks for, and the field it came from; two at once is a 400."""
+    found: list[tuple[GrammarSpec, str]] = []
+    rf = req.response_format
+    if rf is not None and rf.type == "json_object":
+        found.append((JsonObject(), "response_format"))
+    elif rf is not None and rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise APIError(400, "response_format json_schema needs json_schema.schema", param="response_format")
+        strict = rf.json_schema.strict is not False   # interlock always constrains; strict=false leaves objects open
+        found.append((JsonSchema(rf.json_schema.schema_, strict=strict), "response_format"))
+    if req.structured_outputs is not None:
+        found.append((structured_grammar(req.structured_outputs), "structured_outputs"))
+    if tools_spec is not None:
+        found.append((tools_spec, "tools"))
+    if len(found) > 1:
+        raise APIError(400, f"{' and '.join(p for _, p in found)} each ask for a grammar; give one",
+                       param=found[1][1])
+    return found[0] if found else (None, None)
+
+
+def tool_mode(req: ChatCompletionRequest) -> Literal["none", "call"]:
+    """'call' when the output must be a tool call; 'none' when tools are only listed or absent."""
+    if not req.tools:
+        if req.tool_choice not in (None, "none"):
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        return "none"
+    if req.tool_choice == "none":
+        return "none"
+    if req.tool_choice in (None, "auto"):
+        raise unsupported("tool_choice", '"auto" (the default with tools) is not supported yet: the model cannot '
+                                         'decide whether to call a tool; pass "required", a named function or "none"')
+    return "call"
+
+
+def plan_chat(req: ChatCompletionRequest, facts: EngineFacts, config: ServerConfig) -> Plan:
+    check_common(req, facts, config)
+    if req.logprobs:
+        raise unsupported("logprobs", "not supported yet (log-probabilities need engine support)")
+    messages = chat_messages(req.messages)
+    tools_spec = None
+    if tool_mode(req) == "call":
+        assert req.tools is not None
+        tools = req.tools
+        if not isinstance(req.tool_choice, str):
+            named = req.tool_choice.function.name if req.tool_choice is not None else ""
+            tools = [t for t in req.tools if t.function.name == named]
+            if not tools:
+                raise APIError(400, f"tool_choice names {named!r}, which is not in tools", param="tool_choice")
+        try:
+            tools_spec = tools_grammar(tools)
+        except InterlockError as exc:
+            raise from_interlock(exc, "tools") from exc
+        messages = with_tools(messages, tools)
+    try:
+        grammar, param = choose_grammar(req, tools_spec)
+    except InterlockError as exc:
+        raise from_interlock(exc, "response_format") from exc
+    negative: Prompt | None = None
+    if isinstance(req.negative_prompt, str):
+        negative = [{"role": "user", "content": req.negative_prompt}]
+    elif req.negative_prompt is not None:
+        negative = chat_messages(req.negative_prompt)
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    calls = tuple(EngineCall(messages, grammar, sampling_params(req, max_tokens, derived_seed(req.seed, i), config),
+                             negative) for i in range(req.n or 1))
+    return Plan(calls, bool(req.stream), bool(req.stream_options and req.stream_options.include_usage),
+                tools_spec is not None, param, "messages")
+
+
+def plan_completion(req: CompletionRequest, facts: EngineFacts, config: ServerConfig) -> Plan:
+    check_common(req, facts, config)
+    if req.logprobs is not None:
+        raise unsupported("logprobs", "not supported yet (log-probabilities need engine support)")
+    if req.echo:
+        raise unsupported("echo")
+    if req.suffix:
+        raise unsupported("suffix")
+    if req.best_of not in (None, 1):
+        raise unsupported("best_of")
+    if isinstance(req.negative_prompt, list):
+        raise APIError(400, "negative_prompt must be a string on /v1/completions", param="negative_prompt")
+    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    if not prompts:
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    try:
+        grammar, param = choose_grammar(req, None)
+    except InterlockError as exc:
+        raise from_interlock(exc, "response_format") from exc
+    n = req.n or 1
+    calls = tuple(EngineCall(p, grammar, sampling_params(req, req.max_tokens, derived_seed(req.seed, i), config),
+                             req.negative_prompt) for p in prompts for i in range(n))
+    return Plan(calls, bool(req.stream), bool(req.stream_options and req.stream_options.include_usage), False, param,
+                "prompt")

@@ -1,0 +1,26 @@
+"""Server fixtures: a real uvicorn server on 127.0.0.1 (a free port) in a thread, one per module
+and configuration; tests talk to it over HTTP with the official `openai` client or httpx, and
+reach into its engine (public API only) on the server's own event loop."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the server needs the [serve] extra")
+pytest.importorskip("openai", reason="the server tests need the [dev] extra")
+
+sys.path.insert(0, str(Path(__file__).parent))     # for `import live` (importlib import mode)
+
+from interlock.models.loader import LoadedModel, load_model
+
+
+@pytest.fixture(scope="session")
+def tiny() -> LoadedModel:
+    return load_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def smollm() -> LoadedModel:
+    return load_model("smollm2-135m-instruct")

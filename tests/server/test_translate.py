@@ -1,0 +1,96 @@
+"""The pure parts of the server: request -> engine calls, tool-call parsing and streaming."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from interlock.protocol.grammar import JsonSchema
+from interlock.protocol.sampling import SamplingParams
+from interlock.server.config import ServerConfig
+from interlock.server.errors import APIError
+from interlock.server.schemas import ChatCompletionRequest
+from interlock.server.shaping import ChoiceShaper
+from interlock.server.tools import ToolCallStream
+from interlock.server.translate import EngineFacts, derived_seed, plan_chat
+
+FACTS = EngineFacts(speculative=True, grammar_backend="auto")
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def chat(**kw) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw})
+
+
+def test_defaults_and_sampling_mapping():
+    plan = plan_chat(chat(top_k=-1, top_p=1.0, stop="END", max_tokens=9, max_completion_tokens=7), FACTS, ServerConfig())
+    (call,) = plan.calls
+    assert call.sampling == SamplingParams(temperature=1.0, top_k=None, top_p=None, max_tokens=7, stop=("END",))
+    assert call.grammar is None and not plan.stream and not plan.tools
+
+
+def test_n_derives_seeds_and_keeps_the_first():
+    plan = plan_chat(chat(n=3, seed=5, temperature=0.5), FACTS, ServerConfig())
+    seeds = [c.sampling.seed for c in plan.calls]
+    assert seeds[0] == 5 and len(set(seeds)) == 3 and seeds == [derived_seed(5, i) for i in range(3)]
+    assert [c.sampling.seed for c in plan_chat(chat(n=2), FACTS, ServerConfig()).calls] == [None, None]
+
+
+def test_developer_role_and_content_parts():
+    req = chat(messages=[{"role": "developer", "content": "be brief"},
+                         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    assert plan_chat(req, FACTS, ServerConfig()).calls[0].prompt == [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]
+
+
+def test_tools_required_constrains_and_describes_the_tools():
+    plan = plan_chat(chat(tools=[TOOL], tool_choice="required"), FACTS, ServerConfig())
+    call = plan.calls[0]
+    assert plan.tools and plan.grammar_param == "tools" and isinstance(call.grammar, JsonSchema)
+    assert call.grammar.schema_dict["properties"]["name"] == {"const": "get_weather"}
+    assert call.prompt[0]["role"] == "system" and "get_weather" in call.prompt[0]["content"]
+
+
+def test_penalties_map_or_are_refused_by_name():
+    has = "presence_penalty" in {f.name for f in dataclasses.fields(SamplingParams)}
+    if has:
+        assert plan_chat(chat(presence_penalty=0.5), FACTS, ServerConfig()).calls[0].sampling.presence_penalty == 0.5
+    else:
+        with pytest.raises(APIError) as e:
+            plan_chat(chat(presence_penalty=0.5), FACTS, ServerConfig())
+        assert e.value.status == 400 and e.value.param == "presence_penalty"
+    assert plan_chat(chat(presence_penalty=0.0), FACTS, ServerConfig()).calls   # 0 is no penalty: fine
+
+
+@pytest.mark.parametrize("field,value", [("logprobs", True), ("top_logprobs", 3), ("tool_choice", "auto"),
+                                         ("speculative", False), ("grammar_backend", "llguidance"), ("metadata", {})])
+def test_unimplemented_fields_are_400_naming_them(field, value):
+    extra = {"tools": [TOOL]} if field == "tool_choice" else {}
+    with pytest.raises(APIError) as e:
+        plan_chat(chat(**{field: value}, **extra), FACTS, ServerConfig())
+    assert e.value.status == 400 and e.value.param == field
+
+
+def test_unknown_fields_sent_as_null_are_fine():
+    assert plan_chat(chat(metadata=None, logit_bias=None), FACTS, ServerConfig()).calls
+
+
+def test_tool_call_stream_pieces_add_up_to_the_call():
+    text = '{"name":"get_weather","arguments":{"city":"Paris \\"x\\" }"}}'
+    stream = ToolCallStream()
+    deltas = [d for ch in text for d in stream.feed(ch)] + stream.finish(complete=True)
+    assert deltas[0] == {"index": 0, "id": stream.call_id, "type": "function",
+                         "function": {"name": "get_weather", "arguments": ""}}
+    args = "".join(d["function"]["arguments"] for d in deltas)
+    (call,) = stream.calls(complete=True)
+    assert args == call["function"]["arguments"] == json.dumps({"city": 'Paris "x" }'}, separators=(",", ":"))
+
+
+def test_shaper_falls_back_to_content_when_the_text_is_not_a_call():
+    shaper = ChoiceShaper(0, chat=True, tools=True)
+    shaper.piece('{"other":1}')
+    choice = shaper.full("stop")
+    assert choice.message.tool_calls is None and choice.message.content == '{"other":1}'
+    assert choice.finish_reason == "stop"
