@@ -2,6 +2,11 @@
 
 xgrammar has no validate-without-advance, so validate advances token by token and rolls back;
 `max_rollback_tokens=-1` keeps unlimited history (rollback depth is ours to police).
+
+xgrammar compiles JSON schemas it cannot enforce exactly, and says so only on stderr, if at all.
+Compile captures those lines (grammars/stderr.py) and adds the keywords grammars/keywords.py knows
+it drops; both become `CompiledGrammar.warnings` and structlog warnings. `auto` refuses to use such
+a grammar unless the spec is lenient.
 """
 from __future__ import annotations
 
@@ -10,12 +15,15 @@ import os
 import time
 from typing import Any
 
+import structlog
 import torch
 import xgrammar as xgr
 
 from interlock.grammars import bitmask as bm
 from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
+from interlock.grammars.keywords import gaps
+from interlock.grammars.stderr import NATIVE_LINE, call_capturing_stderr
 from interlock.grammars.matcher import BaseMatcher
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
@@ -23,6 +31,8 @@ from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, GrammarSpec,
 from interlock.protocol.types import TokenId
 
 NAME = "xgrammar"
+NOT_ENFORCED = "xgrammar does not enforce "     # prefix of the warnings that come from keywords.gaps
+log = structlog.get_logger(__name__)
 
 
 class XGrammarBackend:
@@ -45,12 +55,19 @@ class XGrammarBackend:
         check_spec(spec, self.config)
         start = time.perf_counter()
         try:
-            native = self._compile_native(spec)
+            native, said = call_capturing_stderr(lambda: self._compile_native(spec))
         except GrammarError:
             raise
         except Exception as exc:            # xgrammar raises RuntimeError/ValueError/its own types
             raise GrammarError(f"xgrammar: {_first_line(exc)}") from exc
-        return CompiledGrammar(NAME, spec.key, native, time.perf_counter() - start)
+        warnings = [f"xgrammar: {line}" for line in dict.fromkeys(said)]          # dedup, in order
+        if isinstance(spec, JsonSchema):
+            warnings += [NOT_ENFORCED + str(g) for g in gaps(json.loads(spec.compiled_schema), NAME)]
+        for warning in warnings:
+            log.warning("grammar.backend_warning", backend=NAME, warning=warning)
+        # Every xgrammar warning is an approximation ("falling back to anyOf", "ignoring multipleOf").
+        return CompiledGrammar(NAME, spec.key, native, time.perf_counter() - start, tuple(warnings),
+                               inexact=tuple(warnings))
 
     def matcher(self, compiled: CompiledGrammar) -> XGrammarMatcher:
         if compiled.backend != NAME:
@@ -149,4 +166,4 @@ def choice_ebnf(options: tuple[str, ...]) -> str:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:500]
+    return NATIVE_LINE.sub("", text.splitlines()[0])[:500]
