@@ -23,7 +23,7 @@ import torch
 
 from interlock.grammars import bitmask as bm
 from interlock.grammars.compiled import CompiledGrammar
-from interlock.grammars.keywords import Gap, gaps, keyword_in
+from interlock.grammars.keywords import Gap, gaps, keywords_in, subschemas
 from interlock.grammars.matcher import BaseMatcher
 from interlock.protocol.errors import GrammarError, SchemaKeywordError
 from interlock.protocol.grammar import GrammarBackend, GrammarSpec, JsonSchema
@@ -48,29 +48,31 @@ class AutoBackend:
         exact = isinstance(spec, JsonSchema) and not spec.lenient
         schema = json.loads(spec.compiled_schema) if exact else None      # type: ignore[union-attr]
         reasons: list[str] = []
-        first_gap: Gap | None = None
+        named: list[Gap] = []          # the keyword behind each backend's refusal, in backend order
         for backend in self.backends:
             found = gaps(schema, backend.name) if exact else ()
             if found:                  # known before compiling: skip a slow compile we would not use
-                first_gap = first_gap or found[0]
+                named.append(found[0])
                 reasons.append(f"{backend.name} does not enforce " + "; ".join(map(str, found[:3])))
                 continue
             try:
                 compiled = backend.compile(spec)
             except GrammarError as exc:
+                named += _gap_in(schema, str(exc)) if exact else []
                 reasons.append(_named(backend.name, str(exc)))
                 continue
             if exact and compiled.inexact:
-                said = keyword_in(compiled.inexact[0])
-                first_gap = first_gap or (Gap(said, "", compiled.inexact[0]) if said else None)
+                named += _gap_in(schema, compiled.inexact[0])
                 reasons.append(_named(backend.name, "; ".join(compiled.inexact[:3])))
                 continue
             return replace(compiled, tried=tuple(reasons))
-        if first_gap is not None:
+        if named:
+            first = named[0]
             raise SchemaKeywordError(
-                f"no backend enforces JSON schema keyword {first_gap}: " + "; ".join(reasons)
+                f"no backend enforces JSON schema keyword '{first.keyword}' at {first.path or '/'}: "
+                + "; ".join(reasons)
                 + ". JsonSchema(..., lenient=True) compiles it loosely and relies on the end-of-request check",
-                keyword=first_gap.keyword, path=first_gap.path)
+                keyword=first.keyword, path=first.path)
         raise GrammarError("no backend could compile this grammar: " + "; ".join(reasons))
 
     def matcher(self, compiled: CompiledGrammar) -> BaseMatcher:
@@ -84,6 +86,16 @@ class AutoBackend:
 
     def backend(self, name: str) -> Any:
         return self._by_name[name]
+
+
+def _gap_in(schema: Any, message: str) -> list[Gap]:
+    """The first keyword, in schema order, that a backend's message names, and where it is."""
+    named = keywords_in(message)
+    for where, node in subschemas(schema):
+        for key in node:
+            if key in named:
+                return [Gap(key, where, message)]
+    return []
 
 
 def _named(name: str, reason: str) -> str:

@@ -164,13 +164,10 @@ def _old_draft(schema: Any) -> bool:
     return isinstance(schema, dict) and any(d in str(schema.get("$schema", "")) for d in OLD_DRAFTS)
 
 
-def keyword_in(text: str) -> str | None:
-    """The first JSON Schema keyword a backend's message names ("oneOf with overlapping ...",
-    'Unimplemented keys: ["not"]'), or None."""
-    for word in re.findall(r"[$A-Za-z]+", text):
-        if word in ASSERTIONS:
-            return word
-    return None
+def keywords_in(text: str) -> set[str]:
+    """The JSON Schema keywords a backend's message names ("oneOf with overlapping ...",
+    'Unimplemented keys: ["else", "if", "then"]')."""
+    return {word for word in re.findall(r"[$A-Za-z]+", text) if word in ASSERTIONS}
 
 
 def unknown_formats(schema: Any, known: frozenset[str]) -> list[tuple[str, str]]:

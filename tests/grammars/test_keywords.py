@@ -33,7 +33,7 @@ PROBES: dict[str, tuple] = {
     "type beside anyOf": ({"type": "integer", "anyOf": [{"minimum": 0}, {"maximum": -10}]}, [3], ["s", -5],
                           "loose", "exact", "exact"),
     "type beside oneOf": ({"type": "integer", "oneOf": [{"minimum": 0}, {"maximum": -10}]}, [3], ["s", -5],
-                          "loose", "refused", "type"),
+                          "loose", "refused", "oneOf"),
     "type beside $ref": ({"$defs": {"a": {"minimum": 0}}, "type": "integer", "$ref": "#/$defs/a"}, [3], ["s", -1],
                          "loose", "exact", "exact"),
     "properties beside anyOf": ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
