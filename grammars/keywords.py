@@ -135,6 +135,8 @@ def _xgrammar_condition(key: str, node: dict[str, Any]) -> str:
         declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
         if any(k not in declared for k in value):
             return "xgrammar does not require keys that 'properties' does not declare"
+    if key in ("minLength", "maxLength"):
+        return "xgrammar refuses every escape sequence (\\\", \\n, \\u...) in a length-bounded string"
     if key == "items" and isinstance(value, list):
         return "xgrammar does not take the draft-04 array form of 'items'"
     if key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool):

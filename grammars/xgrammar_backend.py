@@ -7,6 +7,12 @@ xgrammar compiles JSON schemas it cannot enforce exactly, and says so only on st
 Compile captures those lines (grammars/stderr.py) and adds the keywords grammars/keywords.py knows
 it drops; both become `CompiledGrammar.warnings` and structlog warnings. `auto` refuses to use such
 a grammar unless the spec is lenient.
+
+xgrammar's JSON grammar also lets raw control characters (a tab byte) into strings, which JSON
+forbids. Outside strings JSON allows only tab, newline and carriage return, and only as optional
+whitespace; so for JSON specs the matcher never allows a token containing a control character,
+except \t \n \r under flexible whitespace (where one inside a string is still possible and is left
+to the end-of-request check, grammars/validate.py). Compact JSON output is then exact.
 """
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ class XGrammarBackend:
         self.special_ids = frozenset(self._info.special_token_ids) - set(tokenizer.eos_token_ids)
         self._compiler = xgr.GrammarCompiler(self._info, max_threads=min(8, os.cpu_count() or 1),
                                              cache_enabled=False)
+        self._control: dict[bool, ControlFilter] = {}      # flexible? -> filter, built on first use
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         check_spec(spec, self.config)
@@ -72,7 +79,17 @@ class XGrammarBackend:
     def matcher(self, compiled: CompiledGrammar) -> XGrammarMatcher:
         if compiled.backend != NAME:
             raise ValueError(f"grammar was compiled by {compiled.backend}, not {NAME}")
-        return XGrammarMatcher(compiled.native, self)
+        kind, _, rest = compiled.spec_key.partition(":")
+        control = None
+        if kind in ("json_schema", "json_object"):
+            control = self.control_filter(flexible=rest.startswith("flexible"))
+        return XGrammarMatcher(compiled.native, self, control)
+
+    def control_filter(self, *, flexible: bool) -> ControlFilter:
+        """The tokens JSON output never contains (see the module docstring), built once per kind."""
+        if flexible not in self._control:
+            self._control[flexible] = ControlFilter.build(self.tokenizer, self.vocab_size, flexible)
+        return self._control[flexible]
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         return bm.allocate_bitmask(rows, self.vocab_size)
@@ -101,19 +118,42 @@ class XGrammarBackend:
                                                   strict_mode=False)
 
 
+class ControlFilter:
+    """Token ids whose text holds a control character JSON output cannot contain, and the mask
+    row that keeps every other id ([ceil(V/32)] int32)."""
+
+    def __init__(self, banned: frozenset[TokenId], keep: torch.Tensor) -> None:
+        self.banned = banned
+        self.keep = keep
+
+    @classmethod
+    def build(cls, tokenizer: Tokenizer, vocab_size: int, flexible: bool) -> ControlFilter:
+        allowed = {"\t", "\n", "\r"} if flexible else set()
+        n = min(tokenizer.vocab_size, vocab_size)
+        texts = tokenizer.hf.batch_decode([[i] for i in range(n)])
+        banned = frozenset(i for i, text in enumerate(texts)
+                           if any(ord(c) < 0x20 and c not in allowed for c in text))
+        keep = bm.allocate_bitmask(1, vocab_size)
+        for t in banned:
+            bm.set_bit(keep, 0, t, False)
+        return cls(banned, keep[0])
+
+
 class XGrammarMatcher(BaseMatcher):
-    def __init__(self, compiled: Any, backend: XGrammarBackend) -> None:
+    def __init__(self, compiled: Any, backend: XGrammarBackend, control: ControlFilter | None = None) -> None:
         super().__init__(vocab_size=backend.vocab_size, tokenizer_vocab=backend.tokenizer.vocab_size,
                          eos_token_ids=backend.tokenizer.eos_token_ids)
         self._m = xgr.GrammarMatcher(compiled, max_rollback_tokens=-1)
         self._tokenizer = backend.tokenizer
         self._special = backend.special_ids
+        self._control = control
 
     def _native_validate(self, token_ids: list[TokenId]) -> int:
         n = 0
+        banned = self._control.banned if self._control is not None else frozenset()
         for t in token_ids:
             # Special ids are refused here: xgrammar would refuse them too, but logs a warning each time.
-            if t in self._special or not self._m.accept_token(t):
+            if t in self._special or t in banned or not self._m.accept_token(t):
                 break
             n += 1
         if n:
@@ -130,6 +170,8 @@ class XGrammarMatcher(BaseMatcher):
 
     def _native_fill(self, bitmask: torch.Tensor, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
+        if self._control is not None:
+            bitmask[row] &= self._control.keep
 
     def _native_forced(self) -> list[TokenId]:
         # The forced string, tokenized as the model would; the last token could merge with what
