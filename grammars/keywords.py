@@ -169,7 +169,11 @@ def _old_draft(schema: Any) -> bool:
 def keywords_in(text: str) -> set[str]:
     """The JSON Schema keywords a backend's message names ("oneOf with overlapping ...",
     'Unimplemented keys: ["else", "if", "then"]')."""
-    return {word for word in re.findall(r"[$A-Za-z]+", text) if word in ASSERTIONS}
+    words = set(re.findall(r"[$A-Za-z]+", text))
+    # "not" is also English ("constraints are not supported"): count it only when quoted.
+    if "not" in words and not re.search(r"""["'`]not["'`]""", text):
+        words.discard("not")
+    return words & ASSERTIONS
 
 
 def unknown_formats(schema: Any, known: frozenset[str]) -> list[tuple[str, str]]:
