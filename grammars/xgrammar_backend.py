@@ -67,6 +67,8 @@ class XGrammarBackend:
             raise
         except Exception as exc:            # xgrammar raises RuntimeError/ValueError/its own types
             raise GrammarError(f"xgrammar: {_first_line(exc)}") from exc
+        if said is None:
+            said = ["its warnings could not be read (stderr held by another compile): assumed loose"]
         warnings = [f"xgrammar: {line}" for line in dict.fromkeys(said)]          # dedup, in order
         if isinstance(spec, JsonSchema):
             warnings += [NOT_ENFORCED + str(g) for g in gaps(json.loads(spec.compiled_schema), NAME)]
