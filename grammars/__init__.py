@@ -2,6 +2,8 @@
 matcher protocol, bitmask helpers, schema caps, and the async compile cache.
 
 `validate_output(spec, text)`: the backend-independent end-of-request check (raises GrammarError).
+grammars/keywords.py: which JSON Schema keywords each backend enforces exactly (what `auto` reads;
+the table is grammars/LENIENCY.md).
 
 Entry points: `make_backend(name, tokenizer, vocab_size, config)` (synchronous) and `GrammarLayer`
 (backend + `await layer.compile(spec)` / `await layer.matcher(spec)`).

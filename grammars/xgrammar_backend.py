@@ -56,7 +56,8 @@ class XGrammarBackend:
         self.special_ids = frozenset(self._info.special_token_ids) - set(tokenizer.eos_token_ids)
         self._compiler = xgr.GrammarCompiler(self._info, max_threads=min(8, os.cpu_count() or 1),
                                              cache_enabled=False)
-        self._control: dict[bool, ControlFilter] = {}      # flexible? -> filter, built on first use
+        # Built here, not on first use: matcher() runs on the event loop and must stay cheap.
+        self._control = ControlFilter.build_both(tokenizer, vocab_size)   # flexible? -> filter
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         check_spec(spec, self.config)
@@ -88,9 +89,7 @@ class XGrammarBackend:
         return XGrammarMatcher(compiled.native, self, control)
 
     def control_filter(self, *, flexible: bool) -> ControlFilter:
-        """The tokens JSON output never contains (see the module docstring), built once per kind."""
-        if flexible not in self._control:
-            self._control[flexible] = ControlFilter.build(self.tokenizer, self.vocab_size, flexible)
+        """The tokens JSON output never contains (see the module docstring)."""
         return self._control[flexible]
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
@@ -129,12 +128,17 @@ class ControlFilter:
         self.keep = keep
 
     @classmethod
-    def build(cls, tokenizer: Tokenizer, vocab_size: int, flexible: bool) -> ControlFilter:
-        allowed = {"\t", "\n", "\r"} if flexible else set()
+    def build_both(cls, tokenizer: Tokenizer, vocab_size: int) -> dict[bool, ControlFilter]:
+        """flexible? -> filter, from one decode of the vocabulary."""
         n = min(tokenizer.vocab_size, vocab_size)
         texts = tokenizer.hf.batch_decode([[i] for i in range(n)])
-        banned = frozenset(i for i, text in enumerate(texts)
-                           if any(ord(c) < 0x20 and c not in allowed for c in text))
+        controls = [(i, {c for c in text if ord(c) < 0x20}) for i, text in enumerate(texts)]
+        return {flexible: cls.of(frozenset(i for i, found in controls if found - ({"\t", "\n", "\r"} if flexible
+                                                                                  else set())), vocab_size)
+                for flexible in (False, True)}
+
+    @classmethod
+    def of(cls, banned: frozenset[TokenId], vocab_size: int) -> ControlFilter:
         keep = bm.allocate_bitmask(1, vocab_size)
         for t in banned:
             bm.set_bit(keep, 0, t, False)
