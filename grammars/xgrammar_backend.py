@@ -72,7 +72,8 @@ class XGrammarBackend:
             said = ["its warnings could not be read (stderr held by another compile): assumed loose"]
         warnings = [f"xgrammar: {line}" for line in dict.fromkeys(said)]          # dedup, in order
         if isinstance(spec, JsonSchema):
-            warnings += [NOT_ENFORCED + str(g) for g in gaps(json.loads(spec.compiled_schema), NAME)]
+            warnings += [NOT_ENFORCED + str(g) for g in gaps(json.loads(spec.compiled_schema), NAME,
+                                                          compact=spec.whitespace == "compact")]
         for warning in warnings:
             log.warning("grammar.backend_warning", backend=NAME, warning=warning)
         # Every xgrammar warning is an approximation ("falling back to anyOf", "ignoring multipleOf").

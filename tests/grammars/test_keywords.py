@@ -79,7 +79,7 @@ PROBES: dict[str, tuple] = {
     "required, undeclared key": ({"type": "object", "required": ["a"]}, [{"a": 1}], [{}, {"b": 1}],
                                  "loose", "exact", "exact"),
     "minProperties beside optional properties": ({"type": "object", "properties": {"a": {"type": "integer"}},
-                                                  "minProperties": 2, "additionalProperties": True},
+                                                  "minProperties": 2, "additionalProperties": {"type": "integer"}},
                                                  [{"a": 1, "b": 2}], [{"a": 1}, {}], "exact", "refused", "exact"),
     "maxProperties": ({"type": "object", "maxProperties": 1}, [{"a": 1}], [{"a": 1, "b": 2}],
                       "exact", "exact", "exact"),
@@ -113,7 +113,15 @@ PROBES: dict[str, tuple] = {
     "annotations": ({"type": "string", "title": "t", "description": "d", "default": "x", "examples": ["y"],
                      "readOnly": True, "deprecated": True, "contentEncoding": "base64", "nullable": True},
                     ["s"], [1, None], "exact", "exact", "exact"),
-    "true schema": (True, [1, "s", {"a": []}], [], "exact", "exact", "exact"),
+    "true schema": (True, [1, "s", {"a": [], "b": 2}], [], "loose", "exact", "exact"),
+    "object without properties": ({"type": "object"}, [{"a": 1, "b": 2}], [[]], "loose", "exact", "exact"),
+    "array without items": ({"type": "array"}, [[1, 2]], [{}], "loose", "exact", "exact"),
+    "open object, nested value": ({"type": "object", "properties": {"a": {"type": "integer"}}},
+                                  [{"a": 1, "b": [1, 2]}], [{"a": "s"}], "loose", "exact", "exact"),
+    "empty subschema": ({"type": "object", "properties": {"x": {}}, "additionalProperties": False},
+                        [{"x": {"a": 1, "b": 2}}], [{"y": 1}], "loose", "exact", "exact"),
+    "closed object, typed items": ({"type": "object", "properties": {"x": {"type": "array", "items": {
+        "type": "integer"}}}, "additionalProperties": False}, [{"x": [1, 2]}], [{"x": ["s"]}], "exact", "exact", "exact"),
 }
 BACKENDS = ("xgrammar", "llguidance")
 
