@@ -205,6 +205,25 @@ def test_auto_lenient_compiles_what_strict_refuses(probe, backends):
     assert compiled.warnings, "a loose grammar must say what it does not enforce"
 
 
+def test_a_loose_lenient_grammar_is_caught_by_the_end_of_request_check(backends, tok):
+    """lenient=True compiles what auto refuses; what the grammar then lets through, validate_output
+    refuses: the path the engine takes before finish_reason="stop"."""
+    caught = 0
+    for probe, (schema, _, invalid, *_rest, auto) in PROBES.items():
+        if auto == "exact":
+            continue
+        spec = JsonSchema(schema, strict=False, lenient=True)
+        matcher = backends["auto"].matcher(backends["auto"].compile(spec))
+        for value in invalid:
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+            if matcher.accept(tok.encode(text) + [tok.eos_token_ids[0]]):
+                caught += 1
+                with pytest.raises(GrammarError):
+                    validate_output(spec, text)
+            matcher.reset()
+    assert caught >= 5, "the lenient grammars should let several invalid probes through"
+
+
 def test_lenient_is_part_of_the_cache_key():
     assert JsonSchema({"not": {}}).key != JsonSchema({"not": {}}, lenient=True).key
 
