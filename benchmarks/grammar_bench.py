@@ -27,7 +27,7 @@ from urllib.parse import unquote
 from interlock.grammars import make_backend
 from interlock.grammars.auto import AutoBackend
 from interlock.grammars.layer import AUTO_ORDER
-from interlock.protocol.errors import GrammarError
+from interlock.protocol.errors import GrammarError, SchemaKeywordError
 from interlock.protocol.grammar import GrammarConfig, JsonSchema
 
 BACKENDS = ("xgrammar", "llguidance", "auto")
@@ -167,22 +167,19 @@ def run_instance(matcher: Any, ids: list[int], eos: int, mask: Any, timings: lis
 
 
 def compile_with_timeout(pool: concurrent.futures.Executor, backend: Any, spec: JsonSchema,
-                         timeout_s: float) -> tuple[Any, float, str]:
+                         timeout_s: float) -> tuple[Any, float, str, str]:
+    """(compiled or None, ms, error, keyword a SchemaKeywordError named)."""
     start = time.perf_counter()
     future = pool.submit(backend.compile, spec)
     try:
         compiled = future.result(timeout=timeout_s)
-        return compiled, (time.perf_counter() - start) * 1e3, ""
+        return compiled, (time.perf_counter() - start) * 1e3, "", ""
     except concurrent.futures.TimeoutError:
-        return None, timeout_s * 1e3, f"timeout after {timeout_s:g} s"
+        return None, timeout_s * 1e3, f"timeout after {timeout_s:g} s", ""
+    except SchemaKeywordError as exc:
+        return None, (time.perf_counter() - start) * 1e3, str(exc), exc.keyword
     except GrammarError as exc:
-        return None, (time.perf_counter() - start) * 1e3, str(exc)
-
-
-def keyword_of(error: str) -> str:
-    """The keyword a SchemaKeywordError named (its message starts "no backend enforces ...")."""
-    prefix = "no backend enforces JSON schema keyword '"
-    return error[len(prefix):].split("'", 1)[0] if error.startswith(prefix) else ""
+        return None, (time.perf_counter() - start) * 1e3, str(exc), ""
 
 
 def bench_schema(backend: Any, pool: concurrent.futures.Executor, row: dict[str, Any], tokenizer: Any,
@@ -191,9 +188,9 @@ def bench_schema(backend: Any, pool: concurrent.futures.Executor, row: dict[str,
         spec = JsonSchema(row["schema"], strict=False)   # compliance is judged by JSON Schema itself
     except GrammarError as exc:
         return SchemaResult(False, 0.0, str(exc))
-    compiled, ms, error = compile_with_timeout(pool, backend, spec, timeout_s)
+    compiled, ms, error, keyword = compile_with_timeout(pool, backend, spec, timeout_s)
     if compiled is None:
-        return SchemaResult(False, ms, error, keyword_of(error))
+        return SchemaResult(False, ms, error, keyword)
     res = SchemaResult(True, ms)
     matcher = backend.matcher(compiled)
     mask = backend.allocate_bitmask(1)

@@ -20,7 +20,7 @@ import json
 
 import pytest
 
-from interlock.benchmarks.grammar_bench import instance_text
+from interlock.benchmarks.grammar_bench import instance_text, order_like_schema
 from interlock.benchmarks.prompts import DATASETS as DATA
 from interlock.grammars.auto import AutoBackend
 from interlock.grammars.layer import AUTO_ORDER
@@ -156,3 +156,23 @@ def test_lenient_compiles_what_auto_refuses_and_the_end_check_still_holds(row_id
         assert accepted(matcher, big_tokenizer.encode(text), eos) or not test["valid"]
         if test["valid"]:
             validate_output(spec, text)
+
+
+@pytest.mark.parametrize(("data", "schema", "keys"), [
+    ({"b": 1, "a": 2}, {"properties": {"a": {}, "b": {}}}, ["a", "b"]),
+    ({"b": 1, "a": 2}, {"$defs": {"x": {"properties": {"a": {}, "b": {}}}}, "$ref": "#/$defs/x"}, ["a", "b"]),
+    ({"b": 1, "a": 2}, {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}, ["a", "b"]),
+    ({"d": "s", "c": 1}, {"anyOf": [{"properties": {"z": {}}, "required": ["z"]},
+                                    {"properties": {"c": {"type": "integer"}, "d": {}}}]}, ["c", "d"]),
+    ({"y": 1, "x": 2, "extra": 3}, {"oneOf": [{"type": "string"}, {"properties": {"x": {}, "y": {}}}]},
+     ["x", "y", "extra"]),
+])
+def test_order_like_schema_follows_refs_and_combinators(data, schema, keys):
+    assert list(order_like_schema(data, schema)) == keys
+
+
+def test_order_like_schema_follows_prefix_items_then_items():
+    schema = {"prefixItems": [{"properties": {"a": {}, "b": {}}}], "items": {"properties": {"c": {}, "d": {}}}}
+    assert [list(x) for x in order_like_schema([{"b": 1, "a": 1}, {"d": 1, "c": 1}], schema)] == [["a", "b"], ["c", "d"]]
+    nested = {"$defs": {"n": {"properties": {"q": {}, "p": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}
+    assert list(order_like_schema({"p": {"p": {}, "q": 1}, "q": 2}, nested)["p"]) == ["q", "p"]
