@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-import structlog
 
 from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import GrammarActor, MaskBuffers
@@ -41,8 +40,9 @@ from interlock.streams.channel import ChannelClosedError
 from interlock.streams.cpu_timeline import CpuTimeline
 from interlock.streams.errors import ChannelFullError
 from interlock.streams.output import OutputStream
+from interlock.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
 
 from interlock.actors.base import Actor, Handler
 from interlock.models.detokenize import IncrementalText
@@ -37,8 +36,9 @@ from interlock.protocol.messages import (
 from interlock.protocol.sampling import Delta, RequestStats
 from interlock.protocol.types import FinishReason, RequestId, SlotId
 from interlock.streams.output import OutputStream
+from interlock.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
