@@ -27,7 +27,8 @@ from typing import Any
 from interlock.actors.base import Actor, Handler
 from interlock.models.detokenize import IncrementalText
 from interlock.models.tokenizer import Tokenizer
-from interlock.protocol.errors import EngineClosedError, KVCacheExhaustedError
+from interlock.grammars.validate import check_output
+from interlock.protocol.errors import EngineClosedError, GrammarError, KVCacheExhaustedError
 from interlock.protocol.messages import (
     AddRequest, BindGrammar, BlockTables, Cancel, Count, EngineMetrics, Free, GetMetrics, GrammarReady, GuideChunk,
     Release, RequestSnapshot, RequestSpec,
@@ -348,6 +349,9 @@ class Scheduler(Actor[object]):
         text = req.text.push(tokens, final=reason is not None)
         if req.text.stop_hit:
             reason = "stop"
+        if reason == "stop" and req.spec.grammar is not None and (bad := self._check_output(req)) is not None:
+            await self._finish(req, "error", bad)        # never a silent invalid document
+            return
         if reason is None:
             req.pending.append(Delta(text, tuple(tokens)))
         else:
@@ -359,6 +363,17 @@ class Scheduler(Actor[object]):
             # Free first, deliver after: once the caller sees the end, every Free is already queued.
             await self._release(req)
         self._flush(req)
+
+    def _check_output(self, req: _Request) -> GrammarError | None:
+        """The end-of-request check of a constrained output that ends with "stop": the error, or None."""
+        delivered = self.tokenizer.decode(req.text.ids, skip_special_tokens=True)[: req.text.emitted]
+        try:
+            check_output(req.spec.grammar, delivered)
+        except GrammarError as exc:
+            log.error("invalid_constrained_output", request_id=req.spec.request_id, step=self.step,
+                      grammar=type(req.spec.grammar).__name__, error=str(exc), output=delivered[:200])
+            return exc
+        return None
 
     def _flush(self, req: _Request) -> None:
         while req.pending and req.stream.try_put(req.pending[0]):
