@@ -203,7 +203,9 @@ class Scheduler(Actor[object]):
         rewinds, emits = [], []
         by_id = {r.request_id: r for r in event.results}
         for s in plan.snapshots:
-            req = self.requests[s.request_id]
+            req = self.requests.get(s.request_id)
+            if req is None:         # failed while this step prefilled it (its grammar did not compile): gone
+                continue
             result = by_id.get(s.request_id)
             if result is None:                                    # a prefill chunk
                 req.computed += len(s.chunk)
