@@ -228,6 +228,10 @@ class Engine:
             raise self._failure or EngineClosedError("the engine is not running (use `async with engine:`)")
         if not isinstance(sampling, SamplingParams):
             raise InvalidParameterError("sampling", f"must be a SamplingParams, got {type(sampling).__name__}")
+        if sampling.ignore_eos and grammar is not None:
+            # Once the grammar completes, the stop token is the only one it allows: there is no going on.
+            raise InvalidParameterError("ignore_eos", "cannot be combined with a grammar (a complete document "
+                                                      "ends the request); use max_tokens or drop ignore_eos")
         tokens = self._encode(prompt)
         uncond = None
         if sampling.guidance_scale is not None:

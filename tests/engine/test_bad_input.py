@@ -73,9 +73,10 @@ def _sampling(**kw) -> Callable[[Engine], Awaitable[object]]:
     return run
 
 
-async def _cancel_when(engine: Engine, ready: Callable[[dict, int], bool], prompt="JSON please", grammar=None,
-                       sampling=SamplingParams(max_tokens=200, ignore_eos=True)) -> str:
+async def _cancel_when(engine: Engine, ready: Callable[[dict, int], bool], prompt="JSON please",
+                       grammar=None) -> str:
     """Start a request in its own task, wait until `ready(resources, steps)`, cancel the task."""
+    sampling = SamplingParams(max_tokens=200, ignore_eos=grammar is None)     # long enough to be caught
     steps0 = (await engine.metrics()).steps
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as tg:
@@ -149,6 +150,8 @@ CATALOGUE: dict[str, Bad] = {
     "sampling: seed 2**70 (reduced, runs)": Bad("complete", lambda e: _complete(e, temperature=1.0, seed=2**70)),
     "sampling: seed -1 (reduced, runs)": Bad("complete", lambda e: _complete(e, temperature=1.0, seed=-1)),
     "sampling: bool seed": Bad(InvalidParameterError, _sampling(seed=True)),
+    "sampling: ignore_eos with a grammar": Bad(InvalidParameterError, lambda e: _complete(
+        e, grammar=Choice(["alpha", "beta"]), ignore_eos=True)),
     "sampling: not a SamplingParams": Bad(InvalidParameterError, lambda e: e.complete("hi", sampling={"t": 1})),
     # drafters and consumers
     "user drafter: out-of-vocabulary ids": Bad("complete", _oov_drafter,
