@@ -131,6 +131,7 @@ CATALOGUE: dict[str, Bad] = {
     "ebnf: invalid": Bad(GrammarError, lambda e: _complete(e, grammar=Ebnf("root ::= ( \"a\""))),
     "ebnf: undefined rule": Bad(GrammarError, lambda e: _complete(e, grammar=Ebnf("root ::= missing"))),
     "choice: empty list": Bad(GrammarError, lambda e: _complete(e, grammar=Choice([]))),
+    "choice: no token can produce it": Bad(RequestError, lambda e: _complete(e, grammar=Choice(["\x16"]))),
     # prompts
     "prompt: empty string": Bad(EmptyPromptError, lambda e: _complete(e, prompt="")),
     "prompt: empty message list": Bad(EmptyPromptError, lambda e: _complete(e, prompt=[])),
@@ -168,7 +169,13 @@ CATALOGUE: dict[str, Bad] = {
     "cancel: mid-step (after its first tokens)": Bad(CANCELLED, lambda e: _cancel_when(
         e, lambda r, s: r["requests"] == 2 and s >= 3)),
 }
-MARKS = {"schema: unsupported keyword (not)": needs_reliab}
+# NEEDS-STEP: per-request containment of an all-masked logits row (the step helper). The lead sets
+# this True at merge; until then these cases must fail (strict xfail): today they close the engine.
+STEP_CONTAINMENT_MERGED = False
+needs_step = pytest.mark.xfail(not STEP_CONTAINMENT_MERGED, strict=True,
+                               reason="NEEDS-STEP: an all-masked row must fail one request, not the engine")
+MARKS = {"schema: unsupported keyword (not)": needs_reliab,
+         "choice: no token can produce it": needs_step}
 
 
 def _config(**overrides) -> EngineConfig:
