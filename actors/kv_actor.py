@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-
 from interlock.actors.base import Actor, Handler
 from interlock.models.kv_cache import PagedKVCache
 from interlock.protocol.messages import BlockTables, Free, KVUsage, Reserve, Rewind

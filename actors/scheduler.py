@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from interlock.actors.base import Actor, Handler
 from interlock.models.detokenize import IncrementalText
 from interlock.models.tokenizer import Tokenizer

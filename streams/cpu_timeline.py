@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-
 from interlock.streams.errors import LaneFullError, TimelineClosedError, TimelineError
 from interlock.streams.timeline import DeviceEvent, LaneName, LaneStatistics, TimelineStatistics
 from interlock.logs import get_logger
