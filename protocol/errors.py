@@ -38,6 +38,14 @@ class GrammarError(RequestError):
     """A grammar spec could not be compiled (bad spec, unsupported feature, over a cap, timeout)."""
 
 
+class SamplingError(RequestError):
+    """A step could not sample this request: its logits row had a NaN or allowed no token at all."""
+
+
+class DrafterError(RequestError):
+    """A drafter (a user-provided one, typically) raised for this request."""
+
+
 # --- capacity --------------------------------------------------------------------------------
 
 class CapacityError(InterlockError):
