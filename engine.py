@@ -240,8 +240,10 @@ class Engine:
                                                    on_cancel=lambda: self._cancel(rid))
         self._streams[rid] = stream
         spec = RequestSpec(rid, tuple(tokens), grammar, sampling, tuple(uncond) if uncond is not None else None)
+        submitted = False
         try:
             await self._scheduler.send(Submit(spec, stream))
+            submitted = True
             if grammar is not None:
                 await self._compile(rid, grammar)
             async for delta in stream:
@@ -250,6 +252,8 @@ class Engine:
             raise self._failure or EngineClosedError("the engine was closed") from exc
         finally:
             stream.cancel()
+            if not submitted:               # cancelled before the scheduler got it: nobody else forgets it
+                self._streams.pop(rid, None)
 
     def _encode(self, prompt: str | Sequence[Message]) -> list[int]:
         tokens = self.tokenizer.encode_prompt(prompt)

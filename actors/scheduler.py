@@ -7,95 +7,33 @@ every part's queue and enqueues the whole step on the lanes (one event-loop entr
 token event reaches the loop (the second entry) it updates each request, launches the next step at
 once, and only then delivers the finished step's outputs, which the next step's lanes hide.
 
-Prompt chunks sit at fixed boundaries (multiples of `prefill_chunk`) so a request's prefill is
-computed the same way whatever else shares its steps: with the batch-invariant forward, a request
-produces exactly the tokens it produces alone.
-
-A request with classifier-free guidance owns a second KV sequence, its unconditional companion
-(RequestSnapshot.guide): admitted with the blocks both can ever need, prefilled side by side,
-sampled only when both prefills are done, fed the same tokens, rewound and freed together.
+What a step holds, and what a request is promised, is planned in actors/planner.py. A request
+with classifier-free guidance owns a second KV sequence (its companion): admitted with the blocks
+both can ever need, fed the same tokens, rewound by the same amount and freed together.
 """
 from __future__ import annotations
 
-import enum
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import structlog
 
 from interlock.actors.base import Actor, Handler
 from interlock.actors.delivery import Output
+from interlock.actors.planner import Phase, SchedulerConfig, blocks_for, plan_step
+from interlock.actors.planner import Request as _Request
 from interlock.actors.step import StepProgram
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import EngineClosedError, KVCacheExhaustedError
 from interlock.protocol.messages import (
-    AddRequest, BindGrammar, BlockTables, Cancel, Count, EngineMetrics, Free, GetMetrics, GrammarReady, GuideChunk,
-    Promise, Release, RequestSnapshot, Reserve, Rewind, StepPlan, Submit, TokenEvent, Wake,
+    AddRequest, BindGrammar, BlockTables, Cancel, Count, EngineMetrics, Free, GetMetrics, GrammarReady, Promise,
+    Release, Reserve, Rewind, StepPlan, Submit, TokenEvent, Wake,
 )
 from interlock.protocol.types import FinishReason, RequestId, SlotId
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    max_batch_size: int
-    max_draft_len: int              # K; 0 without speculation
-    prefill_chunk: int = 256
-    max_step_tokens: int = 512      # token budget of one step (decode rows + prompt chunks)
-    max_position: int = 2048
-    block_size: int = 16
-    num_blocks: int = 1024
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.prefill_chunk < 1 or self.max_draft_len < 0:
-            raise ValueError("max_batch_size and prefill_chunk must be >= 1, max_draft_len >= 0")
-        if self.max_step_tokens < self.max_batch_size * (self.max_draft_len + 1):
-            raise ValueError("max_step_tokens must fit one decode step of a full batch")
-
-
-class Phase(enum.Enum):
-    """A request's lifecycle here: WAITING -> RUNNING -> (DRAINING ->) gone."""
-
-    WAITING = "waiting"       # no slot yet
-    RUNNING = "running"       # holds a slot; prefilling, waiting for its grammar, or decoding
-    DRAINING = "draining"     # released everywhere; its final deltas wait for a slow consumer
-
-
-@dataclass
-class _Request:
-    """The scheduler's private, mutable view of one request (nobody else sees it)."""
-
-    out: Output
-    seq: int
-    guide_seq: int | None
-    blocks: int                             # KV blocks it can ever hold (promised at admission)
-    phase: Phase = Phase.WAITING
-    grammar: str = "none"                   # "none" | "pending" | "ready"
-    slot: SlotId = -1
-    computed: int = 0                       # positions with K/V written (committed)
-    guide_computed: int = 0
-    compiled: Any = None                    # a grammar that compiled before the request had a slot
-
-    @property
-    def spec(self):  # noqa: ANN201 - RequestSpec
-        return self.out.spec
-
-    @property
-    def last_token(self) -> int:
-        return self.out.output[-1] if self.out.output else self.spec.prompt[-1]
-
-    @property
-    def prefilling(self) -> bool:
-        guide = self.spec.uncond_prompt
-        return self.computed < len(self.spec.prompt) - 1 or (guide is not None and self.guide_computed < len(guide) - 1)
-
-    @property
-    def seqs(self) -> tuple[int, ...]:
-        return (self.seq,) if self.guide_seq is None else (self.seq, self.guide_seq)
 
 
 class Scheduler(Actor[object]):
@@ -166,7 +104,7 @@ class Scheduler(Actor[object]):
             guide_seq, self._next_seq = self._next_seq, self._next_seq + 1
         req = _Request(Output.new(spec, msg.stream, self.tokenizer), seq, guide_seq, 0,
                        grammar="pending" if spec.grammar is not None else "none")
-        req.blocks = self._blocks_for(req)
+        req.blocks = blocks_for(req.spec, self.config)
         if req.blocks > self.config.num_blocks:
             guide = f", CFG companion prompt {len(spec.uncond_prompt)}" if spec.uncond_prompt is not None else ""
             msg.stream.fail(KVCacheExhaustedError(
@@ -267,16 +205,18 @@ class Scheduler(Actor[object]):
             return
         start = time.perf_counter()
         for req in list(self.requests.values()):
-            if req.out.stream.state == "cancelled":
+            if req.out.stream.state == "cancelled" and req.phase is not Phase.DRAINING:
                 await self._release(req)
             elif req.out.pending:
                 req.out.flush()
-                if req.phase is Phase.DRAINING and (not req.out.pending or req.out.stream.state != "open"):
-                    self._forget(req)
+            if req.phase is Phase.DRAINING and (not req.out.pending or req.out.stream.state != "open"):
+                self._forget(req)
         await self._admit()
-        plan = self._plan()
-        if plan is None:
+        snaps = plan_step(self.running, self.config)
+        if not snaps:
             return
+        self.step += 1
+        plan = StepPlan(self.step, snaps, self.config.max_draft_len)
         # Admission promised every request its blocks, so this reservation cannot run out.
         items = []
         for s in plan.snapshots:
@@ -303,48 +243,6 @@ class Scheduler(Actor[object]):
             if req.compiled is not None:
                 await self.grammar.send(BindGrammar(req.slot, req.compiled))
                 req.compiled = None
-
-    def _plan(self) -> StepPlan | None:
-        k = self.config.max_draft_len
-        budget = self.config.max_step_tokens
-        snaps: list[RequestSnapshot] = []
-        for slot in sorted(self.running):           # decode rows first: they keep latency low
-            req = self.running[slot]
-            if req.prefilling or req.out.pending or not req.out.stream.has_room() or req.grammar == "pending":
-                continue                            # a pending grammar: prefilled, sampled once ready
-            guide = None
-            if req.guide_seq is not None:
-                assert req.spec.uncond_prompt is not None
-                last = req.out.output[-1] if req.out.output else req.spec.uncond_prompt[-1]
-                guide = GuideChunk(req.guide_seq, req.guide_computed, (last,))
-            snaps.append(RequestSnapshot(req.spec.request_id, slot, req.seq, req.computed, (req.last_token,),
-                                         True, req.grammar == "ready", req.spec.sampling, guide))
-            budget -= (1 + k) * len(req.seqs)
-        for slot in sorted(self.running):           # then prompt chunks, whole chunks only
-            req = self.running[slot]
-            if not req.prefilling:
-                continue
-            chunk = self._next_chunk(req.spec.prompt, req.computed)
-            guide = None
-            if req.guide_seq is not None:
-                assert req.spec.uncond_prompt is not None
-                guide = GuideChunk(req.guide_seq, req.guide_computed,
-                                   self._next_chunk(req.spec.uncond_prompt, req.guide_computed))
-            n = len(chunk) + (len(guide.chunk) if guide is not None else 0)
-            if n > budget and snaps:
-                break
-            snaps.append(RequestSnapshot(req.spec.request_id, slot, req.seq, req.computed, chunk, False,
-                                         req.grammar != "none", req.spec.sampling, guide))
-            budget -= n
-        if not snaps:
-            return None
-        self.step += 1
-        return StepPlan(self.step, tuple(snaps), k)
-
-    def _next_chunk(self, prompt: tuple[int, ...], computed: int) -> tuple[int, ...]:
-        """The prompt's next prefill chunk (up to the next multiple of prefill_chunk; never its last token)."""
-        c = self.config.prefill_chunk
-        return tuple(prompt[computed: min((computed // c + 1) * c, len(prompt) - 1)])
 
     # --- the finish path ----------------------------------------------------------------------
 
@@ -383,17 +281,9 @@ class Scheduler(Actor[object]):
 
     def _forget(self, req: _Request) -> None:
         """The request is gone: every Free for it is queued and its stream has everything."""
+        if req.spec.request_id not in self.requests:
+            return
         if req.out.stream.state == "open":
             req.out.stream.fail(EngineClosedError("request dropped"))
         self.requests.pop(req.spec.request_id, None)
         self.on_done(req.spec.request_id)
-
-    def _blocks_for(self, req: _Request) -> int:
-        """Blocks the request (and its CFG companion) can ever hold: promised at admission, all at once."""
-        prompts = [req.spec.prompt] + ([req.spec.uncond_prompt] if req.spec.uncond_prompt is not None else [])
-        total = 0
-        for prompt in prompts:
-            positions = min(len(prompt) + req.spec.sampling.max_tokens + self.config.max_draft_len + 1,
-                            self.config.max_position + self.config.max_draft_len + 1)
-            total += -(-positions // self.config.block_size)
-        return total
