@@ -83,7 +83,9 @@ def plan_step(running: dict[SlotId, Request], config: SchedulerConfig) -> tuple[
     snaps: list[RequestSnapshot] = []
     for slot in sorted(running):           # decode rows first: they keep latency low
         req = running[slot]
-        if req.prefilling or req.out.pending or not req.out.stream.has_room() or req.grammar == "pending":
+        # The last step's delta may still be queued (it is delivered while this step runs); more
+        # than that, or a full stream, means a slow consumer: the request pauses.
+        if req.prefilling or len(req.out.pending) > 1 or not req.out.stream.has_room() or req.grammar == "pending":
             continue                            # a pending grammar: prefilled, sampled once ready
         guide = None
         if req.guide_seq is not None:
