@@ -254,7 +254,6 @@ async def test_replayed_events_get_fresh_generations_like_eager_steps(timeline: 
         mask = timeline.new_event()
         order: list[str] = []
         gate = threading.Event()
-        step = iter(range(100))
         counter = {"g": 0}
 
         def grammar_op() -> None:
@@ -279,7 +278,6 @@ async def test_replayed_events_get_fresh_generations_like_eager_steps(timeline: 
         await timeline.model.synchronize()
         model = [int(x[1:]) for x in order if x.startswith("m")]
         assert len(model) == 2 and model[0] >= 1 and model[1] >= 2, order   # replay i's model op saw g_i
-        assert next(step) == 0
 
 
 def test_capture_does_not_nest_and_an_error_discards_the_program(timeline: CpuTimeline) -> None:
