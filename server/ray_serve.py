@@ -22,8 +22,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from interlock.server.config import ServerConfig
 
+log = structlog.get_logger(__name__)
 DEPLOYMENT = "interlock"
 
 
@@ -139,3 +142,30 @@ def app_builder(args: dict[str, str]) -> Any:
     return build_app(model, ServerConfig(model_name=args.get("model_name", model), api_key=args.get("api_key")),
                      replicas)
 
+
+
+def run_replicas(model: str, server: ServerConfig, replicas: ReplicaConfig, num_cpus: int | None = None) -> None:
+    """`interlock serve --replicas N`: start (or join, when RAY_ADDRESS is set) Ray, run the
+    deployment with Serve's proxy on server.host:port, block until SIGINT / SIGTERM, then drain
+    (Ray waits `graceful_shutdown_timeout_s` for requests in flight) and shut Serve and Ray down."""
+    import signal
+    import threading
+
+    import ray
+    from ray import serve
+
+    stop = threading.Event()
+    ray.init(num_cpus=num_cpus, include_dashboard=False)
+    # after ray.init, which installs its own SIGTERM handler (it would kill the driver without a drain)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        serve.start(http_options={"host": server.host, "port": server.port})
+        serve.run(build_app(model, server, replicas), name=DEPLOYMENT, route_prefix="/", blocking=False)
+        log.info("replicas_ready", model=model, url=f"http://{server.host}:{server.port}/v1",
+                 min_replicas=replicas.min_replicas, max_replicas=replicas.max_replicas)
+        stop.wait()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
