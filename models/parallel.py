@@ -17,6 +17,7 @@ TP=W equals TP=1 up to the order of the W partial sums in o and down (fp32 round
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -141,6 +142,7 @@ class ShardedTransformer(Transformer):
         self.shard = shard
         self.full_vocab = vocab_size
         self.group: dist.ProcessGroup | None = None     # set once torch.distributed is initialised
+        self.collective_s = 0.0                          # time spent in collectives (benchmarks read it)
 
     def forward(self, batch: ForwardBatch, kv: PagedKVCache, *, n_layers: int | None = None,
                 head: nn.Module | None = None) -> torch.Tensor:
@@ -159,17 +161,25 @@ class ShardedTransformer(Transformer):
     # tensors made outside inference mode (one copy of an [T, E] activation per layer).
 
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
+        if self.shard.world == 1:           # nothing to add; gloo would still hand off to its thread
+            return y
         with torch.inference_mode(False):
             y = y.clone()
+            start = time.perf_counter()
             dist.all_reduce(y, group=self.group)
+            self.collective_s += time.perf_counter() - start
         return y
 
     def _logits(self, x: torch.Tensor, head: nn.Module) -> torch.Tensor:
         out = head(x)
+        if self.shard.world == 1:
+            return out[:, : self.full_vocab]
         with torch.inference_mode(False):
             local = out.clone()                                             # [R, Vl]
             parts = [torch.empty_like(local) for _ in range(self.shard.world)] if self.shard.rank == 0 else None
+            start = time.perf_counter()
             dist.gather(local, parts, dst=0, group=self.group)
+            self.collective_s += time.perf_counter() - start
         if parts is None:
             return local.new_empty(0)
         return torch.cat(parts, dim=1)[:, : self.full_vocab]               # [R, V]

@@ -68,6 +68,7 @@ class TPStats:
     steps: int = 0
     broadcast_bytes: int = 0            # step bytes sent to *each* rank, summed over steps
     last_broadcast_bytes: int = 0
+    collective_s: float = 0.0           # rank 0's time inside all-reduce / gather, summed over steps
 
 
 class TensorParallelGroup:
@@ -170,6 +171,7 @@ class TensorParallelGroup:
         reply = self._expect(self._conns[0], "ok", deadline, f"step {index}")
         if reply[1] != index or reply[2] != rows:
             raise self._fail(f"rank 0 answered {reply} to step {index} with {rows} rows")
+        self.stats.collective_s = reply[3]
         return self._logits[:rows].clone()
 
     def _expect(self, conn: Connection, kind: str, deadline: float, what: str) -> tuple:

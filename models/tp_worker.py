@@ -22,7 +22,7 @@ from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.linear import Weights
-from interlock.models.parallel import Shard, load_shard
+from interlock.models.parallel import Shard, ShardedTransformer, load_shard
 from interlock.models.shard_sources import open_source
 from interlock.protocol.messages import BlockTables
 from interlock.protocol.types import Dtype
@@ -87,7 +87,7 @@ def worker_main(rank: int, spec: WorkerSpec, conn: Connection, logits: torch.Ten
             dist.destroy_process_group()
 
 
-def _serve(rank: int, model: torch.nn.Module, kv: PagedKVCache, conn: Connection,
+def _serve(rank: int, model: ShardedTransformer, kv: PagedKVCache, conn: Connection,
            logits: torch.Tensor | None) -> None:
     while True:
         msg = pickle.loads(conn.recv_bytes())
@@ -97,4 +97,4 @@ def _serve(rank: int, model: torch.nn.Module, kv: PagedKVCache, conn: Connection
         if rank == 0:
             assert logits is not None
             logits[: out.shape[0]].copy_(out)
-            conn.send(("ok", msg.index, out.shape[0]))
+            conn.send(("ok", msg.index, out.shape[0], model.collective_s))
