@@ -2,10 +2,12 @@
 
     with TensorParallelGroup("tiny", TPConfig(world=2, num_blocks=64)) as tp:
         logits = tp.forward(chunks, block_tables)           # [R, V] fp32, like Transformer.forward
+        logits = TensorParallelModel(tp, "int8")(batch, kv) # a drop-in for Transformer in the model lane
 
 The engine's process is no rank: it owns the block tables, the grammar and the sampler, and talks to
-the ranks through one pipe each. A step is pickled once and the same bytes go down every pipe (the
-one broadcast per step; tokens, positions, drafts and block tables, a few hundred bytes). Rank 0
+the ranks through one pipe each. A step (its packed batch as ints: tokens with the drafts, positions,
+KV slots, block tables; models/wire.py) is pickled once and the same bytes go down every pipe: the
+one broadcast per step, under a kilobyte for a decode step. Rank 0
 writes the gathered logits into a shared-memory tensor and answers with the row count, so logits
 are never pickled. torch.distributed stays inside the workers: a failed collective cannot leave the
 engine's process with a broken global process group.
@@ -31,12 +33,13 @@ import structlog
 import torch
 import torch.multiprocessing as mp
 
-from interlock.models.batch import SeqChunk
+from interlock.models.batch import ForwardBatch, SeqChunk, build_batch
 from interlock.models.config import ModelConfig
 from interlock.models.linear import Weights
 from interlock.models.parallel import Shard
 from interlock.models.shard_sources import open_source
 from interlock.models.tp_worker import Step, Stop, WorkerSpec, worker_main
+from interlock.models.wire import to_wire
 from interlock.protocol.errors import EngineClosedError, WorkerError
 from interlock.protocol.messages import BlockTables
 from interlock.protocol.types import Dtype
@@ -149,16 +152,21 @@ class TensorParallelGroup:
 
     def forward(self, chunks: list[SeqChunk] | tuple[SeqChunk, ...], kv: BlockTables,
                 n_layers: int | None = None) -> torch.Tensor:
-        """The step's logits [R, V] fp32 (a fresh tensor). Raises WorkerError, EngineClosedError."""
+        """The logits [R, V] fp32 of these chunks (a fresh tensor). Raises WorkerError, EngineClosedError."""
+        return self.forward_batch(build_batch(list(chunks), kv), n_layers)
+
+    def forward_batch(self, batch: ForwardBatch, n_layers: int | None = None) -> torch.Tensor:
+        """Transformer.forward's contract for an already packed batch (the KV storage is the ranks')."""
         if self._failure is not None:
             raise self._failure
         if self._closed or not self._procs:
             raise EngineClosedError("the tensor-parallel group is not running")
-        rows = sum(len(c.logit_rows) for c in chunks)
+        wire = to_wire(batch)
+        rows = wire.num_rows
         if rows > self.config.max_rows:
             raise ValueError(f"a step asks for {rows} logit rows; the group was sized for {self.config.max_rows}")
         index = self.stats.steps
-        payload = pickle.dumps(Step(index, tuple(chunks), kv, n_layers), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps(Step(index, wire, n_layers), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             for conn in self._conns:
                 conn.send_bytes(payload)
@@ -227,3 +235,20 @@ class TensorParallelGroup:
             self._reap(0.0)
             shutil.rmtree(self._store_dir, ignore_errors=True)
         return self._failure
+
+
+class TensorParallelModel:
+    """Stands where a Transformer stands (`model(batch, kv)` -> [R, V] logits) with the forward on a
+    TensorParallelGroup: the caller keeps its PagedKVCache for the block tables; the K/V storage
+    that matters is the ranks' (each holds its KV heads)."""
+
+    def __init__(self, group: TensorParallelGroup, weights: Weights) -> None:
+        self.group = group
+        self.config = group.model_config
+        self.weights = weights
+
+    def __call__(self, batch: ForwardBatch, kv: object = None, *, n_layers: int | None = None,
+                 head: object = None) -> torch.Tensor:
+        if head is not None:
+            raise ValueError("a pruned draft head is not supported under tensor parallelism")
+        return self.group.forward_batch(batch, n_layers)

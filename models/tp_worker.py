@@ -2,7 +2,7 @@
 
 Each rank loads only its shard, keeps its own KV storage (its Hkvl heads of every block; the block
 *tables* live with the engine and arrive with each step), and then, per step: receive the step's
-bytes, build the same ForwardBatch every rank builds, run the sharded forward (the collectives meet
+bytes, rebuild the step's ForwardBatch (the same on every rank), run the sharded forward (the collectives meet
 inside it), and — rank 0 only — write the gathered logits into the shared-memory buffer and say how
 many rows. The worker exits on Stop, on end-of-file (its parent is gone) or on the first error,
 which it reports first when it can.
@@ -18,13 +18,12 @@ from multiprocessing.connection import Connection
 import torch
 import torch.distributed as dist
 
-from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.linear import Weights
 from interlock.models.parallel import Shard, ShardedTransformer, load_shard
 from interlock.models.shard_sources import open_source
-from interlock.protocol.messages import BlockTables
+from interlock.models.wire import WireBatch, from_wire
 from interlock.protocol.types import Dtype
 
 
@@ -47,11 +46,11 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class Step:
-    """The one message a step sends to every rank: tokens, positions and drafts are in the chunks."""
+    """The one message a step sends to every rank: its tokens (drafts included), positions, KV
+    slots and block tables, as ints (models/wire.py)."""
 
     index: int
-    chunks: tuple[SeqChunk, ...]
-    kv: BlockTables
+    batch: WireBatch
     n_layers: int | None = None
 
 
@@ -93,7 +92,7 @@ def _serve(rank: int, model: ShardedTransformer, kv: PagedKVCache, conn: Connect
         msg = pickle.loads(conn.recv_bytes())
         if isinstance(msg, Stop):
             return
-        out = model(build_batch(list(msg.chunks), msg.kv), kv, n_layers=msg.n_layers)
+        out = model(from_wire(msg.batch), kv, n_layers=msg.n_layers)
         if rank == 0:
             assert logits is not None
             logits[: out.shape[0]].copy_(out)

@@ -10,6 +10,9 @@ from interlock.models.loader import load_model
 from interlock.models.parallel import Shard, load_shard, local_config
 from interlock.models.shard_sources import StateDictSource, hf_state_of, open_source
 from interlock.protocol.errors import UnsupportedModelError
+from interlock.models.batch import SeqChunk, build_batch
+from interlock.models.kv_cache import PagedKVCache
+from interlock.models.wire import from_wire, to_wire
 
 
 def expected_slices(full: torch.nn.Module, shard: Shard) -> dict[str, torch.Tensor]:
@@ -73,3 +76,23 @@ def test_gguf_shards_come_from_the_quantized_bytes() -> None:
     config, source, inv_freq = open_source("smollm2-135m-instruct")
     for rank in range(3):
         check_shard(full, load_shard(source, config, Shard(rank, 3), inv_freq, "float"), Shard(rank, 3))
+
+
+def test_a_batch_survives_the_wire() -> None:
+    """What a step sends to the ranks rebuilds the same ForwardBatch, masks of prompt chunks included."""
+    config, _, _ = open_source("tiny")
+    kv = PagedKVCache(config, 16, 4)
+    for seq, n in ((0, 30), (1, 3)):
+        kv.add_sequence(seq)
+        kv.reserve(seq, n)
+    kv.rewind(0, 0)
+    batch = build_batch([SeqChunk(0, tuple(range(30)), 0, (29,)), SeqChunk(1, (5, 6, 7), 0, (0, 1, 2))], kv)
+    back = from_wire(to_wire(batch))
+    for name in ("input_ids", "positions", "write_slots", "logit_index", "row_index"):
+        assert torch.equal(getattr(back, name), getattr(batch, name)), name
+    assert back.dense == batch.dense
+    for a, b in zip(back.seqs, batch.seqs):
+        assert (a.offset, a.length, a.start, a.first_slot) == (b.offset, b.length, b.start, b.first_slot)
+        assert torch.equal(a.blocks, b.blocks)
+        assert (a.mask is None and b.mask is None) or torch.equal(a.mask, b.mask)
+    assert batch.seqs[0].mask is not None and batch.seqs[1].mask is None

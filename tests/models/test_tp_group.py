@@ -16,7 +16,7 @@ from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.llama import random_transformer
 from interlock.models.shard_sources import open_source
-from interlock.models.tp_group import TensorParallelGroup, TPConfig
+from interlock.models.tp_group import TensorParallelGroup, TensorParallelModel, TPConfig
 from interlock.protocol.errors import EngineError, UnsupportedModelError, WorkerError
 from interlock.protocol.messages import BlockTables
 
@@ -64,9 +64,11 @@ def test_tp2_logits_equal_tp1_within_fp32_roundoff(tp_float: TensorParallelGroup
     config, _, _ = open_source("tiny")
     ref = random_transformer(config, seed=0).build("float")
     kv = PagedKVCache(config, BLOCKS, 16)
-    for chunks in prompt_and_steps(kv):
+    as_model = TensorParallelModel(tp_float, "float")
+    for i, chunks in enumerate(prompt_and_steps(kv)):
         want = ref(build_batch(chunks, kv), kv)
-        got = tp_float.forward(chunks, tables(kv))
+        # both entry points: chunks + block tables, and a packed batch as a Transformer takes it
+        got = tp_float.forward(chunks, tables(kv)) if i % 2 else as_model(build_batch(chunks, kv), kv)
         assert got.shape == want.shape == (sum(len(c.logit_rows) for c in chunks), config.vocab_size)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
