@@ -58,6 +58,7 @@ class TPConfig:
     start_timeout_s: float = 120.0      # spawn + import + load a shard
     step_timeout_s: float = 30.0        # one forward, collectives included
     threads_per_rank: int = 1
+    draft_cache: tuple[int, int] | None = None  # (blocks, layers) of the ranks' second KV pool (a self-draft)
 
     def __post_init__(self) -> None:
         if self.world < 1 or self.num_blocks < 1 or self.max_rows < 1:
@@ -85,7 +86,8 @@ class TensorParallelGroup:
         self._store_dir = Path(tempfile.mkdtemp(prefix="interlock-tp-"))
         self._spec = WorkerSpec(model, self.model_config, config.world, f"file://{self._store_dir / 'store'}", weights, dtype, seed,
                                 config.num_blocks, config.block_size,
-                                collective_timeout_s=config.step_timeout_s, threads=config.threads_per_rank)
+                                collective_timeout_s=config.step_timeout_s, threads=config.threads_per_rank,
+                                draft_cache=config.draft_cache)
         self._logits = torch.zeros(config.max_rows, self.model_config.vocab_size).share_memory_()
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
@@ -151,11 +153,11 @@ class TensorParallelGroup:
     # --- steps -------------------------------------------------------------------------------
 
     def forward(self, chunks: list[SeqChunk] | tuple[SeqChunk, ...], kv: BlockTables,
-                n_layers: int | None = None) -> torch.Tensor:
+                n_layers: int | None = None, cache: int = 0) -> torch.Tensor:
         """The logits [R, V] fp32 of these chunks (a fresh tensor). Raises WorkerError, EngineClosedError."""
-        return self.forward_batch(build_batch(list(chunks), kv), n_layers)
+        return self.forward_batch(build_batch(list(chunks), kv), n_layers, cache)
 
-    def forward_batch(self, batch: ForwardBatch, n_layers: int | None = None) -> torch.Tensor:
+    def forward_batch(self, batch: ForwardBatch, n_layers: int | None = None, cache: int = 0) -> torch.Tensor:
         """Transformer.forward's contract for an already packed batch (the KV storage is the ranks')."""
         if self._failure is not None:
             raise self._failure
@@ -163,10 +165,12 @@ class TensorParallelGroup:
             raise EngineClosedError("the tensor-parallel group is not running")
         wire = to_wire(batch)
         rows = wire.num_rows
+        if cache not in (0, 1) or (cache == 1 and self.config.draft_cache is None):
+            raise ValueError(f"no KV pool {cache} on the ranks")
         if rows > self.config.max_rows:
             raise ValueError(f"a step asks for {rows} logit rows; the group was sized for {self.config.max_rows}")
         index = self.stats.steps
-        payload = pickle.dumps(Step(index, wire, n_layers), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps(Step(index, wire, n_layers, cache), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             for conn in self._conns:
                 conn.send_bytes(payload)
@@ -242,13 +246,14 @@ class TensorParallelModel:
     TensorParallelGroup: the caller keeps its PagedKVCache for the block tables; the K/V storage
     that matters is the ranks' (each holds its KV heads)."""
 
-    def __init__(self, group: TensorParallelGroup, weights: Weights) -> None:
+    def __init__(self, group: TensorParallelGroup, weights: Weights, cache: int = 0) -> None:
         self.group = group
         self.config = group.model_config
         self.weights = weights
+        self.cache = cache                  # which of the ranks' KV pools: 1 for a self-draft's
 
     def __call__(self, batch: ForwardBatch, kv: object = None, *, n_layers: int | None = None,
                  head: object = None) -> torch.Tensor:
         if head is not None:
             raise ValueError("a pruned draft head is not supported under tensor parallelism")
-        return self.group.forward_batch(batch, n_layers)
+        return self.group.forward_batch(batch, n_layers, self.cache)

@@ -42,6 +42,7 @@ class WorkerSpec:
     block_size: int
     collective_timeout_s: float
     threads: int
+    draft_cache: tuple[int, int] | None = None     # (blocks, layers) of a second KV pool: a self-draft's
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Step:
     index: int
     batch: WireBatch
     n_layers: int | None = None
+    cache: int = 0                 # 0: the target's KV pool; 1: the draft's (WorkerSpec.draft_cache)
 
 
 @dataclass(frozen=True)
@@ -70,9 +72,12 @@ def worker_main(rank: int, spec: WorkerSpec, conn: Connection, logits: torch.Ten
         model = load_shard(source, config, Shard(rank, spec.world), inv_freq, spec.weights)
         del source
         model.group = dist.group.WORLD
-        kv = PagedKVCache(model.config, spec.num_blocks, spec.block_size)
+        caches = [PagedKVCache(model.config, spec.num_blocks, spec.block_size)]
+        if spec.draft_cache is not None:
+            blocks, layers = spec.draft_cache
+            caches.append(PagedKVCache(model.config.replace(n_layers=layers), blocks, spec.block_size))
         conn.send(("ready", rank))
-        _serve(rank, model, kv, conn, logits)
+        _serve(rank, model, caches, conn, logits)
     except EOFError:
         pass                                                # the parent is gone: just exit
     except BaseException as exc:                            # noqa: BLE001 - reported, then the process ends
@@ -86,13 +91,13 @@ def worker_main(rank: int, spec: WorkerSpec, conn: Connection, logits: torch.Ten
             dist.destroy_process_group()
 
 
-def _serve(rank: int, model: ShardedTransformer, kv: PagedKVCache, conn: Connection,
+def _serve(rank: int, model: ShardedTransformer, caches: list[PagedKVCache], conn: Connection,
            logits: torch.Tensor | None) -> None:
     while True:
         msg = pickle.loads(conn.recv_bytes())
         if isinstance(msg, Stop):
             return
-        out = model(from_wire(msg.batch), kv, n_layers=msg.n_layers)
+        out = model(from_wire(msg.batch), caches[msg.cache], n_layers=msg.n_layers)
         if rank == 0:
             assert logits is not None
             logits[: out.shape[0]].copy_(out)

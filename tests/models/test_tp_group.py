@@ -37,7 +37,8 @@ def gone(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def tp_float() -> Iterator[TensorParallelGroup]:
-    with TensorParallelGroup("tiny", TPConfig(world=2, num_blocks=BLOCKS), weights="float") as tp:
+    config = TPConfig(world=2, num_blocks=BLOCKS, draft_cache=(BLOCKS, 1))
+    with TensorParallelGroup("tiny", config, weights="float") as tp:
         yield tp
     assert all(gone(pid) for pid in tp.pids)
 
@@ -74,6 +75,33 @@ def test_tp2_logits_equal_tp1_within_fp32_roundoff(tp_float: TensorParallelGroup
         assert torch.equal(got.argmax(-1), want.argmax(-1))
     assert tp_float.stats.steps >= 3
     assert 0 < tp_float.stats.last_broadcast_bytes < 4096       # tokens and tables, not tensors
+
+
+def test_a_self_draft_runs_on_its_own_kv_pool(tp_float: TensorParallelGroup) -> None:
+    """The first layer as a draft model, on the ranks' second pool: the target's K/V are untouched
+    (a target step after the draft steps still equals TP=1)."""
+    config, _, _ = open_source("tiny")
+    ref = random_transformer(config, seed=0).build("float")
+    target_kv, draft_kv = PagedKVCache(config, BLOCKS, 16), PagedKVCache(config.replace(n_layers=1), BLOCKS, 16)
+    draft = TensorParallelModel(tp_float, "float", cache=1)
+    for kv in (target_kv, draft_kv):
+        for seq in (0, 1):
+            kv.add_sequence(seq)
+        kv.reserve(0, 9)
+        kv.reserve(1, 3)
+    chunks = [SeqChunk(0, tuple(range(20, 29)), 0, (8,)), SeqChunk(1, (3, 4, 5), 0, (0, 1, 2))]
+    target_want = ref(build_batch(chunks, target_kv), target_kv)
+    torch.testing.assert_close(tp_float.forward(chunks, tables(target_kv)), target_want, rtol=1e-5, atol=1e-4)
+    # other tokens at the same slots: had the draft written into the target's pool, the last step would differ
+    drafts = [SeqChunk(0, tuple(range(60, 69)), 0, (8,)), SeqChunk(1, (9, 9, 9), 0, (0, 1, 2))]
+    draft_want = ref(build_batch(drafts, draft_kv), draft_kv, n_layers=1)
+    torch.testing.assert_close(draft(build_batch(drafts, draft_kv), draft_kv, n_layers=1), draft_want,
+                               rtol=1e-5, atol=1e-4)
+    for kv in (target_kv, draft_kv):
+        kv.reserve(0, 2)
+    step = [SeqChunk(0, (40, 41), 9, (0, 1))]
+    torch.testing.assert_close(tp_float.forward(step, tables(target_kv)), ref(build_batch(step, target_kv), target_kv),
+                               rtol=1e-5, atol=1e-4)
 
 
 def test_int8_tp_is_batch_invariant() -> None:
