@@ -148,6 +148,9 @@ def bench_replicas(args: argparse.Namespace) -> dict:
                       route_prefix="/", blocking=False)
             out[f"{n} replica(s)"] = asyncio.run(_load(f"http://127.0.0.1:{port}", prompts, args))
             serve.delete(DEPLOYMENT)
+        texts = {name: [r["text"] for r in run["results"]] for name, run in out.items()}
+        for run in out.values():
+            run["same_texts_as_1_replica"] = texts["1 replica(s)"] == [r["text"] for r in run["results"]]
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -217,9 +220,9 @@ def main() -> None:
         reps = result["replicas"] = bench_replicas(args)
         one = reps["1 replica(s)"]["tokens_per_s"]
         print_table(f"{args.model}, {args.requests} requests, concurrency {args.concurrency}, {args.max_tokens} tokens",
-                    ["deployment", "ok", "output tok/s", "vs 1 replica", "replicas used"],
+                    ["deployment", "ok", "output tok/s", "vs 1 replica", "replicas used", "same texts"],
                     [[name, f"{r['ok']}/{r['requests']}", r["tokens_per_s"], f"{r['tokens_per_s'] / one:.2f}x",
-                      r["replicas_used"]] for name, r in reps.items()])
+                      r["replicas_used"], r["same_texts_as_1_replica"]] for name, r in reps.items()])
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"scale-{time.strftime('%Y-%m-%d')}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
