@@ -2,7 +2,7 @@
 
     with TensorParallelGroup("tiny", TPConfig(world=2, num_blocks=64)) as tp:
         logits = tp.forward(chunks, block_tables)           # [R, V] fp32, like Transformer.forward
-        logits = TensorParallelModel(tp, "int8")(batch, kv) # a drop-in for Transformer in the model lane
+        logits = TensorParallelModel.on(tp, "int8")(batch, kv)   # stands in for a Transformer
 
 The engine's process is no rank: it owns the block tables, the grammar and the sampler, and talks to
 the ranks through one pipe each. A step (its packed batch as ints: tokens with the drafts, positions,
@@ -19,11 +19,12 @@ them, so no process is left behind; every later call raises the same WorkerError
 """
 from __future__ import annotations
 
+import copy
 import pickle
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from types import TracebackType
@@ -83,8 +84,8 @@ class TensorParallelGroup:
         self.config = config
         self.model_config: ModelConfig = open_source(model, dtype, seed)[0]
         Shard(0, config.world).check(self.model_config)
-        self._store_dir = Path(tempfile.mkdtemp(prefix="interlock-tp-"))
-        self._spec = WorkerSpec(model, self.model_config, config.world, f"file://{self._store_dir / 'store'}", weights, dtype, seed,
+        self._store_dir: Path | None = None
+        self._spec = WorkerSpec(model, self.model_config, config.world, "", weights, dtype, seed,
                                 config.num_blocks, config.block_size,
                                 collective_timeout_s=config.step_timeout_s, threads=config.threads_per_rank,
                                 draft_cache=config.draft_cache)
@@ -104,6 +105,8 @@ class TensorParallelGroup:
     def start(self) -> TensorParallelGroup:
         """Spawn the ranks and wait until each has loaded its shard. Raises WorkerError."""
         ctx = mp.get_context("spawn")
+        self._store_dir = Path(tempfile.mkdtemp(prefix="interlock-tp-"))
+        self._spec = replace(self._spec, store=f"file://{self._store_dir / 'store'}")
         for rank in range(self.config.world):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=worker_main, name=f"interlock-tp{rank}", daemon=True,
@@ -137,7 +140,11 @@ class TensorParallelGroup:
             except OSError:
                 pass
         self._reap(grace_s)
-        shutil.rmtree(self._store_dir, ignore_errors=True)
+        self._remove_store()
+
+    def _remove_store(self) -> None:
+        if self._store_dir is not None:
+            shutil.rmtree(self._store_dir, ignore_errors=True)
 
     def _reap(self, grace_s: float) -> None:
         deadline = time.monotonic() + grace_s
@@ -237,20 +244,55 @@ class TensorParallelGroup:
                 if proc.is_alive():
                     proc.kill()
             self._reap(0.0)
-            shutil.rmtree(self._store_dir, ignore_errors=True)
+            self._remove_store()
         return self._failure
 
 
 class TensorParallelModel:
     """Stands where a Transformer stands (`model(batch, kv)` -> [R, V] logits) with the forward on a
-    TensorParallelGroup: the caller keeps its PagedKVCache for the block tables; the K/V storage
-    that matters is the ranks' (each holds its KV heads)."""
+    TensorParallelGroup. The caller keeps its PagedKVCache for the block tables; the K/V storage that
+    matters is the ranks' (each holds its KV heads). The group is started by `start` (the engine does,
+    once it knows its KV pool's size) and stopped by `close`; `draft()` is the same ranks seen through
+    their second KV pool, for a self-draft."""
 
-    def __init__(self, group: TensorParallelGroup, weights: Weights, cache: int = 0) -> None:
-        self.group = group
-        self.config = group.model_config
-        self.weights = weights
-        self.cache = cache                  # which of the ranks' KV pools: 1 for a self-draft's
+    def __init__(self, model: str, world: int, *, weights: Weights = "int8", dtype: Dtype = "float32",
+                 seed: int = 0) -> None:
+        self.name, self.world, self.weights, self.dtype, self.seed = model, world, weights, dtype, seed
+        self.config = open_source(model, dtype, seed)[0]
+        Shard(0, world).check(self.config)
+        self.cache = 0
+        self._slot: list[TensorParallelGroup] = []      # shared with draft(): the one running group
+
+    @classmethod
+    def on(cls, group: TensorParallelGroup, weights: Weights, cache: int = 0) -> TensorParallelModel:
+        """A view of a group that is already running (tests, benchmarks)."""
+        model = cls.__new__(cls)
+        model.name, model.world, model.weights, model.dtype, model.seed = "", group.config.world, weights, "float32", 0
+        model.config, model.cache, model._slot = group.model_config, cache, [group]
+        return model
+
+    def draft(self) -> TensorParallelModel:
+        view = copy.copy(self)
+        view.cache = 1
+        return view
+
+    @property
+    def group(self) -> TensorParallelGroup:
+        if not self._slot:
+            raise EngineClosedError("the tensor-parallel workers are not started")
+        return self._slot[0]
+
+    def start(self, config: TPConfig) -> None:
+        """Spawn the ranks (blocking: seconds). Raises WorkerError."""
+        if self._slot:
+            raise RuntimeError("already started")
+        group = TensorParallelGroup(self.name, config, weights=self.weights, dtype=self.dtype, seed=self.seed)
+        self._slot.append(group)
+        group.start()
+
+    def close(self) -> None:
+        if self._slot:
+            self._slot[0].close()
 
     def __call__(self, batch: ForwardBatch, kv: object = None, *, n_layers: int | None = None,
                  head: object = None) -> torch.Tensor:

@@ -65,7 +65,7 @@ def test_tp2_logits_equal_tp1_within_fp32_roundoff(tp_float: TensorParallelGroup
     config, _, _ = open_source("tiny")
     ref = random_transformer(config, seed=0).build("float")
     kv = PagedKVCache(config, BLOCKS, 16)
-    as_model = TensorParallelModel(tp_float, "float")
+    as_model = TensorParallelModel.on(tp_float, "float")
     for i, chunks in enumerate(prompt_and_steps(kv)):
         want = ref(build_batch(chunks, kv), kv)
         # both entry points: chunks + block tables, and a packed batch as a Transformer takes it
@@ -83,7 +83,7 @@ def test_a_self_draft_runs_on_its_own_kv_pool(tp_float: TensorParallelGroup) -> 
     config, _, _ = open_source("tiny")
     ref = random_transformer(config, seed=0).build("float")
     target_kv, draft_kv = PagedKVCache(config, BLOCKS, 16), PagedKVCache(config.replace(n_layers=1), BLOCKS, 16)
-    draft = TensorParallelModel(tp_float, "float", cache=1)
+    draft = TensorParallelModel.on(tp_float, "float", cache=1)
     for kv in (target_kv, draft_kv):
         for seq in (0, 1):
             kv.add_sequence(seq)
