@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
@@ -44,6 +44,9 @@ from interlock.models.wire import to_wire
 from interlock.protocol.errors import EngineClosedError, WorkerError
 from interlock.protocol.messages import BlockTables
 from interlock.protocol.types import Dtype
+
+if TYPE_CHECKING:
+    from interlock.models.loader import LoadedModel
 
 log = structlog.get_logger(__name__)
 
@@ -299,3 +302,18 @@ class TensorParallelModel:
         if head is not None:
             raise ValueError("a pruned draft head is not supported under tensor parallelism")
         return self.group.forward_batch(batch, n_layers, self.cache)
+
+
+def load_tensor_parallel(name_or_path: str, world: int, *, weights: Weights = "int8", dtype: Dtype = "float32",
+                         seed: int = 0) -> LoadedModel:
+    """load_model's result with the weights left on the ranks: the model is a TensorParallelModel
+    (not started), read here are only the metadata and the tokenizer."""
+    from interlock.models.loader import LoadedModel, load_tokenizer
+
+    start = time.perf_counter()
+    model = TensorParallelModel(name_or_path, world, weights=weights, dtype=dtype, seed=seed)
+    tokenizer = load_tokenizer(name_or_path)
+    config = model.config
+    if config.eos_token_id is None and tokenizer.eos_token_ids:
+        config = config.replace(eos_token_id=tokenizer.eos_token_ids[0])
+    return LoadedModel(name_or_path, config, model, tokenizer, time.perf_counter() - start)  # type: ignore[arg-type]
