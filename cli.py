@@ -56,7 +56,8 @@ def _engine(args: argparse.Namespace, speculative: str | None = None):
     from interlock.engine import Engine
 
     return Engine.from_pretrained(args.model, speculative=speculative or args.speculative, draft_len=args.draft_len,
-                                  grammar_backend=args.backend, max_batch_size=getattr(args, "concurrency", 1))
+                                  grammar_backend=args.backend, max_batch_size=getattr(args, "concurrency", 1),
+                                  tensor_parallel=getattr(args, "tensor_parallel", 1))
 
 
 async def _run(args: argparse.Namespace) -> None:
@@ -147,7 +148,7 @@ def _serve_replicas(args: argparse.Namespace) -> None:
     from interlock.server.ray_serve import ReplicaConfig, run_replicas
 
     engine = {"speculative": args.speculative, "draft_len": args.draft_len, "grammar_backend": args.backend,
-              "max_batch_size": args.max_batch_size}
+              "max_batch_size": args.max_batch_size, "tensor_parallel": args.tensor_parallel}
     replicas = ReplicaConfig(min_replicas=args.replicas, max_replicas=max(args.max_replicas or 0, args.replicas),
                              cpus_per_replica=args.cpus_per_replica, graceful_shutdown_timeout_s=args.shutdown_timeout,
                              engine_options=engine)
@@ -164,10 +165,15 @@ async def _serve(args: argparse.Namespace) -> None:
 
     config = _server_config(args)
     engine = Engine.from_pretrained(args.model, speculative=args.speculative, draft_len=args.draft_len,
-                                    grammar_backend=args.backend, max_batch_size=args.max_batch_size)
+                                    grammar_backend=args.backend, max_batch_size=args.max_batch_size,
+                                    tensor_parallel=args.tensor_parallel)
     print(f"interlock serve: {config.model_name} on http://{config.host}:{config.port}/v1 "
           f"(speculative {args.speculative}, batch {args.max_batch_size})", file=sys.stderr, flush=True)
     await serve(engine, config, log_level=args.log_level)
+
+
+TP_HELP = ("N > 1: the model's forward on N worker processes (torch.distributed gloo), each holding 1/N of "
+           "the weights; N must divide the model's heads, KV heads and MLP width")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
         p.add_argument("--temperature", type=float, default=0.0)
         p.add_argument("--max-tokens", type=int, default=max_tokens)
+        p.add_argument("--tensor-parallel", type=int, default=1, help=TP_HELP)
 
     common(sub.add_parser("run", help="the embedded demo"), 128)
     gen = sub.add_parser("generate", help="generate text for one prompt")
@@ -231,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
     srv.add_argument("--shutdown-timeout", type=float, default=10.0,
                      help="seconds requests in flight get to finish after SIGTERM/SIGINT")
+    srv.add_argument("--tensor-parallel", type=int, default=1, help=TP_HELP)
     srv.add_argument("--replicas", type=int, default=None,
                      help="N engine replicas behind Ray Serve's proxy (needs the [cluster] extra; joins the "
                           "cluster in RAY_ADDRESS if set, else starts a local Ray)")
