@@ -21,7 +21,9 @@ from interlock.protocol.errors import EngineError, WorkerError
 from interlock.protocol.grammar import Choice, JsonSchema, Regex
 from interlock.protocol.sampling import Completion, SamplingParams
 
-MODES = ["ngram", "forced", "ngram+forced", "self-draft+forced"]
+# ngram and forced alone are covered by their combination; their own runs are soak (8 s of spawn each)
+MODES = [pytest.param("ngram", marks=pytest.mark.soak), pytest.param("forced", marks=pytest.mark.soak),
+         "ngram+forced", "self-draft+forced"]
 CASES = [(PROMPTS[i % len(PROMPTS)], GRAMMARS[i % len(GRAMMARS)], SamplingParams(max_tokens=16 + i % 5))
          for i in range(8)]
 
