@@ -28,7 +28,8 @@ from interlock.protocol.speculative import SpeculativeConfig
 from interlock.server import ServerConfig
 from interlock.server.ray_serve import ReplicaConfig, build_app
 
-ENGINE = {"speculative": "ngram+forced", "max_batch_size": 4}
+# a batch of 8: one replica can hold every stream of the kill test (paused streams keep their slots)
+ENGINE = {"speculative": "ngram+forced", "max_batch_size": 8}
 PROMPTS = [f"Item {i}: the list of" for i in range(8)]
 MAX_TOKENS = 48
 
@@ -53,7 +54,7 @@ def ray_url() -> Iterator[str]:
 def reference(tiny: LoadedModel) -> dict[str, str]:
     """What one engine (the single-process server, same options) answers to each prompt."""
     spec = SpeculativeConfig.parse(ENGINE["speculative"], max_draft_len=3)
-    with LiveServer(tiny, EngineConfig(speculative=spec, max_batch_size=4), ServerConfig(model_name="tiny")) as srv:
+    with LiveServer(tiny, EngineConfig(speculative=spec, max_batch_size=8), ServerConfig(model_name="tiny")) as srv:
         with httpx.Client(base_url=srv.url, timeout=60) as client:
             return {p: client.post("/v1/completions", json=body(p)).json()["choices"][0]["text"] for p in PROMPTS}
 
