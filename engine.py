@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
 import anyio
-import structlog
 
 from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import GrammarActor, MaskBuffers
 from interlock.actors.kv_actor import KVActor
 from interlock.actors.runtime import Runtime
 from interlock.actors.scheduler import Scheduler, SchedulerConfig
+from interlock.actors.step import StepBuffers, StepProgram
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.grammars.layer import GrammarLayer
 from interlock.models.generate import check_prompt_fits
@@ -30,10 +30,14 @@ from interlock.models.loader import LoadedModel, load_model
 from interlock.models.tp_group import TensorParallelModel, TPConfig, load_tensor_parallel
 from interlock.models.tokenizer import Message
 from interlock.protocol.errors import (
-    EngineClosedError, EngineError, GrammarError, RequestError, UnsupportedModelError,
+    EmptyPromptError, EngineClosedError, EngineError, GrammarError, InterlockError, InvalidParameterError,
+    PromptTooLongError, RequestError,
+    UnsupportedModelError,
 )
 from interlock.protocol.grammar import BackendName, GrammarConfig, GrammarSpec
-from interlock.protocol.messages import Cancel, EngineMetrics, GetMetrics, GrammarReady, RequestSpec, Submit, Wake
+from interlock.protocol.messages import (
+    Cancel, Count, EngineMetrics, GetMetrics, GrammarReady, KVUsage, RequestSpec, Submit, Wake,
+)
 from interlock.protocol.sampling import Completion, Delta, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.protocol.types import RequestId
@@ -41,8 +45,9 @@ from interlock.streams.channel import ChannelClosedError
 from interlock.streams.cpu_timeline import CpuTimeline
 from interlock.streams.errors import ChannelFullError
 from interlock.streams.output import OutputStream
+from interlock.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class EngineConfig:
     prefill_chunk: int = 256
     max_step_tokens: int = 512
     output_buffer: int = 16                 # deltas a slow consumer may leave unread before its request pauses
+    capture_steps: bool = True              # replay one captured lane program per step shape (else eager)
     max_context: int | None = None          # None: the model's context window
     tp_step_timeout_s: float = 60.0         # tensor parallel: a step taking longer means a hung worker
 
@@ -152,26 +158,26 @@ class Engine:
         loaded = self.model
         if isinstance(loaded.model, TensorParallelModel):
             await self._start_workers(loaded.model)
-        timeline = CpuTimeline()
+        timeline = self._timeline = CpuTimeline()
         kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size)
         buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)
-        mask_ready, tokens_ready = timeline.new_event(), timeline.new_event()
+        step = StepBuffers.allocate(c.max_batch_size)
+        eos = self.tokenizer.eos_token_ids
+        # Every actor is built with what it talks to: parts of a step meet only in the lanes and
+        # the step buffers; the Scheduler alone sends to the others.
         kv_actor = KVActor(kv)
-        # Wiring needs references both ways; each actor only ever sends to the others' inboxes.
-        scheduler: Scheduler
-        verifier = VerifierActor(loaded.model, kv, timeline, buffers, mask_ready, tokens_ready, None,  # type: ignore[arg-type]
-                                 self.tokenizer.vocab_size, self.tokenizer.eos_token_ids)
+        verifier = VerifierActor(loaded.model, kv, timeline, buffers, step, self.tokenizer.vocab_size, eos)
         drafter = self._drafter = (ModelDrafter(self._draft_lm, c.num_blocks, c.block_size)
                                    if self._draft_lm is not None else None)
-        draft = DraftActor(self.config.speculative, None, self.tokenizer.vocab_size, model=drafter,  # type: ignore[arg-type]
-                           timeline=timeline, bitmask=buffers.bitmask, eos_token_ids=self.tokenizer.eos_token_ids)
-        grammar = GrammarActor(self.grammars.backend, timeline, buffers, mask_ready, verifier, draft)
-        draft.grammar = grammar
-        scheduler = Scheduler(c, self.tokenizer, kv_actor, grammar, draft, verifier, self._forget)
-        verifier.scheduler = scheduler
-        self._timeline = timeline
-        self._kv_actor, self._grammar_actor, self._draft_actor, self._scheduler = kv_actor, grammar, draft, scheduler
-        self._runtime = Runtime([kv_actor, verifier, grammar, draft, scheduler], on_failure=self._on_failure)
+        draft = DraftActor(self.config.speculative, self.tokenizer.vocab_size, timeline, step, model=drafter,
+                           bitmask=buffers.bitmask, eos_token_ids=eos)
+        grammar = GrammarActor(self.grammars.backend, timeline, buffers, step)
+        program = self._program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=c.max_draft_len,
+                                              draft_model=drafter is not None, capture=self.config.capture_steps)
+        scheduler = Scheduler(c, self.tokenizer, kv_actor, grammar, draft, verifier, program, self._forget)
+        self._actors = (kv_actor, verifier, grammar, draft, scheduler)
+        self._scheduler = scheduler
+        self._runtime = Runtime(list(self._actors), on_failure=self._on_failure)
         await self._runtime.__aenter__()
         return self
 
@@ -211,6 +217,7 @@ class Engine:
         finally:
             await self._stop_workers()
             self._timeline.close()
+            self._program.close()
             self._kv.release()
             if self._drafter is not None:
                 self._drafter.kv.release()
@@ -270,6 +277,12 @@ class Engine:
                         ) -> AsyncIterator[Delta]:
         if self._closed or self._runtime is None:
             raise self._failure or EngineClosedError("the engine is not running (use `async with engine:`)")
+        if not isinstance(sampling, SamplingParams):
+            raise InvalidParameterError("sampling", f"must be a SamplingParams, got {type(sampling).__name__}")
+        if sampling.ignore_eos and grammar is not None:
+            # Once the grammar completes, the stop token is the only one it allows: there is no going on.
+            raise InvalidParameterError("ignore_eos", "cannot be combined with a grammar (a complete document "
+                                                      "ends the request); use max_tokens or drop ignore_eos")
         tokens = self._encode(prompt)
         uncond = None
         if sampling.guidance_scale is not None:
@@ -281,8 +294,10 @@ class Engine:
                                                    on_cancel=lambda: self._cancel(rid))
         self._streams[rid] = stream
         spec = RequestSpec(rid, tuple(tokens), grammar, sampling, tuple(uncond) if uncond is not None else None)
+        submitted = False
         try:
             await self._scheduler.send(Submit(spec, stream))
+            submitted = True
             if grammar is not None:
                 await self._compile(rid, grammar)
             async for delta in stream:
@@ -291,12 +306,28 @@ class Engine:
             raise self._failure or EngineClosedError("the engine was closed") from exc
         finally:
             stream.cancel()
+            if not submitted:               # cancelled before the scheduler got it: nobody else forgets it
+                self._streams.pop(rid, None)
 
     def _encode(self, prompt: str | Sequence[Message]) -> list[int]:
-        tokens = self.tokenizer.encode_prompt(prompt)
+        if not isinstance(prompt, str) and not (isinstance(prompt, Sequence) and
+                                                all(isinstance(m, Mapping) for m in prompt)):
+            raise InvalidParameterError("prompt", f"must be a str or a list of chat messages (dicts), got "
+                                                  f"{type(prompt).__name__}")
+        if len(prompt) == 0:
+            raise EmptyPromptError("the prompt is empty (an empty string or message list): give at least one token")
+        try:
+            tokens = self.tokenizer.encode_prompt(prompt)
+        except InterlockError:
+            raise
+        except Exception as exc:        # jinja2 / transformers errors: how a chat template refuses bad messages
+            raise InvalidParameterError("prompt", f"the chat template refused the messages: {exc}") from exc
+        if not tokens:
+            raise EmptyPromptError("the prompt encodes to no tokens: give at least one token")
         check_prompt_fits(self.model.config, len(tokens))
         if len(tokens) + 1 > self.max_context:
-            raise RequestError(f"prompt has {len(tokens)} tokens; the engine's context is {self.max_context}")
+            raise PromptTooLongError(f"prompt has {len(tokens)} tokens; the engine's context is {self.max_context} "
+                                     "(prompt + at least 1 generated token must fit): shorten the prompt")
         return tokens
 
     async def _compile(self, rid: RequestId, spec: GrammarSpec) -> None:
@@ -331,14 +362,17 @@ class Engine:
         return await self._scheduler.ask(lambda r: GetMetrics(r))
 
     async def resources(self) -> dict[str, int]:
-        """What is held right now: free/total KV blocks, KV sequences, matchers, n-gram requests, and
-        the draft model's requests and KV blocks (0 of 0 without a draft model)."""
-        from interlock.protocol.messages import Count, KVUsage
-
-        free, total, seqs = await self._kv_actor.ask(lambda r: KVUsage(r))
-        matchers = await self._grammar_actor.ask(lambda r: Count(r))
-        ngram, drafted, draft_free, draft_total = await self._draft_actor.ask(lambda r: Count(r))
-        slots_free, requests = await self._scheduler.ask(lambda r: Count(r))
-        return {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs,
-                "matchers": matchers, "ngram_requests": ngram, "slots_free": slots_free, "requests": requests,
-                "draft_requests": drafted, "draft_kv_free_blocks": draft_free, "draft_kv_total_blocks": draft_total}
+        """Every per-request thing any actor holds right now (each returns to 0 / to its total when
+        the engine is idle): KV blocks and sequences, slots, matchers, n-gram entries, adaptive
+        budgets, user-drafter contexts, draft-model sequences and blocks, seeded generators (target
+        and draft), penalty counts, compiled grammars kept for unadmitted requests, output streams, requests."""
+        kv_actor, verifier, grammar, draft, scheduler = self._actors
+        free, total, seqs = await kv_actor.ask(lambda r: KVUsage(r))
+        generators, penalties = await verifier.ask(lambda r: Count(r))
+        res = {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs,
+               "matchers": await grammar.ask(lambda r: Count(r)),
+               "verify_generators": generators, "penalty_entries": penalties}
+        res.update(await draft.ask(lambda r: Count(r)))
+        res.update(await scheduler.ask(lambda r: Count(r)))
+        res["engine_streams"] = len(self._streams)
+        return res

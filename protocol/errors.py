@@ -34,8 +34,41 @@ class PromptTooLongError(RequestError):
     """Prompt (plus at least one generated token) does not fit the model's context window."""
 
 
+class EmptyPromptError(RequestError):
+    """The prompt is empty (an empty string, or an empty message list): give at least one token."""
+
+
+class InvalidParameterError(RequestError):
+    """A request parameter has the wrong type or is out of range; `field` names it (e.g. "temperature")."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 class GrammarError(RequestError):
     """A grammar spec could not be compiled (bad spec, unsupported feature, over a cap, timeout)."""
+
+
+class SchemaKeywordError(GrammarError):
+    """No backend can enforce this JSON schema keyword exactly (grammars/LENIENCY.md).
+
+    keyword: the keyword; path: the JSON pointer of the subschema that holds it. Pass
+    `JsonSchema(..., lenient=True)` to compile loosely and rely on the end-of-request check.
+    """
+
+    def __init__(self, message: str, *, keyword: str, path: str) -> None:
+        super().__init__(message)
+        self.keyword = keyword
+        self.path = path
+
+
+class SamplingError(RequestError):
+    """A step could not sample this request: its logits row had a NaN or allowed no token at all."""
+
+
+class DrafterError(RequestError):
+    """A drafter (a user-provided one, typically) raised for this request."""
 
 
 # --- capacity --------------------------------------------------------------------------------

@@ -108,13 +108,13 @@ def test_guided_rows_follow_the_formula_and_scale_one_is_the_cond_rows_bitwise()
 def plans(monkeypatch) -> list:
     """Every StepPlan the verifier forwards (recorded on the model lane)."""
     seen: list = []
-    forward = VerifierActor._forward
+    forward = VerifierActor.forward
 
-    def spy(self, work) -> None:
-        seen.append(work.proposal.plan)
-        forward(self, work)
+    def spy(self) -> None:
+        seen.append(self._work.plan)
+        forward(self)
 
-    monkeypatch.setattr(VerifierActor, "_forward", spy)
+    monkeypatch.setattr(VerifierActor, "forward", spy)
     return seen
 
 
@@ -203,7 +203,7 @@ async def test_cancelled_and_failed_pairs_free_both_sequences(tiny) -> None:
 
         async def bad_grammar() -> None:
             with pytest.raises(GrammarError):
-                await engine.complete("x", sampling=sampling, grammar=JsonSchema(
+                await engine.complete("x", sampling=replace(sampling, ignore_eos=False), grammar=JsonSchema(
                     {"type": "object", "properties": {"a": {"type": "no-such-type"}}}))
 
         with anyio.fail_after(120):
