@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import anyio
+import torch
 
 from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import GrammarActor, MaskBuffers
@@ -160,6 +161,8 @@ class Engine:
             await self._start_workers(loaded.model)
         timeline = self._timeline = CpuTimeline()
         kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size)
+        if isinstance(loaded.model, TensorParallelModel):
+            kv.k = kv.v = torch.empty(0)    # the ranks hold the K/V; here only the block tables matter
         buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)
         step = StepBuffers.allocate(c.max_batch_size)
         eos = self.tokenizer.eos_token_ids
@@ -169,6 +172,8 @@ class Engine:
         verifier = VerifierActor(loaded.model, kv, timeline, buffers, step, self.tokenizer.vocab_size, eos)
         drafter = self._drafter = (ModelDrafter(self._draft_lm, c.num_blocks, c.block_size)
                                    if self._draft_lm is not None else None)
+        if drafter is not None and isinstance(drafter.lm.model, TensorParallelModel):
+            drafter.kv.k = drafter.kv.v = torch.empty(0)        # a self-draft's K/V live on the ranks too
         draft = DraftActor(self.config.speculative, self.tokenizer.vocab_size, timeline, step, model=drafter,
                            bitmask=buffers.bitmask, eos_token_ids=eos)
         grammar = GrammarActor(self.grammars.backend, timeline, buffers, step)
