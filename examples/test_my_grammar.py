@@ -24,6 +24,8 @@ import re
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from interlock.grammars.validate import validate_output
+from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import Ebnf, JsonSchema
 from interlock.testing import (TokenMix, allowed_sequences, byte_tokenizer, default_settings, grammar_case, matcher_machine,
                                refused_sequences)
@@ -116,7 +118,15 @@ def test_allowed_sequences_are_accepted_and_complete_ones_are_valid(case):
     def check(tokens):
         assert case.matcher().accept(list(tokens.ids))
         text = complete_text(case, tokens.ids)
-        assert text is None or valid(text), f"the grammar finished an invalid document: {text!r}"
+        if text is None or valid(text):
+            return
+        # One known leniency (grammars/LENIENCY.md): xgrammar takes the bytes of a UTF-8-encoded
+        # surrogate (ED A0..BF xx, not valid UTF-8) as one character of a JSON string. Such a document
+        # never reaches a user: the engine's end-of-request check must refuse it. Anything else fails.
+        assert type(case.backend).__name__ == "XGrammarBackend" and "\ufffd" in text, \
+            f"the grammar finished an invalid document: {text!r}"
+        with pytest.raises(GrammarError):
+            validate_output(case.spec, text)
 
     check()
 
