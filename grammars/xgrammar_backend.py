@@ -17,6 +17,7 @@ from interlock.grammars import bitmask as bm
 from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.matcher import BaseMatcher
+from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark, Regex
@@ -42,6 +43,8 @@ class XGrammarBackend:
                                              cache_enabled=False)
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        if is_switch(spec):                      # Reasoning / StructuralTag: grammars/switch.py
+            return compile_switch(self, self.tokenizer, spec)  # type: ignore[arg-type]
         check_spec(spec, self.config)
         start = time.perf_counter()
         try:
@@ -52,9 +55,11 @@ class XGrammarBackend:
             raise GrammarError(f"xgrammar: {_first_line(exc)}") from exc
         return CompiledGrammar(NAME, spec.key, native, time.perf_counter() - start)
 
-    def matcher(self, compiled: CompiledGrammar) -> XGrammarMatcher:
+    def matcher(self, compiled: CompiledGrammar) -> XGrammarMatcher | SwitchMatcher:
         if compiled.backend != NAME:
             raise ValueError(f"grammar was compiled by {compiled.backend}, not {NAME}")
+        if isinstance(compiled.native, SwitchProgram):
+            return SwitchMatcher(compiled.native, self, self.tokenizer)
         return XGrammarMatcher(compiled.native, self)
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
