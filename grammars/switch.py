@@ -96,8 +96,8 @@ def compile_switch(backend: GrammarBackend, tokenizer: Tokenizer, spec: Reasonin
 
 
 def _reasoning(backend: GrammarBackend, tokenizer: Tokenizer, spec: Reasoning) -> tuple[SwitchProgram, tuple[str, ...]]:
-    start = marker_ids(tokenizer, spec.start or DEFAULT_THINK_START, "Reasoning.start")
-    end = marker_ids(tokenizer, spec.end or DEFAULT_THINK_END, "Reasoning.end")
+    start = marker_ids(tokenizer, DEFAULT_THINK_START if spec.start is None else spec.start, "Reasoning.start")
+    end = marker_ids(tokenizer, DEFAULT_THINK_END if spec.end is None else spec.end, "Reasoning.end")
     if _contains(start, end) or _contains(end, start):
         raise GrammarError("Reasoning: the start and end markers overlap (one holds the other)")
     inner, warnings = None, ()
@@ -234,9 +234,9 @@ class SwitchMatcher:
         s = self._states[-1]
         if s.terminated:
             return []
-        if s.phase == FREE:
-            hints = {t[len(s.tail)] for t in self.program.triggers if t[:len(s.tail)] == s.tail}
-            return sorted(hints | {t[0] for t in self.program.triggers})
+        if s.phase == FREE:                       # the rest of the trigger begun, else any trigger
+            hints = {t[len(s.tail)] for t in self.program.triggers if s.tail and t[:len(s.tail)] == s.tail}
+            return sorted(hints or {t[0] for t in self.program.triggers})
         if s.phase == BEGIN:
             return sorted({self.program.tags[i].begin[s.pos] for i in s.tags})
         if s.phase == END:
