@@ -1,13 +1,20 @@
-"""The "auto" backend: llguidance first, xgrammar when llguidance cannot compile a spec.
+"""The "auto" backend: llguidance first, xgrammar when llguidance cannot compile a spec, and for a
+JSON schema only a grammar that enforces it exactly.
 
 Why this order (measured by benchmarks/grammar_bench.py on the shared JSONSchemaBench files, see
-grammars/README.md): llguidance compiles in about a millisecond and refused every invalid test
-instance, while xgrammar compiles in tens to hundreds of milliseconds, has a long mask-time tail
-and accepts some invalid instances (grammars/LENIENCY.md). xgrammar still covers a few schemas
-llguidance rejects, so it is the fallback. The error names both reasons only when both fail.
+grammars/README.md): llguidance compiles in about a millisecond and refuses at compile time the
+keywords it cannot enforce, while xgrammar compiles in tens to hundreds of milliseconds, has a long
+mask-time tail and silently drops keywords (grammars/LENIENCY.md). xgrammar still enforces a few
+schemas llguidance refuses (min/maxProperties beside optional properties, some regexes), so it is
+the fallback, used only where grammars/keywords.py finds no gap and xgrammar warns of none.
+
+Where neither backend is exact, compile raises SchemaKeywordError naming the keyword, unless the
+spec is `lenient`: then llguidance compiles it with its own lenient options (else xgrammar does)
+and the engine's end-of-request check (grammars/validate.py) catches what the grammar let through.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -16,9 +23,11 @@ import torch
 
 from interlock.grammars import bitmask as bm
 from interlock.grammars.compiled import CompiledGrammar
+from interlock.grammars.keywords import Gap, gaps, keywords_in, subschemas
 from interlock.grammars.matcher import BaseMatcher
-from interlock.protocol.errors import GrammarError
-from interlock.protocol.grammar import GrammarBackend, GrammarSpec
+from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
+from interlock.protocol.errors import GrammarError, SchemaKeywordError
+from interlock.protocol.grammar import GrammarBackend, GrammarSpec, JsonSchema
 
 
 class AutoBackend:
@@ -37,17 +46,42 @@ class AutoBackend:
         self._by_name = {b.name: b for b in self.backends}
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        if is_switch(spec):
+            # Each inner spec goes through auto on its own (exactness policy and fallback per tag).
+            return compile_switch(self, self.backends[0].tokenizer, spec)  # type: ignore[arg-type, attr-defined]
+        exact = isinstance(spec, JsonSchema) and not spec.lenient
+        schema = json.loads(spec.compiled_schema) if exact else None      # type: ignore[union-attr]
         reasons: list[str] = []
+        named: list[Gap] = []          # the keyword behind each backend's refusal, in backend order
         for backend in self.backends:
+            found = gaps(schema, backend.name, compact=spec.whitespace == "compact") if exact else ()  # type: ignore[union-attr]
+            if found:                  # known before compiling: skip a slow compile we would not use
+                named.append(found[0])
+                reasons.append(f"{backend.name} does not enforce " + "; ".join(map(str, found[:3])))
+                continue
             try:
                 compiled = backend.compile(spec)
             except GrammarError as exc:
+                named += _gap_in(schema, str(exc)) if exact else []
                 reasons.append(_named(backend.name, str(exc)))
                 continue
+            if exact and compiled.inexact:
+                named += _gap_in(schema, compiled.inexact[0])
+                reasons.append(_named(backend.name, "; ".join(compiled.inexact[:3])))
+                continue
             return replace(compiled, tried=tuple(reasons))
+        if named:
+            first = named[0]
+            raise SchemaKeywordError(
+                f"no backend enforces JSON schema keyword '{first.keyword}' at {first.path or '/'}: "
+                + "; ".join(reasons)
+                + ". JsonSchema(..., lenient=True) compiles it loosely and relies on the end-of-request check",
+                keyword=first.keyword, path=first.path)
         raise GrammarError("no backend could compile this grammar: " + "; ".join(reasons))
 
-    def matcher(self, compiled: CompiledGrammar) -> BaseMatcher:
+    def matcher(self, compiled: CompiledGrammar) -> BaseMatcher | SwitchMatcher:
+        if isinstance(compiled.native, SwitchProgram):      # its inner grammars name their backends
+            return SwitchMatcher(compiled.native, self, self.backends[0].tokenizer)  # type: ignore[attr-defined]
         backend = self._by_name.get(compiled.backend)
         if backend is None:
             raise ValueError(f"grammar was compiled by {compiled.backend}, which auto does not hold")
@@ -58,6 +92,16 @@ class AutoBackend:
 
     def backend(self, name: str) -> Any:
         return self._by_name[name]
+
+
+def _gap_in(schema: Any, message: str) -> list[Gap]:
+    """The first keyword, in schema order, that a backend's message names, and where it is."""
+    named = keywords_in(message)
+    for where, node in subschemas(schema):
+        for key in node:
+            if key in named:
+                return [Gap(key, where, message)]
+    return []
 
 
 def _named(name: str, reason: str) -> str:

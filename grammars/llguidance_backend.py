@@ -3,6 +3,12 @@
 Compiling builds one template LLMatcher (grammar parsed and checked against the tokenizer); each
 request's matcher is a deep copy of it, which is much cheaper than parsing again. An LLMatcher
 that consumes a refused token enters a permanent error state, so BaseMatcher validates first.
+
+JSON schemas: llguidance refuses keywords it cannot enforce (not, if/then/else, contains, ...)
+and a `format` it does not know. Formats are annotations by default in JSON Schema 2020-12, so an
+unknown one is dropped here with a warning instead (as the spec reads it: it constrains nothing).
+With `JsonSchema(lenient=True)` llguidance's own `lenient` and `coerce_one_of` options are on: it
+ignores unimplemented keywords and treats oneOf as anyOf, each with a warning.
 """
 from __future__ import annotations
 
@@ -13,11 +19,13 @@ from typing import Any
 import llguidance
 import llguidance.hf
 import llguidance.torch
+import structlog
 import torch
 
 from interlock.grammars import bitmask as bm
 from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
+from interlock.grammars.keywords import LLGUIDANCE_FORMATS, gaps, unknown_formats, without_formats
 from interlock.grammars.matcher import BaseMatcher
 from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
 from interlock.models.tokenizer import Tokenizer
@@ -26,6 +34,7 @@ from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, GrammarSpec,
 from interlock.protocol.types import TokenId
 
 NAME = "llguidance"
+log = structlog.get_logger(__name__)
 
 
 class LLGuidanceBackend:
@@ -45,15 +54,23 @@ class LLGuidanceBackend:
             return compile_switch(self, self.tokenizer, spec)  # type: ignore[arg-type]
         check_spec(spec, self.config)
         start = time.perf_counter()
-        grammar = self._grammar(spec)
+        ours: list[str] = []
+        grammar = self._grammar(spec, ours)
         try:
             template = llguidance.LLMatcher(self._tok, grammar, log_level=0)
         except Exception as exc:                 # misuse-level errors (bad grammar JSON)
             raise GrammarError(f"llguidance: {_first_line(exc)}") from exc
         if template.is_error():
             raise GrammarError(f"llguidance: {_first_line(template.get_error())}")
-        warnings = tuple(template.get_grammar_warnings())
-        return CompiledGrammar(NAME, spec.key, template, time.perf_counter() - start, warnings)
+        # llguidance warns only when it approximates (lenient mode, coerce_one_of): each is inexact,
+        # and so is what keywords.gaps knows it applies differently from the schema's draft.
+        inexact = [f"llguidance: {w}" for w in template.get_grammar_warnings()]
+        if isinstance(spec, JsonSchema):
+            inexact += [f"llguidance does not enforce exactly {g}" for g in gaps(json.loads(spec.compiled_schema), NAME)]
+        warnings = (*ours, *inexact)
+        for warning in warnings:
+            log.warning("grammar.backend_warning", backend=NAME, warning=warning)
+        return CompiledGrammar(NAME, spec.key, template, time.perf_counter() - start, warnings, tuple(inexact))
 
     def matcher(self, compiled: CompiledGrammar) -> LLGuidanceMatcher | SwitchMatcher:
         if compiled.backend != NAME:
@@ -65,11 +82,13 @@ class LLGuidanceBackend:
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         return bm.allocate_bitmask(rows, self.vocab_size)
 
-    def _grammar(self, spec: GrammarSpec) -> str:
-        """The llguidance grammar text for spec (parsing errors surface when the matcher is built)."""
+    def _grammar(self, spec: GrammarSpec, warnings: list[str]) -> str:
+        """The llguidance grammar text for spec (parsing errors surface when the matcher is built);
+        appends to warnings what it dropped."""
         try:
             if isinstance(spec, JsonSchema):
-                return _json_grammar(spec.compiled_schema, spec.whitespace == "flexible")
+                schema = _annotations_dropped(json.loads(spec.compiled_schema), warnings)
+                return _json_grammar(json.dumps(schema), spec.whitespace == "flexible", spec.lenient)
             if isinstance(spec, JsonObject):
                 return _json_grammar(json.dumps({"type": "object"}), spec.whitespace == "flexible")
             if isinstance(spec, Regex):
@@ -89,9 +108,23 @@ class LLGuidanceBackend:
         raise GrammarError(f"llguidance: unsupported spec {type(spec).__name__}")
 
 
-def _json_grammar(schema: str, flexible: bool) -> str:
+def _json_grammar(schema: str, flexible: bool, lenient: bool = False) -> str:
     # Compact output means llguidance's default separators (",", ":") and no optional whitespace.
-    return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": flexible})
+    options: dict[str, bool] = {"whitespace_flexible": flexible}
+    if lenient:
+        options.update(lenient=True, coerce_one_of=True)
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
+
+
+def _annotations_dropped(schema: object, warnings: list[str]) -> object:
+    """schema without the formats llguidance does not know (annotations, see the module docstring);
+    `true` becomes `{}` (llguidance wants an object to attach its options to: same meaning)."""
+    if schema is True:
+        return {}
+    unknown = unknown_formats(schema, LLGUIDANCE_FORMATS)
+    warnings.extend(f"format {name!r} at {where or '/'} is not one llguidance enforces: kept as an "
+                    f"annotation (JSON Schema's default), any string is allowed" for where, name in unknown)
+    return without_formats(schema, {where for where, _ in unknown}) if unknown else schema
 
 
 class LLGuidanceMatcher(BaseMatcher):

@@ -92,7 +92,8 @@ def compile_switch(backend: GrammarBackend, tokenizer: Tokenizer, spec: Reasonin
         program, warnings = _structural(backend, tokenizer, spec, inside=None)
     else:
         raise GrammarError(f"not a switching grammar: {type(spec).__name__}")
-    return CompiledGrammar(backend.name, spec.key, program, time.perf_counter() - start, warnings)
+    inexact = tuple(w for tag in program.tags if tag.inner is not None for w in tag.inner.inexact)
+    return CompiledGrammar(backend.name, spec.key, program, time.perf_counter() - start, warnings, inexact)
 
 
 def _reasoning(backend: GrammarBackend, tokenizer: Tokenizer, spec: Reasoning) -> tuple[SwitchProgram, tuple[str, ...]]:

@@ -2,6 +2,17 @@
 
 xgrammar has no validate-without-advance, so validate advances token by token and rolls back;
 `max_rollback_tokens=-1` keeps unlimited history (rollback depth is ours to police).
+
+xgrammar compiles JSON schemas it cannot enforce exactly, and says so only on stderr, if at all.
+Compile captures those lines (grammars/stderr.py) and adds the keywords grammars/keywords.py knows
+it drops; both become `CompiledGrammar.warnings` and structlog warnings. `auto` refuses to use such
+a grammar unless the spec is lenient.
+
+xgrammar's JSON grammar also lets raw control characters (a tab byte) into strings, which JSON
+forbids. Outside strings JSON allows only tab, newline and carriage return, and only as optional
+whitespace; so for JSON specs the matcher never allows a token containing a control character,
+except \t \n \r under flexible whitespace (where one inside a string is still possible and is left
+to the end-of-request check, grammars/validate.py). Compact JSON output is then exact.
 """
 from __future__ import annotations
 
@@ -10,12 +21,15 @@ import os
 import time
 from typing import Any
 
+import structlog
 import torch
 import xgrammar as xgr
 
 from interlock.grammars import bitmask as bm
 from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
+from interlock.grammars.keywords import gaps
+from interlock.grammars.stderr import NATIVE_LINE, call_capturing_stderr
 from interlock.grammars.matcher import BaseMatcher
 from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
 from interlock.models.tokenizer import Tokenizer
@@ -24,6 +38,8 @@ from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, GrammarSpec,
 from interlock.protocol.types import TokenId
 
 NAME = "xgrammar"
+NOT_ENFORCED = "xgrammar does not enforce "     # prefix of the warnings that come from keywords.gaps
+log = structlog.get_logger(__name__)
 
 
 class XGrammarBackend:
@@ -41,6 +57,8 @@ class XGrammarBackend:
         self.special_ids = frozenset(self._info.special_token_ids) - set(tokenizer.eos_token_ids)
         self._compiler = xgr.GrammarCompiler(self._info, max_threads=min(8, os.cpu_count() or 1),
                                              cache_enabled=False)
+        # Built here, not on first use: matcher() runs on the event loop and must stay cheap.
+        self._control = ControlFilter.build_both(tokenizer, vocab_size)   # flexible? -> filter
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         if is_switch(spec):                      # Reasoning / StructuralTag: grammars/switch.py
@@ -48,19 +66,37 @@ class XGrammarBackend:
         check_spec(spec, self.config)
         start = time.perf_counter()
         try:
-            native = self._compile_native(spec)
+            native, said = call_capturing_stderr(lambda: self._compile_native(spec))
         except GrammarError:
             raise
         except Exception as exc:            # xgrammar raises RuntimeError/ValueError/its own types
             raise GrammarError(f"xgrammar: {_first_line(exc)}") from exc
-        return CompiledGrammar(NAME, spec.key, native, time.perf_counter() - start)
+        if said is None:
+            said = ["its warnings could not be read (stderr held by another compile): assumed loose"]
+        warnings = [f"xgrammar: {line}" for line in dict.fromkeys(said)]          # dedup, in order
+        if isinstance(spec, JsonSchema):
+            warnings += [NOT_ENFORCED + str(g) for g in gaps(json.loads(spec.compiled_schema), NAME,
+                                                          compact=spec.whitespace == "compact")]
+        for warning in warnings:
+            log.warning("grammar.backend_warning", backend=NAME, warning=warning)
+        # Every xgrammar warning is an approximation ("falling back to anyOf", "ignoring multipleOf").
+        return CompiledGrammar(NAME, spec.key, native, time.perf_counter() - start, tuple(warnings),
+                               inexact=tuple(warnings))
 
     def matcher(self, compiled: CompiledGrammar) -> XGrammarMatcher | SwitchMatcher:
         if compiled.backend != NAME:
             raise ValueError(f"grammar was compiled by {compiled.backend}, not {NAME}")
         if isinstance(compiled.native, SwitchProgram):
             return SwitchMatcher(compiled.native, self, self.tokenizer)
-        return XGrammarMatcher(compiled.native, self)
+        kind, _, rest = compiled.spec_key.partition(":")
+        control = None
+        if kind in ("json_schema", "json_object"):
+            control = self.control_filter(flexible=rest.startswith("flexible"))
+        return XGrammarMatcher(compiled.native, self, control)
+
+    def control_filter(self, *, flexible: bool) -> ControlFilter:
+        """The tokens JSON output never contains (see the module docstring)."""
+        return self._control[flexible]
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         return bm.allocate_bitmask(rows, self.vocab_size)
@@ -89,19 +125,47 @@ class XGrammarBackend:
                                                   strict_mode=False)
 
 
+class ControlFilter:
+    """Token ids whose text holds a control character JSON output cannot contain, and the mask
+    row that keeps every other id ([ceil(V/32)] int32)."""
+
+    def __init__(self, banned: frozenset[TokenId], keep: torch.Tensor) -> None:
+        self.banned = banned
+        self.keep = keep
+
+    @classmethod
+    def build_both(cls, tokenizer: Tokenizer, vocab_size: int) -> dict[bool, ControlFilter]:
+        """flexible? -> filter, from one decode of the vocabulary."""
+        n = min(tokenizer.vocab_size, vocab_size)
+        texts = tokenizer.hf.batch_decode([[i] for i in range(n)])
+        controls = [(i, {c for c in text if ord(c) < 0x20}) for i, text in enumerate(texts)]
+        return {flexible: cls.of(frozenset(i for i, found in controls if found - ({"\t", "\n", "\r"} if flexible
+                                                                                  else set())), vocab_size)
+                for flexible in (False, True)}
+
+    @classmethod
+    def of(cls, banned: frozenset[TokenId], vocab_size: int) -> ControlFilter:
+        keep = bm.allocate_bitmask(1, vocab_size)
+        for t in banned:
+            bm.set_bit(keep, 0, t, False)
+        return cls(banned, keep[0])
+
+
 class XGrammarMatcher(BaseMatcher):
-    def __init__(self, compiled: Any, backend: XGrammarBackend) -> None:
+    def __init__(self, compiled: Any, backend: XGrammarBackend, control: ControlFilter | None = None) -> None:
         super().__init__(vocab_size=backend.vocab_size, tokenizer_vocab=backend.tokenizer.vocab_size,
                          eos_token_ids=backend.tokenizer.eos_token_ids)
         self._m = xgr.GrammarMatcher(compiled, max_rollback_tokens=-1)
         self._tokenizer = backend.tokenizer
         self._special = backend.special_ids
+        self._control = control
 
     def _native_validate(self, token_ids: list[TokenId]) -> int:
         n = 0
+        banned = self._control.banned if self._control is not None else frozenset()
         for t in token_ids:
             # Special ids are refused here: xgrammar would refuse them too, but logs a warning each time.
-            if t in self._special or not self._m.accept_token(t):
+            if t in self._special or t in banned or not self._m.accept_token(t):
                 break
             n += 1
         if n:
@@ -118,6 +182,8 @@ class XGrammarMatcher(BaseMatcher):
 
     def _native_fill(self, bitmask: torch.Tensor, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
+        if self._control is not None:
+            bitmask[row] &= self._control.keep
 
     def _native_forced(self) -> list[TokenId]:
         # The forced string, tokenized as the model would; the last token could merge with what
@@ -154,4 +220,4 @@ def choice_ebnf(options: tuple[str, ...]) -> str:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:500]
+    return NATIVE_LINE.sub("", text.splitlines()[0])[:500]

@@ -38,6 +38,19 @@ class GrammarError(RequestError):
     """A grammar spec could not be compiled (bad spec, unsupported feature, over a cap, timeout)."""
 
 
+class SchemaKeywordError(GrammarError):
+    """No backend can enforce this JSON schema keyword exactly (grammars/LENIENCY.md).
+
+    keyword: the keyword; path: the JSON pointer of the subschema that holds it. Pass
+    `JsonSchema(..., lenient=True)` to compile loosely and rely on the end-of-request check.
+    """
+
+    def __init__(self, message: str, *, keyword: str, path: str) -> None:
+        super().__init__(message)
+        self.keyword = keyword
+        self.path = path
+
+
 # --- capacity --------------------------------------------------------------------------------
 
 class CapacityError(InterlockError):

@@ -48,14 +48,18 @@ class JsonSchema:
     strict: True (the default for generation) refuses keys an object does not declare unless the
     schema sets additionalProperties itself; without it a model is free to invent keys, which small
     models do. False is JSON Schema's own default (extra keys allowed), for checking instances.
+    lenient: False (the default) refuses, with a GrammarError naming the keyword, a schema that no
+    backend can enforce exactly (grammars/LENIENCY.md); True compiles it loosely anyway and relies
+    on the end-of-request check (grammars/validate.py) to refuse an output that breaks it.
     """
 
     schema: str
     whitespace: Whitespace = "compact"
     strict: bool = True
+    lenient: bool = False
 
     def __init__(self, schema: Mapping[str, Any] | str | bool, *, whitespace: Whitespace = "compact",
-                 strict: bool = True) -> None:
+                 strict: bool = True, lenient: bool = False) -> None:
         if isinstance(schema, str):
             try:
                 parsed = json.loads(schema)
@@ -68,6 +72,7 @@ class JsonSchema:
         object.__setattr__(self, "schema", _canonical_json(parsed))
         object.__setattr__(self, "whitespace", whitespace)
         object.__setattr__(self, "strict", strict)
+        object.__setattr__(self, "lenient", bool(lenient))
         if whitespace not in ("compact", "flexible"):
             raise ValueError(f"whitespace must be 'compact' or 'flexible', got {whitespace!r}")
 
@@ -82,7 +87,8 @@ class JsonSchema:
 
     @property
     def key(self) -> str:
-        return f"json_schema:{self.whitespace}:{'strict' if self.strict else 'open'}:{self.schema}"
+        mode = ("strict" if self.strict else "open") + (":lenient" if self.lenient else "")
+        return f"json_schema:{self.whitespace}:{mode}:{self.schema}"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import note
 from hypothesis.errors import InvalidArgument
 
-from interlock.grammars.bitmask import allowed_ids
+from interlock.grammars.bitmask import allowed_ids, clear_row
 from interlock.protocol.types import TokenId
 from interlock.testing.case import GrammarCase, Tokens
 from interlock.testing.operations import Accept, FillMasks, OfferRefused, Op, Rollback, RollbackTooFar
@@ -120,36 +120,59 @@ class Harness:
 
     def _fill_masks(self, op: FillMasks) -> None:
         drafts = list(op.drafts)
-        free: list[bool | None] | None = None
-        if _takes_free(self.matcher):
-            # Rows reported free must be left unwritten: a sentinel shows any write.
-            free = [None] * ROWS
-            self.mask[1:].fill_(SENTINEL)
-            rows = self.matcher.fill_masks(self.mask, 1, drafts, free=free)
-        else:
-            rows = self.matcher.fill_masks(self.mask, 1, drafts)
         fresh = self.case.replay(self.accepted)
         if fresh is None:
             raise self.fail("a fresh matcher refuses the accepted prefix")
         expected = 1 + fresh.validate(drafts)
+        skip = set(op.skip)
+        self._prepare_rows(drafts, expected, skip)
+        free: list[bool | None] | None = None
+        if _takes_free(self.matcher):
+            # Rows reported free must be left unwritten: a sentinel shows any write.
+            free = [None] * ROWS
+            for j in range(expected):
+                if j not in skip:
+                    self.mask[1 + j].fill_(SENTINEL)
+            rows = self.matcher.fill_masks(self.mask, 1, drafts, skip=frozenset(skip), free=free)
+        else:
+            rows = self.matcher.fill_masks(self.mask, 1, drafts, skip=frozenset(skip))
         if rows != expected:
             raise self.fail(f"{op!r} filled {rows} rows, expected {expected} (1 + allowed drafts)")
         if self.matcher.num_accepted != len(self.accepted):
             raise self.fail(f"{op!r} changed num_accepted to {self.matcher.num_accepted}")
         for j in range(rows):
             ref_free = fresh.fill_mask(self.mask, 0)
-            if free is not None and free[1 + j] is None:
-                raise self.fail(f"{op!r}: row {j} was not reported free or filled")
-            if free is not None and free[1 + j]:
-                if not bool((self.mask[1 + j] == SENTINEL).all()):
-                    raise self.fail(f"{op!r}: row {j} was reported free but written")
-                if ref_free is not True:
-                    raise self.fail(f"{op!r}: row {j} was reported free, a fresh replay is not free there")
-                self._all_ids(0, f"{op!r}: row {j} was reported free")
+            if free is not None and j not in skip:
+                self._check_free_row(op, j, free[1 + j], ref_free)
             else:
                 self._same_rows(1 + j, 0, f"{op!r}: row {j} (after drafts {drafts[:j]}) differs from a replay")
             if j < rows - 1 and not fresh.accept([drafts[j]]):
                 raise self.fail(f"a fresh matcher refuses draft {j} of {op!r}, which validate allowed")
+
+    def _check_free_row(self, op: FillMasks, j: int, reported: bool | None, ref_free: Any) -> None:
+        """Row 1+j against the fresh replay's mask in row 0: free rows unwritten, others equal."""
+        if reported is None:
+            raise self.fail(f"{op!r}: row {j} was neither reported free nor filled")
+        if not reported:
+            self._same_rows(1 + j, 0, f"{op!r}: row {j} (after drafts {list(op.drafts[:j])}) differs from a replay")
+            return
+        if not bool((self.mask[1 + j] == SENTINEL).all()):
+            raise self.fail(f"{op!r}: row {j} was reported free but written")
+        if ref_free is not True:
+            raise self.fail(f"{op!r}: row {j} was reported free, a fresh replay is not free there")
+        self._all_ids(0, f"{op!r}: row {j} was reported free")
+
+    def _prepare_rows(self, drafts: list[TokenId], rows: int, skip: set[int]) -> None:
+        """Rows 1+j: the right mask where j is skipped (as draft-side masking leaves them), empty
+        elsewhere, so that a row the matcher should fill and does not shows up as a difference."""
+        replay = self.case.replay(self.accepted)
+        for j in range(rows):
+            if j in skip and replay is not None:
+                replay.fill_mask(self.mask, 1 + j)
+            else:
+                clear_row(self.mask, 1 + j)
+            if replay is not None and j < rows - 1 and not replay.accept([drafts[j]]):
+                replay = None
 
     def _all_ids(self, row: int, what: str) -> None:
         """A free state allows every tokenizer id (and no padding id)."""

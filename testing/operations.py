@@ -63,13 +63,19 @@ class RollbackTooFar:
 
 @dataclass(frozen=True)
 class FillMasks:
-    """fill_masks(bitmask, 1, drafts): row j must be the mask after drafts[:j]; state unchanged."""
+    """fill_masks(bitmask, 1, drafts, skip): row j must be the mask after drafts[:j]; state unchanged.
+
+    skip: offsets whose rows already hold their mask (draft-side masking filled them while the
+    draft model drafted); the matcher must leave those rows alone and still fill every other row.
+    """
 
     drafts: tuple[TokenId, ...]
     text: str
+    skip: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
-        return f"fill_masks drafts {list(self.drafts)} {self.text!r}"
+        skip = f" skip {list(self.skip)}" if self.skip else ""
+        return f"fill_masks drafts {list(self.drafts)} {self.text!r}{skip}"
 
 
 Op = Accept | OfferRefused | Rollback | RollbackTooFar | FillMasks
@@ -124,4 +130,6 @@ def draw_fill_masks(draw: Draw, case: GrammarCase, accepted: Sequence[TokenId], 
         walked.append(token)
     extra = draw(st.lists(st.integers(0, case.vocab_size - 1), max_size=MAX_EXTRA_DRAFTS), label="extra drafts")
     drafts = (*walked, *extra)
-    return FillMasks(drafts, case.text(drafts))
+    # Draft-side masking fills the rows of the walked (allowed) drafts first and skips them here.
+    skip = draw(st.lists(st.integers(0, len(walked)), unique=True, max_size=len(walked) + 1), label="skip rows")
+    return FillMasks(drafts, case.text(drafts), tuple(sorted(skip)))

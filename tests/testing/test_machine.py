@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from interlock.protocol.grammar import Ebnf, JsonSchema
-from interlock.testing import Accept, MatcherMismatch, default_settings, matcher_machine
+from interlock.testing import (Accept, FillMasks, MatcherMismatch, default_settings, grammar_case, matcher_machine,
+                               run_operations)
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "ok": {"type": "boolean"}},
           "required": ["name", "ok"]}
@@ -60,6 +61,24 @@ class DropsOneMore(Delegate):
         return n + 1 if 0 < n < self.depth else n
 
 
+class SkipsTheWrongRow(Delegate):
+    """fill_masks skips offset j+1 where it was told j (an off-by-one in draft-side masking)."""
+
+    def fill_masks(self, bitmask, start_row, drafts, skip=()):
+        return self.inner.fill_masks(bitmask, start_row, drafts, skip={j + 1 for j in skip})
+
+
+class OverwritesSkippedRows(Delegate):
+    """fill_masks ignores skip and writes the mask after the wrong prefix into skipped rows."""
+
+    def fill_masks(self, bitmask, start_row, drafts, skip=()):
+        rows = self.inner.fill_masks(bitmask, start_row, drafts)
+        for j in skip:
+            if 0 < j < rows:
+                bitmask[start_row + j] = bitmask[start_row + j - 1]
+        return rows
+
+
 def failure_of(machine) -> MatcherMismatch:
     """Run the machine; return the (shrunk) MatcherMismatch it must raise."""
     try:
@@ -100,6 +119,31 @@ def test_planted_rollback_bug_is_found_and_shrunk(bug, backend, byte_backends, b
     assert len(exc.history) <= 5, exc.history
     message = str(exc)
     assert "ids=" in message and repr(accepts[0]) in message     # readable: text and ids
+
+
+@pytest.mark.parametrize(("bug", "backend"), [(SkipsTheWrongRow, "xgrammar"), (OverwritesSkippedRows, "llguidance")])
+def test_planted_skip_bug_is_found(bug, backend, byte_backends, byte_tok):
+    """fill_masks(skip=...) is an operation of the machine: a matcher that mishandles it fails."""
+    machine = matcher_machine(JsonSchema(SCHEMA), byte_backends[backend], byte_tok,
+                              matcher_factory=lambda case: bug(case.backend.matcher(case.compiled)),
+                              settings=settings(default_settings(), database=None))
+    exc = failure_of(machine)
+    fills = [op for op in exc.history if isinstance(op, FillMasks)]
+    assert fills and fills[-1].skip, exc.history
+    assert "skip" in str(exc)
+
+
+def test_fill_masks_with_skip_through_run_operations(byte_backends, byte_tok):
+    case = grammar_case(JsonSchema(SCHEMA), byte_backends["llguidance"], byte_tok)
+    first = case.tokenizer.encode('{"')
+    drafts = tuple(case.tokenizer.encode('{"name":"a"'))
+    ops = [FillMasks(drafts, case.text(drafts), skip=(0, 2)), Accept(first[0], case.text(first[:1])),
+           FillMasks(drafts[1:], case.text(drafts[1:]), skip=(1,))]
+    run_operations(case, ops)
+    with pytest.raises(MatcherMismatch, match="row"):
+        run_operations(grammar_case(JsonSchema(SCHEMA), byte_backends["llguidance"], byte_tok,
+                                    matcher_factory=lambda c: SkipsTheWrongRow(c.backend.matcher(c.compiled))),
+                       [FillMasks(drafts, case.text(drafts), skip=(0,))])
 
 
 def test_matcher_factory_gets_the_case(byte_backends, byte_tok):

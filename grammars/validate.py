@@ -1,0 +1,103 @@
+"""The end-of-request check: does a finished output satisfy the spec it was generated under?
+
+A pure function, independent of any backend, so that a lenient or buggy backend cannot produce an
+output that this check passes (grammars/LENIENCY.md lists what each backend lets through).
+
+- JsonSchema: the text parses as one strict JSON document (no raw control characters inside
+  strings, no NaN/Infinity, no duplicate keys) and validates with `jsonschema` against the schema
+  the backends compiled: the user's schema, with objects closed when the spec is `strict`.
+  `format` is not asserted (JSON Schema 2020-12: an annotation by default, see grammars/LENIENCY.md);
+  backends may enforce known formats more strictly, never less than this check.
+- JsonObject: one strict JSON object.
+- Regex: `re.fullmatch` (Python's dialect; the backends' regex dialects agree on the common subset).
+- Choice: the text is one of the options.
+- Ebnf / Lark: no check here: there is no independent parser for those grammars, so the
+  backend's acceptance (EOS allowed only when the grammar accepts) is the only guarantee.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from interlock.protocol.errors import GrammarError
+from interlock.protocol.grammar import Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Lark, Regex
+
+MAX_SHOWN = 200             # characters of the failing output quoted in the error
+
+
+def validate_output(spec: GrammarSpec, text: str) -> None:
+    """Raise GrammarError (saying why) when `text` does not satisfy `spec`; return None otherwise."""
+    if isinstance(spec, JsonSchema):
+        _check_schema(spec, parse_json(text))
+    elif isinstance(spec, JsonObject):
+        if not isinstance(parse_json(text), dict):
+            raise GrammarError(f"output is JSON but not an object: {_shown(text)}")
+    elif isinstance(spec, Regex):
+        if _regex(spec.pattern).fullmatch(text) is None:
+            raise GrammarError(f"output does not match the regex {spec.pattern!r}: {_shown(text)}")
+    elif isinstance(spec, Choice):
+        if text not in spec.options:
+            raise GrammarError(f"output is not one of the {len(spec.options)} choices: {_shown(text)}")
+    elif not isinstance(spec, (Ebnf, Lark)):
+        raise GrammarError(f"unknown grammar spec type {type(spec).__name__}")
+
+
+def parse_json(text: str) -> Any:
+    """One strict JSON document, or GrammarError saying where it breaks."""
+    try:
+        return json.loads(text, strict=True, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
+    except (json.JSONDecodeError, _NotJson) as exc:
+        raise GrammarError(f"output is not valid JSON ({exc}): {_shown(text)}") from exc
+    except RecursionError as exc:
+        raise GrammarError("output is not valid JSON: nested too deeply to parse") from exc
+
+
+def _check_schema(spec: JsonSchema, value: Any) -> None:
+    validator = _validator(spec.compiled_schema)
+    error = next(iter(validator.iter_errors(value)), None)
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        raise GrammarError(f"output does not validate against the JSON schema at {where}: "
+                           f"{error.message[:MAX_SHOWN]} (keyword {error.validator!r})")
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _NotJson(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _validator(schema_text: str) -> Any:
+    """A jsonschema validator (built per call: once per request, no module-level cache) for the schema's own dialect ($schema; 2020-12 when absent)."""
+    import jsonschema
+
+    schema = json.loads(schema_text)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise GrammarError(f"the JSON schema is not a valid schema: {exc.message[:MAX_SHOWN]}") from exc
+    return cls(schema)
+
+
+def _regex(pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise GrammarError(f"the regex {pattern!r} does not compile in Python: {exc}") from exc
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "…")
