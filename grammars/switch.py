@@ -50,6 +50,7 @@ class CompiledTag:
     begin: tuple[TokenId, ...]
     inner: CompiledGrammar | None            # None: free (Reasoning with then=None)
     end: tuple[TokenId, ...] | None
+    spec: GrammarSpec | None = None          # what inner was compiled from (the end-of-output check)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def _reasoning(backend: GrammarBackend, tokenizer: Tokenizer, spec: Reasoning) -
             raise GrammarError("Reasoning.then: a Reasoning cannot be nested in another")
         inner = _compile_inner(backend, tokenizer, spec.then, "Reasoning.then")
         warnings = inner.warnings
-    tag = CompiledTag(trigger=end, begin=end, inner=inner, end=None)
+    tag = CompiledTag(trigger=end, begin=end, inner=inner, end=None, spec=spec.then)
     return SwitchProgram((end,), (tag,), 1, free_eos=inner is None, reasoning=(start, end)), warnings
 
 
@@ -141,7 +142,7 @@ def _structural(backend: GrammarBackend, tokenizer: Tokenizer, spec: StructuralT
             raise GrammarError(f"{what}: a tag's spec cannot itself switch (nested Reasoning or StructuralTag)")
         inner = _compile_inner(backend, tokenizer, tag.spec, what)
         warnings.extend(inner.warnings)
-        tags.append(CompiledTag(triggers[i], begin, inner, end))
+        tags.append(CompiledTag(triggers[i], begin, inner, end, tag.spec))
     for a in range(len(tags)):
         for b in range(len(tags)):
             if a != b and tags[b].begin[:len(tags[a].begin)] == tags[a].begin:
@@ -163,6 +164,23 @@ def _compile_inner(backend: GrammarBackend, tokenizer: Tokenizer, spec: GrammarS
 def _contains(hay: tuple[TokenId, ...], needle: tuple[TokenId, ...]) -> bool:
     n = len(needle)
     return any(hay[i:i + n] == needle for i in range(len(hay) - n + 1))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of accepted tokens of one kind.
+
+    kind: "free" (thinking, or text between tags), "marker" (a trigger with the rest of its begin,
+    or an end marker), "constrained" (a tag's spec, or Reasoning's answer), "eos".
+    tag: the tag's index in the program for marker and constrained runs. complete: a constrained
+    run that its end marker (or EOS, for Reasoning's answer) closed.
+    """
+
+    kind: str
+    ids: tuple[TokenId, ...]
+    tag: int | None = None
+    complete: bool = False
+    spec: GrammarSpec | None = None
 
 
 # --- the matcher -----------------------------------------------------------------------------------
@@ -192,6 +210,7 @@ class SwitchMatcher:
         self._tokenizer_vocab = min(tokenizer.vocab_size, backend.vocab_size)
         self._eos = frozenset(tokenizer.eos_token_ids)
         self._states: list[_State] = [_State()]
+        self._ids: list[TokenId] = []               # the accepted tokens (segments())
         self._scratch = bm.allocate_bitmask(1, backend.vocab_size)
 
     # --- queries ---------------------------------------------------------------------------------
@@ -248,6 +267,53 @@ class SwitchMatcher:
             return s.inner.marker_hints()
         return []
 
+    def segments(self) -> list[Segment]:
+        """The accepted tokens split by phase (token-level, so exactly where the grammar switched).
+        A constrained run whose spec is itself a switching grammar is split by its own segments."""
+        runs: list[tuple[str, list[TokenId], int | None]] = []      # (role, ids, tag)
+        for i, t in enumerate(self._ids):
+            before, after = self._states[i], self._states[i + 1]
+            if after.terminated and not before.terminated:
+                runs.append(("eos", [t], None))
+                continue
+            if before.phase == FREE and after.phase in (BEGIN, INNER):
+                k = len(self.program.tags[after.tags[0]].trigger) - 1   # its earlier tokens were free
+                free = runs.pop()[1] if k else []
+                if len(free) > k:
+                    runs.append(("free", free[:-k], None))
+                runs.append(("begin", [*free[len(free) - k:], t], after.tags[0]))
+                continue
+            if before.phase == FREE:
+                role = "free"
+            elif before.phase == BEGIN:
+                role = "begin"
+            elif before.phase == END or (before.phase == INNER and after.phase != INNER):
+                role = "end"
+            else:
+                role = "constrained"
+            tag = after.tags[0] if role == "begin" else (None if role == "free" else before.tags[0])
+            if runs and runs[-1][0] == role and not (role == "end" and before.phase == INNER):
+                runs[-1] = (role, [*runs[-1][1], t], tag if role == "begin" else runs[-1][2])
+            else:
+                runs.append((role, [t], tag))
+        kinds = {"begin": "marker", "end": "marker"}
+        return self._close([Segment(kinds.get(role, role), tuple(ids), tag) for role, ids, tag in runs])
+
+    def _close(self, runs: list[Segment]) -> list[Segment]:
+        out: list[Segment] = []
+        for n, seg in enumerate(runs):
+            if seg.kind != "constrained":
+                out.append(seg)
+                continue
+            tag = self.program.tags[seg.tag]                 # type: ignore[index]
+            nxt = runs[n + 1].kind if n + 1 < len(runs) else None
+            done = nxt == "marker" if tag.end is not None else nxt == "eos"
+            if isinstance(tag.spec, StructuralTag) and self._states[-1].inner is not None:
+                out.extend(self._states[-1].inner.segments())   # Reasoning's answer holds tags
+                continue
+            out.append(replace(seg, complete=done, spec=tag.spec))
+        return out
+
     # --- accept / validate / rollback -------------------------------------------------------------
 
     def validate(self, token_ids: Sequence[TokenId]) -> int:
@@ -277,6 +343,7 @@ class SwitchMatcher:
 
     def reset(self) -> None:
         self._states = [_State()]
+        self._ids = []
 
     # --- masks ------------------------------------------------------------------------------------
 
@@ -334,6 +401,7 @@ class SwitchMatcher:
         if n <= 0:
             return
         del self._states[len(self._states) - n:]
+        del self._ids[len(self._ids) - n:]
         top = self._states[-1]
         if top.inner is not None and top.inner.num_accepted != top.depth:
             top.inner.rollback(top.inner.num_accepted - top.depth)
@@ -344,6 +412,12 @@ class SwitchMatcher:
 
     def _step(self, t: TokenId) -> bool:
         """Accept one token (push a state) or refuse it (state unchanged)."""
+        if self._step_state(t):
+            self._ids.append(t)
+            return True
+        return False
+
+    def _step_state(self, t: TokenId) -> bool:
         s = self._states[-1]
         if s.terminated or not 0 <= t < self._tokenizer_vocab:
             return False
@@ -470,3 +544,4 @@ class SwitchMatcher:
         for eos in self._eos:
             if eos < self._tokenizer_vocab:
                 bm.set_bit(bitmask, row, eos, allowed)
+

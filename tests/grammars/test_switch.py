@@ -17,6 +17,7 @@ from hypothesis import settings
 from interlock.grammars import GrammarLayer, make_backend
 from interlock.grammars.bitmask import allocate_bitmask, allowed_ids
 from interlock.grammars.switch import SwitchMatcher, marker_ids
+from interlock.grammars.validate import validate_output, validate_segments
 from interlock.models.loader import TINY_PADDED_VOCAB
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import (Choice, GrammarConfig, JsonSchema, Reasoning, Regex, StructuralTag, Tag)
@@ -256,3 +257,50 @@ def test_tiny_padded_vocab_masks_no_padding(tiny_backends, tiny_tokenizer):
     mask = allocate_bitmask(1, b.vocab_size)
     assert m.fill_mask(mask, 0) is True
     assert allowed_ids(mask, 0, b.vocab_size) == list(range(tiny_tokenizer.vocab_size))
+
+
+# --- segments and the end-of-output check ------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_segments_split_where_the_grammar_switched(backend, tiny_backends, tiny_tokenizer):
+    b, tok = tiny_backends[backend], tiny_tokenizer
+    m = b.matcher(b.compile(TWO_TAGS))
+    parts = ["say <", "<fn=a>", '{"a":7}', "</fn>", " then ", "<fn=b>", "no", "</fn>"]
+    ids = [t for p in parts for t in tok.encode(p)]
+    assert m.accept(ids) and m.accept(list(tok.eos_token_ids))
+    segs = m.segments()
+    assert [s.kind for s in segs] == ["free", "marker", "constrained", "marker", "free", "marker", "constrained",
+                                      "marker", "eos"]
+    assert [tok.decode(s.ids) for s in segs[:-1]] == parts
+    assert [s.tag for s in segs if s.kind == "constrained"] == [0, 1]
+    assert all(s.complete for s in segs if s.kind == "constrained")
+    validate_segments(segs, tok.decode)
+    validate_output(TWO_TAGS, tok.decode(ids))
+    m.rollback(len(tok.encode("</fn>")) + 1)                     # cut before the end marker
+    last = m.segments()[-1]
+    assert last.kind == "constrained" and not last.complete
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_segments_of_reasoning_then_tool(backend, marker_backends, marker_tok):
+    b, tok = marker_backends[backend], marker_tok
+    m = b.matcher(b.compile(THINK_TOOL))
+    parts = ["<think>", "hm", "</think>", "ok ", "<tool_call>", '{"a":1}', "</tool_call>"]
+    assert m.accept([t for p in parts for t in tok.encode(p)] + list(tok.eos_token_ids))
+    segs = m.segments()
+    assert [(s.kind, tok.decode(s.ids)) for s in segs[:-1]] == [
+        ("free", "<think>hm"), ("marker", "</think>"), ("free", "ok "), ("marker", "<tool_call>"),
+        ("constrained", '{"a":1}'), ("marker", "</tool_call>")]
+    validate_segments(segs, tok.decode)
+
+
+def test_validate_output_of_switching_specs():
+    validate_output(THINK_JSON, '<think>x</think>{"a":1}')
+    validate_output(THINK_FREE, "no markers at all")
+    validate_output(TOOL, 'text only')
+    validate_output(TOOL, 'a <tool_call>{"a":1}</tool_call> b')
+    for spec, text in [(THINK_JSON, "<think>never ends"), (THINK_JSON, '</think>{"b":true}'),
+                       (TOOL, '<tool_call>{"a":"x"}</tool_call>'), (TOOL, '<tool_call>{"a":1}'),
+                       (TWO_TAGS, "<fn=b>yes</fn><fn=b>no</fn><fn=b>yes</fn>")]:
+        with pytest.raises(GrammarError):
+            validate_output(spec, text)
