@@ -9,7 +9,7 @@ from interlock.protocol.types import FinishReason
 from interlock.server.responses import (
     AssistantMessage, ChatChoice, ChunkChoice, OpenAIFinish, TextChoice,
 )
-from interlock.server.tools import ToolCallStream
+from interlock.server.tools import AutoToolStream, ToolCallStream
 
 
 def is_json(text: str) -> bool:
@@ -24,9 +24,10 @@ class ChoiceShaper:
     """One choice of one request. Chat choices open with a role delta; tool-call choices stream
     tool-call deltas instead of content."""
 
-    def __init__(self, index: int, *, chat: bool, tools: bool) -> None:
+    def __init__(self, index: int, *, chat: bool, tools: bool, auto_tools: bool = False) -> None:
         self.index, self.chat = index, chat
         self.tools = ToolCallStream() if tools else None
+        self.auto = AutoToolStream() if auto_tools and chat else None
         self.parts: list[str] = []
 
     @property
@@ -44,6 +45,8 @@ class ChoiceShaper:
             return []
         if self.tools is not None:
             return [ChunkChoice(index=self.index, delta={"tool_calls": [d]}) for d in self.tools.feed(text)]
+        if self.auto is not None:
+            return self._auto_chunks(*self.auto.feed(text))
         if self.chat:
             return [ChunkChoice(index=self.index, delta={"content": text})]
         return [TextChoice(index=self.index, text=text, finish_reason=None)]
@@ -52,6 +55,7 @@ class ChoiceShaper:
         if reason == "length":
             return "length"
         called = self.tools is not None and self.tools.name is not None and is_json(self.text)
+        called = called or (self.auto is not None and self.auto.closed)
         return "tool_calls" if called else "stop"
 
     def closing(self, reason: FinishReason) -> list[Any]:
@@ -59,6 +63,8 @@ class ChoiceShaper:
         if not self.chat:
             return [TextChoice(index=self.index, text="", finish_reason=finish)]
         out = []
+        if self.auto is not None:
+            out = self._auto_chunks(*self.auto.finish())
         if self.tools is not None:
             out = [ChunkChoice(index=self.index, delta={"tool_calls": [d]})
                    for d in self.tools.finish(is_json(self.text))]
@@ -68,9 +74,19 @@ class ChoiceShaper:
         finish = self.finish_reason(reason)
         if not self.chat:
             return TextChoice(index=self.index, text=self.text, finish_reason=finish)
+        if self.auto is not None:
+            self.auto.finish()
+            calls, content = self.auto.calls(), self.auto.content()
+            return ChatChoice(index=self.index, finish_reason=finish,
+                              message=AssistantMessage(content=content or (None if calls else ""),
+                                                       tool_calls=calls or None))
         if self.tools is not None:
             found = self.tools.calls(is_json(self.text))
             if found:
                 return ChatChoice(index=self.index, finish_reason=finish,
                                   message=AssistantMessage(content=None, tool_calls=found))
         return ChatChoice(index=self.index, finish_reason=finish, message=AssistantMessage(content=self.text))
+
+    def _auto_chunks(self, content: str, calls: list[dict[str, Any]]) -> list[Any]:
+        out = [ChunkChoice(index=self.index, delta={"content": content})] if content else []
+        return out + [ChunkChoice(index=self.index, delta={"tool_calls": [d]}) for d in calls]
