@@ -94,7 +94,8 @@ async def _generate(args: argparse.Namespace) -> None:
     from interlock.protocol.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
-                              guidance_scale=args.guidance_scale)
+                              guidance_scale=args.guidance_scale, presence_penalty=args.presence_penalty,
+                              frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty)
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
     negative = args.negative_prompt
     if negative is not None and not args.raw:
@@ -122,7 +123,9 @@ async def _bench(args: argparse.Namespace) -> None:
 
     cfg = BenchConfig(dataset=Path(args.dataset), limit=args.limit, draft_len=args.draft_len,
                       backend=args.backend, concurrency=args.concurrency,
-                      max_tokens=args.max_tokens, temperature=args.temperature)
+                      max_tokens=args.max_tokens, temperature=args.temperature,
+                      presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                      repetition_penalty=args.repetition_penalty)
     modes = [m.strip() for m in args.speculative.split(",") if m.strip()]
     results = await run_modes(load_model(args.model), cfg, modes)
     report(results)
@@ -161,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
         p.add_argument("--temperature", type=float, default=0.0)
         p.add_argument("--max-tokens", type=int, default=max_tokens)
+        p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's: minus this once per token seen in the output")
+        p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's: minus this per occurrence in the output")
+        p.add_argument("--repetition-penalty", type=float, default=1.0,
+                       help="CTRL/HF: logits of tokens in the prompt or output divided (if > 0) or multiplied by this")
 
     common(sub.add_parser("run", help="the embedded demo"), 128)
     gen = sub.add_parser("generate", help="generate text for one prompt")

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-
-import structlog
 
 from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import GrammarActor, MaskBuffers
@@ -28,7 +26,9 @@ from interlock.models.linear import Weights
 from interlock.models.loader import LoadedModel, load_model
 from interlock.models.tokenizer import Message
 from interlock.protocol.errors import (
-    EngineClosedError, EngineError, GrammarError, RequestError, UnsupportedModelError,
+    EmptyPromptError, EngineClosedError, EngineError, GrammarError, InterlockError, InvalidParameterError,
+    PromptTooLongError, RequestError,
+    UnsupportedModelError,
 )
 from interlock.protocol.grammar import BackendName, GrammarConfig, GrammarSpec
 from interlock.protocol.messages import Cancel, EngineMetrics, GetMetrics, GrammarReady, RequestSpec, Submit, Wake
@@ -39,8 +39,9 @@ from interlock.streams.channel import ChannelClosedError
 from interlock.streams.cpu_timeline import CpuTimeline
 from interlock.streams.errors import ChannelFullError
 from interlock.streams.output import OutputStream
+from interlock.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,12 @@ class Engine:
                         ) -> AsyncIterator[Delta]:
         if self._closed or self._runtime is None:
             raise self._failure or EngineClosedError("the engine is not running (use `async with engine:`)")
+        if not isinstance(sampling, SamplingParams):
+            raise InvalidParameterError("sampling", f"must be a SamplingParams, got {type(sampling).__name__}")
+        if sampling.ignore_eos and grammar is not None:
+            # Once the grammar completes, the stop token is the only one it allows: there is no going on.
+            raise InvalidParameterError("ignore_eos", "cannot be combined with a grammar (a complete document "
+                                                      "ends the request); use max_tokens or drop ignore_eos")
         tokens = self._encode(prompt)
         uncond = None
         if sampling.guidance_scale is not None:
@@ -247,10 +254,24 @@ class Engine:
             stream.cancel()
 
     def _encode(self, prompt: str | Sequence[Message]) -> list[int]:
-        tokens = self.tokenizer.encode_prompt(prompt)
+        if not isinstance(prompt, str) and not (isinstance(prompt, Sequence) and
+                                                all(isinstance(m, Mapping) for m in prompt)):
+            raise InvalidParameterError("prompt", f"must be a str or a list of chat messages (dicts), got "
+                                                  f"{type(prompt).__name__}")
+        if len(prompt) == 0:
+            raise EmptyPromptError("the prompt is empty (an empty string or message list): give at least one token")
+        try:
+            tokens = self.tokenizer.encode_prompt(prompt)
+        except InterlockError:
+            raise
+        except Exception as exc:        # jinja2 / transformers errors: how a chat template refuses bad messages
+            raise InvalidParameterError("prompt", f"the chat template refused the messages: {exc}") from exc
+        if not tokens:
+            raise EmptyPromptError("the prompt encodes to no tokens: give at least one token")
         check_prompt_fits(self.model.config, len(tokens))
         if len(tokens) + 1 > self.max_context:
-            raise RequestError(f"prompt has {len(tokens)} tokens; the engine's context is {self.max_context}")
+            raise PromptTooLongError(f"prompt has {len(tokens)} tokens; the engine's context is {self.max_context} "
+                                     "(prompt + at least 1 generated token must fit): shorten the prompt")
         return tokens
 
     async def _compile(self, rid: RequestId, spec: GrammarSpec) -> None:

@@ -24,19 +24,19 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
-import structlog
 from anyio.abc import TaskStatus
 
 from interlock.protocol.errors import EngineClosedError, EngineError
 from interlock.streams.channel import Channel
 from interlock.streams.reply import PendingReplies, Reply
+from interlock.logs import get_logger
 
 M = TypeVar("M")  # the actor's message type (usually a union of frozen dataclasses)
 R = TypeVar("R")
 
 Handler = Callable[[Any], Awaitable[None]]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Actor(Generic[M]):

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import structlog
 import torch
 
 from interlock.actors.base import Actor, Handler
@@ -28,8 +27,9 @@ from interlock.protocol.messages import (
 )
 from interlock.protocol.types import SlotId
 from interlock.streams.timeline import DeviceEvent, Timeline
+from interlock.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass

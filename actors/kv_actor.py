@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import structlog
-
 from interlock.actors.base import Actor, Handler
 from interlock.models.kv_cache import PagedKVCache
 from interlock.protocol.messages import BlockTables, Free, KVUsage, Reserve, Rewind
+from interlock.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class KVActor(Actor[object]):

@@ -20,15 +20,15 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from interlock.actors.base import Actor
 from interlock.protocol.errors import EngineError
+from interlock.logs import get_logger
 
 FailureCallback = Callable[[str, BaseException], None]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class _ShieldWhenStarted(TaskStatus[None]):

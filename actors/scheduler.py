@@ -23,12 +23,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
 from interlock.actors.base import Actor, Handler
 from interlock.models.detokenize import IncrementalText
 from interlock.models.tokenizer import Tokenizer
-from interlock.protocol.errors import EngineClosedError, KVCacheExhaustedError
+from interlock.grammars.validate import validate_output
+from interlock.protocol.errors import EngineClosedError, GrammarError, KVCacheExhaustedError
 from interlock.protocol.messages import (
     AddRequest, BindGrammar, BlockTables, Cancel, Count, EngineMetrics, Free, GetMetrics, GrammarReady, GuideChunk,
     Release, RequestSnapshot, RequestSpec,
@@ -37,8 +36,9 @@ from interlock.protocol.messages import (
 from interlock.protocol.sampling import Delta, RequestStats
 from interlock.protocol.types import FinishReason, RequestId, SlotId
 from interlock.streams.output import OutputStream
+from interlock.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,9 @@ class Scheduler(Actor[object]):
         rewinds, emits = [], []
         by_id = {r.request_id: r for r in event.results}
         for s in plan.snapshots:
-            req = self.requests[s.request_id]
+            req = self.requests.get(s.request_id)
+            if req is None:         # failed while this step prefilled it (its grammar did not compile): gone
+                continue
             result = by_id.get(s.request_id)
             if result is None:                                    # a prefill chunk
                 req.computed += len(s.chunk)
@@ -348,6 +350,9 @@ class Scheduler(Actor[object]):
         text = req.text.push(tokens, final=reason is not None)
         if req.text.stop_hit:
             reason = "stop"
+        if reason == "stop" and req.spec.grammar is not None and (bad := self._check_output(req)) is not None:
+            await self._finish(req, "error", bad)        # never a silent invalid document
+            return
         if reason is None:
             req.pending.append(Delta(text, tuple(tokens)))
         else:
@@ -359,6 +364,17 @@ class Scheduler(Actor[object]):
             # Free first, deliver after: once the caller sees the end, every Free is already queued.
             await self._release(req)
         self._flush(req)
+
+    def _check_output(self, req: _Request) -> GrammarError | None:
+        """The end-of-request check of a constrained output that ends with "stop": the error, or None."""
+        delivered = self.tokenizer.decode(req.text.ids, skip_special_tokens=True)[: req.text.emitted]
+        try:
+            validate_output(req.spec.grammar, delivered)
+        except GrammarError as exc:
+            log.error("invalid_constrained_output", request_id=req.spec.request_id, step=self.step,
+                      grammar=type(req.spec.grammar).__name__, error=str(exc), output=delivered[:200])
+            return exc
+        return None
 
     def _flush(self, req: _Request) -> None:
         while req.pending and req.stream.try_put(req.pending[0]):

@@ -20,6 +20,7 @@ import torch
 
 from interlock.actors.base import Actor, Handler
 from interlock.actors.grammar_actor import MaskBuffers
+from interlock.actors.penalty_book import PenaltyBook
 from interlock.kernels import apply_token_bitmask_, probs_from_logits, rejection_sample, rejection_sample_greedy
 from interlock.kernels.cfg import cfg_combine
 from interlock.kernels.sampling import request_generator
@@ -59,6 +60,7 @@ class VerifierActor(Actor[object]):
         self.tokenizer_vocab = tokenizer_vocab
         self.eos = frozenset(eos_token_ids)
         self.generators: dict[RequestId, torch.Generator] = {}
+        self.penalties = PenaltyBook(model.config.vocab_size)    # per-request token counts (penalized requests)
         super().__init__("verifier")
 
     def handlers(self) -> Mapping[type, Handler]:
@@ -66,6 +68,7 @@ class VerifierActor(Actor[object]):
 
     async def on_release(self, msg: Release) -> None:
         self.generators.pop(msg.request_id, None)
+        self.penalties.release(msg.request_id)
 
     async def on_proposal(self, proposal: DraftProposal) -> None:
         plan = proposal.plan
@@ -76,6 +79,7 @@ class VerifierActor(Actor[object]):
             if not s.sampling.greedy and s.request_id not in self.generators:
                 gen = request_generator(s.sampling.seed)
                 self.generators[s.request_id] = gen
+        self.penalties.see(plan.snapshots)
         lane = self.timeline.model
         lane.launch_host(self._forward, work)
         if any(plan.snapshots[i].constrained for i in sampled):
@@ -127,6 +131,7 @@ class VerifierActor(Actor[object]):
             if s.constrained:              # drafts past the first one the grammar refused are moot
                 valid = min(n, int(self.buffers.rows[s.slot]) - 1)
             num_drafts[row] = valid
+        self.penalties.apply_(logits, snaps, work.drafts, num_drafts)      # after CFG, before masks and temperature
         logits[:, :, self.tokenizer_vocab:] = float("-inf")                 # padded ids: never
         self._mask(logits, snaps, k)
         if all(s.sampling.greedy for s in snaps):
@@ -143,6 +148,7 @@ class VerifierActor(Actor[object]):
             # A stop token that was an accepted draft counts as accepted (tokens end at it).
             work.results.append(SlotResult(s.request_id, s.slot, tuple(tokens), int(num_drafts[row]),
                                            min(n_acc, len(tokens))))
+        self.penalties.commit(work.results)
 
     @staticmethod
     def _guided(cond: torch.Tensor, uncond: torch.Tensor, scale: float | None) -> torch.Tensor:

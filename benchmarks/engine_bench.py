@@ -8,11 +8,14 @@ table (tokens/s ratio to the first mode), then one JSON line with every mode's r
 from __future__ import annotations
 
 import json
+import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import anyio
+from rich.console import Console
 
 from interlock.benchmarks.common import percentile, print_json_last, print_table
 from interlock.benchmarks.prompts import Row, build_messages, load_rows
@@ -34,6 +37,9 @@ class BenchConfig:
     concurrency: int = 1
     max_tokens: int = 256
     temperature: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 def valid(completion: Completion, row: Row) -> bool:
@@ -50,7 +56,9 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     rows = load_rows(cfg.dataset, limit=cfg.limit)
     config = EngineConfig(speculative=SpeculativeConfig.parse(cfg.speculative, max_draft_len=cfg.draft_len),
                           grammar=GrammarConfig(backend=cfg.backend), max_batch_size=cfg.concurrency)
-    sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=0)
+    sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=0,
+                              presence_penalty=cfg.presence_penalty, frequency_penalty=cfg.frequency_penalty,
+                              repetition_penalty=cfg.repetition_penalty)
     results: list[tuple[Row, Completion | None]] = []
     async with Engine(loaded, config) as engine:
         from rich.progress import Progress
@@ -75,18 +83,27 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
             wall = time.perf_counter() - start
         metrics = await engine.metrics()
     done = [(r, c) for r, c in results if c is not None]
+    reasons = Counter(c.finish_reason if c is not None else "error" for _, c in results)
     tokens = sum(len(c.token_ids) for _, c in done)
     steps = sum(c.stats.steps for _, c in done)
     step_tokens = sum(c.stats.step_tokens for _, c in done)
     return {
         "mode": cfg.speculative, "backend": cfg.backend, "concurrency": cfg.concurrency,
         "requests": len(rows), "completed": len(done), "valid": sum(valid(c, r) for r, c in done),
+        "finish_reasons": {k: reasons.get(k, 0) for k in ("stop", "length", "error")},
+        # Outputs that ended with "stop" yet fail their schema: the engine's end-of-request check
+        # turns those into errors, so this must be 0.
+        "invalid_stop": sum(c.finish_reason == "stop" and not valid(c, r) for r, c in done),
         "output_tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2),
         "mean_acceptance_length": round(step_tokens / steps, 3) if steps else 0.0,
         "exposed_grammar_frac": round(metrics.exposed_grammar_frac, 4),
         "ttft_p50_s": round(percentile([c.stats.ttft_s for _, c in done], 50), 4) if done else 0.0,
         "draft_len": cfg.draft_len, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
+        "penalties": {"presence": cfg.presence_penalty, "frequency": cfg.frequency_penalty,
+                      "repetition": cfg.repetition_penalty},
         "dataset": cfg.dataset.stem,
+        "outputs": [{"id": r.id, "finish_reason": c.finish_reason if c else "error",
+                     "token_ids": list(c.token_ids) if c else []} for r, c in sorted(results, key=lambda x: x[0].id)],
     }
 
 
@@ -100,10 +117,14 @@ async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], pro
 
 
 def report(results: list[dict]) -> None:
-    keys = ["mode", "completed", "valid", "output_tokens", "tokens_per_s", "ratio",
-            "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s"]
+    keys = ["mode", "completed", "valid", "stop/length/error", "invalid_stop", "output_tokens", "tokens_per_s",
+            "ratio", "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s"]
     first = results[0]
     title = (f"interlock bench: {first['dataset']}, {first['requests']} rows, T={first['temperature']}, "
              f"K={first['draft_len']}, concurrency {first['concurrency']}, backend {first['backend']}")
-    print_table(title, keys, [[r.get(k, "") for k in keys] for r in results])
-    print_json_last(results[0] if len(results) == 1 else {"modes": results})
+    shown = [{**r, "stop/length/error": "/".join(str(r["finish_reasons"][k]) for k in ("stop", "length", "error"))}
+             for r in results]
+    wide = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)   # 11 columns: 120 wraps headers
+    print_table(title, keys, [[r.get(k, "") for k in keys] for r in shown], console=wide)
+    brief = [{k: v for k, v in r.items() if k != "outputs"} for r in results]      # token ids: --json only
+    print_json_last(brief[0] if len(brief) == 1 else {"modes": brief})

@@ -19,7 +19,6 @@ from typing import Any
 import llguidance
 import llguidance.hf
 import llguidance.torch
-import structlog
 import torch
 
 from interlock.grammars import bitmask as bm
@@ -32,9 +31,10 @@ from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark, Regex
 from interlock.protocol.types import TokenId
+from interlock.logs import get_logger
 
 NAME = "llguidance"
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class LLGuidanceBackend:

@@ -21,7 +21,6 @@ import os
 import time
 from typing import Any
 
-import structlog
 import torch
 import xgrammar as xgr
 
@@ -36,10 +35,11 @@ from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark, Regex
 from interlock.protocol.types import TokenId
+from interlock.logs import get_logger
 
 NAME = "xgrammar"
 NOT_ENFORCED = "xgrammar does not enforce "     # prefix of the warnings that come from keywords.gaps
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class XGrammarBackend:

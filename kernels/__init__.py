@@ -1,4 +1,4 @@
-"""Synchronous tensor functions: bitmask apply, sampling, rejection sampling, CFG combine.
+"""Synchronous tensor functions: bitmask apply, sampling, rejection sampling, CFG combine, penalties.
 
 Each public function is a dispatcher with an explicit `backend=` ("auto", "torch",
 "reference", and "cuda" for the Triton kernels of bitmask apply and rejection sampling, which
@@ -15,6 +15,8 @@ captured CUDA graph; the "reference" versions loop in Python and are the obvious
 - rejection.py   rejection_sample (stochastic, point-mass or probabilistic drafts) and
                  rejection_sample_greedy: speculative verification over [B, K] drafts
 - cfg.py         cfg_combine: classifier-free guidance per-row scale
+- penalties.py   apply_penalties (repetition / frequency / presence) and draft_counts (each verify
+                 position's counts: output + the drafts before it, so penalties stay exact)
 - types.py       RejectionResult
 - *_reference.py the slow obvious versions; _checks.py the shared argument checks
 - *_triton.py    the CUDA variants (bitmask_triton.py, rejection_triton.py), imported only
@@ -24,14 +26,17 @@ from __future__ import annotations
 
 from interlock.kernels.bitmask import apply_token_bitmask_
 from interlock.kernels.cfg import cfg_combine
+from interlock.kernels.penalties import apply_penalties, draft_counts
 from interlock.kernels.rejection import rejection_sample, rejection_sample_greedy
 from interlock.kernels.sampling import draw_uniforms, probs_from_logits, sample, sample_from_probs
 from interlock.kernels.types import RejectionResult
 
 __all__ = [
     "RejectionResult",
+    "apply_penalties",
     "apply_token_bitmask_",
     "cfg_combine",
+    "draft_counts",
     "draw_uniforms",
     "probs_from_logits",
     "rejection_sample",

@@ -34,6 +34,18 @@ class PromptTooLongError(RequestError):
     """Prompt (plus at least one generated token) does not fit the model's context window."""
 
 
+class EmptyPromptError(RequestError):
+    """The prompt is empty (an empty string, or an empty message list): give at least one token."""
+
+
+class InvalidParameterError(RequestError):
+    """A request parameter has the wrong type or is out of range; `field` names it (e.g. "temperature")."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 class GrammarError(RequestError):
     """A grammar spec could not be compiled (bad spec, unsupported feature, over a cap, timeout)."""
 

@@ -2,23 +2,55 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
+from interlock.protocol.errors import InvalidParameterError
 from interlock.protocol.types import FinishReason, TokenId
+
+
+SEED_BITS = 64
+MAX_TOKENS_LIMIT = 2**31 - 1         # above: refused (the context caps every request long before)
+TOP_K_LIMIT = 2**31 - 1              # above: refused (any top_k >= the vocabulary is "off" anyway)
+TEMPERATURE_RANGE = (1e-3, 1e3)      # a positive temperature outside it overflows float32 logits / T
+GUIDANCE_LIMIT = 1e3                 # |guidance_scale| above it overflows float32 logits
+PENALTY_RANGE = (-2.0, 2.0)          # presence / frequency penalty, as OpenAI
+REPETITION_RANGE = (1e-2, 1e2)       # repetition_penalty; 1.0 is off
+MAX_STOP_STRINGS = 64                # each one is searched for in the text after every step
+MAX_STOP_CHARS = 512                 # a stop string's length is also how much text is held back
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens for one request.
+    """How to pick tokens for one request. Every field is checked here, at construction: a bad
+    value raises InvalidParameterError (a RequestError) naming the field, so nothing invalid ever
+    reaches the engine.
 
-    temperature 0 is greedy. top_k None / top_p None switch those filters off. seed makes a
-    stochastic request reproducible whatever else shares its batch. stop: strings that end the
-    output (not included in it). max_tokens bounds the generated tokens.
+    temperature: 0 is greedy; otherwise a number in [1e-3, 1e3] (below, logits / T overflows
+    float32: use 0 for greedy). top_k: None (off) or an int >= 1 (values >= the vocabulary size are
+    off too). top_p: None (off) or a number in (0, 1]. max_tokens: an int in [1, 2**31 - 1]; the
+    context window also caps it (the request then ends with finish_reason "length").
+    stop: up to 64 non-empty strings of at most 512 characters that end the output (not included
+    in it); a single string or a list is accepted and stored as a tuple.
+
+    seed: None (a fresh random stream) or any int, reduced modulo 2**64 (so -1 and 2**64 - 1 are
+    the same seed, and 2**70 is 0); bools and floats are refused. With a seed, a stochastic
+    request's output does not depend on what else shares its batch.
 
     guidance_scale s turns on classifier-free guidance: each step the logits are
     uncond + s * (cond - uncond), where uncond comes from a companion sequence fed the same
-    output after an unconditional prompt (Engine.generate's negative_prompt). None: off. s = 1
-    samples exactly what no guidance samples (at the companion's cost); s = 0 ignores the prompt.
+    output after an unconditional prompt (Engine.generate's negative_prompt). None: off; else a
+    number with |s| <= 1e3. s = 1 samples exactly what no guidance samples (at the companion's
+    cost); s = 0 ignores the prompt.
+
+    Repetition remedies (kernels/penalties.py), applied after guidance and before the grammar
+    mask, temperature, top-k and top-p:
+    presence_penalty (OpenAI; in [-2, 2]): subtracted once from the logit of every token that
+    occurs in the output so far. frequency_penalty (OpenAI; in [-2, 2]): subtracted once per
+    occurrence in the output. repetition_penalty (CTRL / HF / vLLM; in [0.01, 100], 1 = off): the
+    logit of every token that occurs in the prompt or the output is divided by it when positive
+    and multiplied by it when negative. Under speculation, verify position j counts the output
+    plus the drafts before j, so the result is the same as one token at a time.
     """
 
     temperature: float = 0.0
@@ -29,28 +61,85 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     guidance_scale: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        from interlock.protocol.errors import RequestError
-
-        if self.temperature < 0:
-            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise RequestError(f"top_k must be >= 1 or None, got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise RequestError(f"top_p must be in (0, 1] or None, got {self.top_p}")
-        if self.max_tokens < 1:
-            raise RequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        if any(not s for s in self.stop):
-            raise RequestError("stop strings must be non-empty")
-        if self.guidance_scale is not None and not math.isfinite(self.guidance_scale):
-            raise RequestError(f"guidance_scale must be a finite number or None, got {self.guidance_scale}")
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        t = _real("temperature", self.temperature)
+        if t != 0 and not TEMPERATURE_RANGE[0] <= t <= TEMPERATURE_RANGE[1]:
+            raise InvalidParameterError("temperature", f"must be 0 (greedy) or in [{TEMPERATURE_RANGE[0]}, "
+                                                       f"{TEMPERATURE_RANGE[1]}], got {self.temperature!r}")
+        put("temperature", t)
+        if self.top_k is not None:
+            put("top_k", _integer("top_k", self.top_k, 1, TOP_K_LIMIT, "use None to switch top-k off"))
+        if self.top_p is not None:
+            p = _real("top_p", self.top_p)
+            if not 0 < p <= 1:
+                raise InvalidParameterError("top_p", f"must be in (0, 1] or None, got {self.top_p!r}")
+            put("top_p", p)
+        put("max_tokens", _integer("max_tokens", self.max_tokens, 1, MAX_TOKENS_LIMIT))
+        put("stop", _stop_strings(self.stop))
+        if self.seed is not None:
+            put("seed", _integer("seed", self.seed, None, None) % 2**SEED_BITS)
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidParameterError("ignore_eos", f"must be a bool, got {type(self.ignore_eos).__name__}")
+        if self.guidance_scale is not None:
+            put("guidance_scale", _real("guidance_scale", self.guidance_scale, -GUIDANCE_LIMIT, GUIDANCE_LIMIT))
+        put("presence_penalty", _real("presence_penalty", self.presence_penalty, *PENALTY_RANGE))
+        put("frequency_penalty", _real("frequency_penalty", self.frequency_penalty, *PENALTY_RANGE))
+        put("repetition_penalty", _real("repetition_penalty", self.repetition_penalty, *REPETITION_RANGE))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Some repetition remedy is on (the verifier then counts this request's tokens)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+
+def _real(name: str, value: object, low: float | None = None, high: float | None = None) -> float:
+    """A finite int or float (not a bool, not a string), as a float, within [low, high] if given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidParameterError(name, f"must be a number, got {type(value).__name__} {value!r}")
+    x = float(value)
+    if not math.isfinite(x):
+        raise InvalidParameterError(name, f"must be finite, got {value!r}")
+    if (low is not None and x < low) or (high is not None and x > high):
+        raise InvalidParameterError(name, f"must be in [{low}, {high}], got {value!r}")
+    return x
+
+
+def _integer(name: str, value: object, low: int | None, high: int | None, hint: str = "") -> int:
+    """An int (not a bool, not a float), within [low, high] if given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidParameterError(name, f"must be an int, got {type(value).__name__} {value!r}")
+    n = int(value)
+    if (low is not None and n < low) or (high is not None and n > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidParameterError(name, f"must be {bounds}, got {n}" + (f" ({hint})" if hint else ""))
+    return n
+
+
+def _stop_strings(stop: object) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, (tuple, list)):
+        raise InvalidParameterError("stop", f"must be a string or a list of strings, got {type(stop).__name__}")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidParameterError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
+    for s in stop:
+        if not isinstance(s, str) or not s:
+            raise InvalidParameterError("stop", f"every stop string must be a non-empty str, got {s!r}")
+        if len(s) > MAX_STOP_CHARS:
+            raise InvalidParameterError("stop", f"a stop string has at most {MAX_STOP_CHARS} characters, "
+                                                f"got {len(s)}")
+    return tuple(stop)
 
 
 @dataclass(frozen=True)

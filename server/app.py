@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import structlog
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -37,8 +36,9 @@ from interlock.server.schemas import ChatCompletionRequest, CompletionRequest
 from interlock.server.shaping import ChoiceShaper
 from interlock.server.sse import SSEResponse
 from interlock.server.translate import EngineFacts, Plan, plan_chat, plan_completion
+from interlock.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 CLIENT_CLOSED = 499     # nginx's code for "client closed the request"; the client never sees it
 
 

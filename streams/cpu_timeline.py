@@ -23,14 +23,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-import structlog
-
 from interlock.streams.errors import LaneFullError, TimelineClosedError, TimelineError
 from interlock.streams.timeline import DeviceEvent, LaneName, LaneStatistics, TimelineStatistics
+from interlock.logs import get_logger
 
 OpKind = Literal["host", "record", "wait", "marker", "stop"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(eq=False)

@@ -40,14 +40,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import structlog
 import torch
 
 from interlock.streams.errors import TimelineClosedError, TimelineError
 from interlock.streams.hostfunc import HostFunctions
 from interlock.streams.timeline import DeviceEvent, LaneName, LaneStatistics, TimelineStatistics
+from interlock.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _POLL_FIRST_S = 20e-6
 _POLL_MAX_S = 1e-3

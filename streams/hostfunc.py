@@ -24,9 +24,9 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import structlog
+from interlock.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 

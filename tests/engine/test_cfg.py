@@ -203,7 +203,7 @@ async def test_cancelled_and_failed_pairs_free_both_sequences(tiny) -> None:
 
         async def bad_grammar() -> None:
             with pytest.raises(GrammarError):
-                await engine.complete("x", sampling=sampling, grammar=JsonSchema(
+                await engine.complete("x", sampling=replace(sampling, ignore_eos=False), grammar=JsonSchema(
                     {"type": "object", "properties": {"a": {"type": "no-such-type"}}}))
 
         with anyio.fail_after(120):

@@ -1,0 +1,43 @@
+"""`interlock bench` reports finish reasons and invalid_stop (outputs that ended with stop yet fail
+their schema: the engine's end-of-request check keeps it at 0), in its JSON and its table."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from interlock.benchmarks.engine_bench import BenchConfig, report, run_bench
+from interlock.models.loader import load_model
+
+ROWS = [
+    {"id": "small", "schema": {"type": "object", "properties": {"a": {"enum": [1, 22]}, "b": {"type": "boolean"}},
+                               "required": ["a", "b"]}, "tests": [{"valid": True, "data": {"a": 1, "b": True}}]},
+    {"id": "loose", "schema": {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]},
+     "tests": []},
+    {"id": "bad", "schema": {"type": "object", "properties": {"x": {"type": "no-such-type"}}}, "tests": []},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny")
+
+
+async def test_bench_counts_finish_reasons_and_invalid_stop(tiny, tmp_path, capsys) -> None:
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    result = await run_bench(tiny, BenchConfig(dataset=data, max_tokens=24, concurrency=2), progress=False)
+    reasons = result["finish_reasons"]
+    assert set(reasons) == {"stop", "length", "error"}
+    assert sum(reasons.values()) == result["requests"] == 3
+    assert reasons["error"] >= 1                      # the schema with a type no backend knows
+    assert reasons["stop"] >= 1                       # the bounded one completes
+    assert result["invalid_stop"] == 0
+    assert [o["id"] for o in result["outputs"]] == ["bad", "loose", "small"]
+    assert sum(len(o["token_ids"]) for o in result["outputs"]) == result["output_tokens"]
+    report([{**result, "ratio": 1.0}])
+    out = capsys.readouterr().out
+    assert "invalid_stop" in out and "stop/length/error" in out
+    assert f"{reasons['stop']}/{reasons['length']}/{reasons['error']}" in out
+    last = json.loads(out.strip().splitlines()[-1])
+    assert last["finish_reasons"] == reasons and "outputs" not in last

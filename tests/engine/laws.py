@@ -1,0 +1,63 @@
+"""The masked target law of a request's first tokens, computed directly from the model (not through
+the engine), for the engine-level statistical tests."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import anyio
+import torch
+
+from interlock.grammars.bitmask import allocate_bitmask
+from interlock.kernels import apply_token_bitmask_, probs_from_logits
+from interlock.models.batch import SeqChunk, build_batch
+from interlock.models.kv_cache import PagedKVCache
+
+
+def logits_after(tiny, prompt: list[int], nexts: list[int]) -> torch.Tensor:
+    """Target logits [1 + len(nexts), V] after prompt and after each prefix of nexts, computed the way
+    the engine does: prefill prompt[:-1], then one row-path chunk [prompt[-1], *nexts]."""
+    kv = PagedKVCache(tiny.config, num_blocks=16, block_size=16)
+    kv.add_sequence(0)
+    kv.reserve(0, len(prompt) - 1)
+    if len(prompt) > 1:
+        tiny.model(build_batch([SeqChunk(0, tuple(prompt[:-1]), 0, ())], kv), kv)
+    tail = (prompt[-1], *nexts)
+    start = kv.reserve(0, len(tail))
+    return tiny.model(build_batch([SeqChunk(0, tail, start, tuple(range(len(tail))))], kv), kv)
+
+
+def target_law(tiny, engine, prompt: str, grammar, n: int, temperature: float, top_k: int | None,
+               top_p: float | None) -> dict[tuple[int, ...], float]:
+    """P(output's first n tokens) under the grammar-masked, temperature/top-k/top-p target. An
+    outcome shorter than n ended with a stop token (which outputs do not include)."""
+    tok = tiny.tokenizer
+    ids = tok.encode_prompt(prompt)
+    matcher = anyio.run(engine.grammars.matcher, grammar)
+    bitmask = allocate_bitmask(1, tiny.config.vocab_size)
+    eos = set(tok.eos_token_ids)
+    law: dict[tuple[int, ...], float] = defaultdict(float)
+    params = (torch.tensor([float(temperature)]), torch.tensor([top_k]) if top_k else None,
+              torch.tensor([float(top_p)]) if top_p else None)
+
+    def probs(prefix: list[int]) -> torch.Tensor:
+        x = logits_after(tiny, ids, prefix)[-1:].float().clone()   # an inference tensor: copy before masking
+        x[:, tok.vocab_size:] = float("-inf")
+        assert matcher.accept(prefix)
+        matcher.fill_mask(bitmask, 0)
+        matcher.rollback(len(prefix))
+        apply_token_bitmask_(x, bitmask)
+        return probs_from_logits(x, *params)[0]
+
+    def walk(prefix: list[int], mass: float) -> None:
+        if len(prefix) == n:
+            law[tuple(prefix)] += mass
+            return
+        p = probs(prefix)
+        for t in p.nonzero().flatten().tolist():
+            if t in eos:
+                law[tuple(prefix)] += mass * float(p[t])
+            else:
+                walk(prefix + [t], mass * float(p[t]))
+
+    walk([], 1.0)
+    return dict(law)

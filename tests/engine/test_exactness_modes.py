@@ -1,0 +1,135 @@
+"""Greedy speculation changes speed, never output, compared with NO speculation: with the grammar
+off for n-gram, forced, adaptive and user drafters; with the `auto` grammar backend; and for a
+draft model loaded from a checkpoint file (`draft:PATH`)."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import pytest
+import torch
+
+from interlock.engine import Engine, EngineConfig
+from interlock.models.loader import load_model
+from interlock.protocol.grammar import GrammarConfig
+from interlock.protocol.sampling import Completion, SamplingParams
+from interlock.protocol.speculative import SpeculativeConfig
+
+from helpers import GRAMMARS, PROMPTS, assert_all_free, wait_idle
+
+
+class Always:
+    """A user drafter that proposes one token k times."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def propose(self, requests, k):
+        return [[self.token] * k for _ in requests]
+
+
+class EchoLast:
+    """A user drafter that proposes the last token again, k times (right whenever the output repeats)."""
+
+    def propose(self, requests, k):
+        return [[r.tokens[-1]] * k for r in requests]
+
+
+def _modes() -> dict[str, SpeculativeConfig]:
+    return {
+        "ngram": SpeculativeConfig(("ngram",), max_draft_len=3),
+        "forced": SpeculativeConfig(("forced",), max_draft_len=3),
+        "ngram+forced+adaptive": SpeculativeConfig.parse("ngram+forced+adaptive", max_draft_len=3),
+        "user:echo": SpeculativeConfig((), max_draft_len=3, user_drafter=EchoLast()),
+    }
+
+
+async def _run(loaded, speculative: SpeculativeConfig | None, grammars, *, backend: str = "auto",
+               max_tokens: int = 24, prompts=PROMPTS) -> list[Completion]:
+    config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=backend), max_batch_size=4)
+    out: dict[int, Completion] = {}
+    async with Engine(loaded, config) as engine:
+
+        async def one(i: int) -> None:
+            out[i] = await engine.complete(prompts[i % len(prompts)], grammar=grammars[i % len(grammars)],
+                                           sampling=SamplingParams(max_tokens=max_tokens))
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts) * len(grammars)):
+                    tg.start_soon(one, i)
+        await wait_idle(engine)
+        await assert_all_free(engine)
+    return [out[i] for i in range(len(out))]
+
+
+def _same(base: list[Completion], got: list[Completion], mode: str) -> None:
+    for i, (want, have) in enumerate(zip(base, got)):
+        assert have.token_ids == want.token_ids, f"{mode}: case {i} differs from no speculation"
+        assert have.finish_reason == want.finish_reason
+
+
+@pytest.mark.parametrize("mode", [*_modes(), "user:always"])
+async def test_grammar_off_every_drafter_equals_no_speculation(tiny, mode: str) -> None:
+    base = await _run(tiny, None, [None])
+    if mode == "user:always":                      # always the token the model emits most: often right
+        common = Counter(t for c in base for t in c.token_ids).most_common(1)[0][0]
+        speculative = SpeculativeConfig((), max_draft_len=4, user_drafter=Always(common))
+    else:
+        speculative = _modes()[mode]
+    got = await _run(tiny, speculative, [None])
+    _same(base, got, mode)
+    if mode != "forced":                           # forced drafts need a grammar: none here
+        assert sum(c.stats.accepted for c in got) > 0, f"{mode} never had a draft accepted"
+        assert sum(c.stats.steps for c in got) < sum(c.stats.steps for c in base)
+
+
+@pytest.mark.parametrize("mode", ["ngram+forced+adaptive", "user:echo"])
+async def test_auto_backend_with_grammars_equals_no_speculation(tiny, mode: str) -> None:
+    base = await _run(tiny, None, GRAMMARS, backend="auto")
+    got = await _run(tiny, _modes()[mode], GRAMMARS, backend="auto")
+    _same(base, got, mode)
+    assert sum(c.stats.accepted for c in got) > 0
+
+
+def _checkpoint(folder: Path) -> Path:
+    """A small random Llama checkpoint directory (config.json, model.safetensors, a word-level tokenizer)."""
+    import transformers
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = 320                                    # > the tokenizer's 257 ids, as in real checkpoints
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": vocab,
+           "num_hidden_layers": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256,
+           "tie_word_embeddings": False, "torch_dtype": "float32"}
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.AutoConfig.for_model(
+        **{k: v for k, v in cfg.items() if k != "architectures"})).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.08 if p.dim() > 1 else 0.5)
+    # Byte-level, one id per byte plus <eos>: a decoder both grammar backends understand.
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    raw = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)} | {"<eos>": 256}, []))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>").save_pretrained(str(folder))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+async def test_draft_model_from_a_checkpoint_file_equals_no_speculation(tmp_path: Path) -> None:
+    path = _checkpoint(tmp_path / "ckpt")
+    target = load_model(str(path))
+    prompts = ["Once upon a time", "abc abc abc abc", "List three colors:"]
+    speculative = SpeculativeConfig.parse(f"draft:{path}", max_draft_len=3)
+    assert speculative.draft_model == str(path)
+    base = await _run(target, None, [None], prompts=prompts, max_tokens=20)
+    got = await _run(target, speculative, [None], prompts=prompts, max_tokens=20)
+    _same(base, got, "draft:PATH")
+    drafted, accepted = sum(c.stats.drafted for c in got), sum(c.stats.accepted for c in got)
+    assert drafted > 0 and accepted == drafted           # the draft is the target itself: every draft right

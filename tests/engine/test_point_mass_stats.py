@@ -1,0 +1,166 @@
+"""Statistical exactness through the whole engine for point-mass drafts (n-gram, grammar-forced, a
+user drafter), without CFG, with top-k and with top-p: the first tokens of a constrained request,
+drawn over many seeds, follow the masked target law computed directly from the model.
+
+Each case is a chi-square test at ALPHA / len(CASES) (Bonferroni). The default run draws SHORT
+samples per case; `pytest -m soak` draws SOAK (20,000) per case. Two planted bugs in the rejection
+rule (the accept test reading the next position's law: off by one; the residual ignoring q, so a
+rejected draft can come back) must be rejected by the same test, which shows it has power.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import anyio
+import pytest
+import torch
+
+from interlock.engine import Engine, EngineConfig
+from interlock.kernels import rejection as rejection_module
+from interlock.kernels.sampling import inverse_cdf
+from interlock.kernels.types import RejectionResult
+from interlock.protocol.grammar import JsonSchema, Regex
+from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.speculative import SpeculativeConfig
+
+from chi_square import chi_square_pvalue
+from helpers import assert_all_free, wait_idle
+from laws import target_law
+
+ALPHA = 1e-3
+SHORT, SOAK = 1000, 20_000
+WORDS = Regex(r"[a-z]{2,12}( [a-z]{1,6}){0,4}")
+FIXED_KEYS = JsonSchema({"type": "object", "properties": {"abc": {"enum": [1, 2]}, "de": {"type": "boolean"}},
+                         "required": ["abc", "de"], "additionalProperties": False})
+
+
+class Always:
+    """A user drafter that always proposes one token, k times (a point mass)."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def propose(self, requests, k):
+        return [[self.token] * k for _ in requests]
+
+
+@dataclass(frozen=True)
+class Case:
+    speculative: SpeculativeConfig
+    prompt: str
+    grammar: object
+    tokens: int
+    temperature: float
+    top_k: int | None = None
+    top_p: float | None = None
+    rejects: bool = True           # drafts are rejected too (forced drafts are the only allowed token: never)
+
+
+Z = 106                            # the tiny model's favourite token under WORDS ("z"): p ~ 0.3 first, ~1 after it
+CASES = {
+    "ngram-top_k": Case(SpeculativeConfig(("ngram",), max_draft_len=3), "Once upon a time", WORDS, 3, 10.0, top_k=4),
+    "ngram-top_p": Case(SpeculativeConfig(("ngram",), max_draft_len=3), "Once upon a time", WORDS, 3, 2.0,
+                        top_p=0.8, rejects=False),
+    "forced-top_k": Case(SpeculativeConfig(("forced",), max_draft_len=3), "JSON please", FIXED_KEYS, 3, 10.0,
+                         top_k=4, rejects=False),
+    "user-top_p": Case(SpeculativeConfig((), max_draft_len=3, user_drafter=Always(Z)), "Once upon a time", WORDS,
+                       3, 2.0, top_p=0.8),
+}
+
+
+async def _draw(tiny, case: Case, draws: int) -> tuple[list[tuple[int, ...]], int, int, dict]:
+    sampling = [SamplingParams(temperature=case.temperature, top_k=case.top_k, top_p=case.top_p, seed=i,
+                               max_tokens=case.tokens) for i in range(draws)]
+    samples: list[tuple[int, ...]] = []
+    drafted = accepted = 0
+    async with Engine(tiny, EngineConfig(speculative=case.speculative, max_batch_size=16)) as engine:
+
+        async def worker(w: int) -> None:
+            nonlocal drafted, accepted
+            for i in range(w, draws, 16):
+                c = await engine.complete(case.prompt, grammar=case.grammar, sampling=sampling[i])
+                samples.append(c.token_ids)
+                drafted, accepted = drafted + c.stats.drafted, accepted + c.stats.accepted
+
+        with anyio.fail_after(1800):
+            async with anyio.create_task_group() as tg:
+                for w in range(16):
+                    tg.start_soon(worker, w)
+        await wait_idle(engine)
+        await assert_all_free(engine)
+        law = await anyio.to_thread.run_sync(target_law, tiny, engine, case.prompt, case.grammar, case.tokens,
+                                             case.temperature, case.top_k, case.top_p)
+    return samples, drafted, accepted, law
+
+
+def _pvalue(samples: list[tuple[int, ...]], law: dict) -> float:
+    outcomes = sorted(set(law) | set(samples))
+    counts = torch.tensor([samples.count(o) for o in outcomes])
+    return chi_square_pvalue(counts, torch.tensor([law.get(o, 0.0) for o in outcomes]))
+
+
+async def _check(tiny, name: str, draws: int) -> None:
+    samples, drafted, accepted, law = await _draw(tiny, CASES[name], draws)
+    assert accepted > 0, f"{name}: no draft was accepted"
+    assert accepted < drafted or not CASES[name].rejects, f"{name}: every one of {drafted} drafts was accepted"
+    assert set(samples) <= set(law), f"{name}: an outcome the masked target law gives no mass"
+    p = _pvalue(samples, law)
+    assert p > ALPHA / len(CASES), f"{name}: chi-square p = {p:.2e} over {len(law)} outcomes"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+async def test_point_mass_drafts_sample_the_masked_target_law(tiny, name: str) -> None:
+    await _check(tiny, name, SHORT)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("name", list(CASES))
+async def test_point_mass_drafts_sample_the_masked_target_law_20000(tiny, name: str) -> None:
+    await _check(tiny, name, SOAK)
+
+
+def _planted(bug: str):
+    """A loop version of the torch rejection rule with one bug planted."""
+
+    def sample(p, d, q, n, u) -> RejectionResult:
+        p, u, d = p.float(), u.float(), d.long()
+        rows, k_plus_1, vocab = p.shape
+        k = k_plus_1 - 1
+        n_acc = torch.zeros(rows, dtype=torch.long)
+        new = torch.zeros(rows, dtype=torch.long)
+        for b in range(rows):
+            acc, valid = 0, min(int(n[b]), k)
+            while acc < valid:
+                t = int(d[b, acc])
+                at = min(acc + 1, k) if bug == "off_by_one" else acc
+                p_t = float(p[b, at, t]) if 0 <= t < vocab else 0.0
+                q_t = 1.0 if q is None else float(q[b, acc, t])
+                if q_t > 0 and float(u[b, acc]) < p_t / q_t:
+                    acc += 1
+                else:
+                    break
+            w = p[b, acc].clone()
+            if acc < valid and bug != "q_ignored":
+                t = int(d[b, acc])
+                w = (w - q[b, acc]).clamp(min=0) if q is not None else w.index_fill(0, torch.tensor([t]), 0.0)
+            if float(w.sum()) <= 0:
+                w = p[b, acc].clone()
+            new[b] = inverse_cdf(w[None], u[b, k:])[0]
+            n_acc[b] = acc
+        return RejectionResult(n_acc, rejection_module._assemble(d, n_acc, new))
+
+    return sample
+
+
+@pytest.mark.parametrize("bug", ["off_by_one", "q_ignored"])
+async def test_the_test_rejects_a_planted_bug(tiny, bug: str, monkeypatch) -> None:
+    monkeypatch.setattr(rejection_module, "_rejection_torch", _planted(bug))
+    samples, _, _, law = await _draw(tiny, CASES["user-top_p"], SHORT)
+    assert _pvalue(samples, law) < ALPHA / len(CASES)
+
+
+async def test_the_loop_version_without_a_bug_passes(tiny, monkeypatch) -> None:
+    """The planted versions differ from a correct loop only by their bug."""
+    monkeypatch.setattr(rejection_module, "_rejection_torch", _planted("none"))
+    samples, _, _, law = await _draw(tiny, CASES["user-top_p"], SHORT)
+    assert _pvalue(samples, law) > ALPHA / len(CASES)
