@@ -61,6 +61,7 @@ class SwitchProgram:
     tags: tuple[CompiledTag, ...]
     at_most: int | None
     free_eos: bool                           # may the output end in free text?
+    budget: int | None = None                # free tokens before the (single) trigger is forced
     reasoning: tuple[tuple[TokenId, ...], tuple[TokenId, ...]] | None = None  # (start, end) ids
 
 
@@ -108,8 +109,12 @@ def _reasoning(backend: GrammarBackend, tokenizer: Tokenizer, spec: Reasoning) -
             raise GrammarError("Reasoning.then: a Reasoning cannot be nested in another")
         inner = _compile_inner(backend, tokenizer, spec.then, "Reasoning.then")
         warnings = inner.warnings
+    budget = spec.max_reasoning_tokens
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+        raise GrammarError(f"Reasoning.max_reasoning_tokens must be a non-negative int or None, got {budget!r}")
     tag = CompiledTag(trigger=end, begin=end, inner=inner, end=None, spec=spec.then)
-    return SwitchProgram((end,), (tag,), 1, free_eos=inner is None, reasoning=(start, end)), warnings
+    return SwitchProgram((end,), (tag,), 1, free_eos=inner is None and budget is None, reasoning=(start, end),
+                         budget=budget), warnings
 
 
 def _structural(backend: GrammarBackend, tokenizer: Tokenizer, spec: StructuralTag,
@@ -197,6 +202,7 @@ class _State:
     inner: Any = None                        # INNER: the tag's matcher (None: free)
     depth: int = 0                           # INNER: inner.num_accepted at this state
     count: int = 0                           # tags begun
+    spent: int = 0                           # FREE: tokens so far (the reasoning budget)
     terminated: bool = False
 
 
@@ -243,7 +249,7 @@ class SwitchMatcher:
         if s.terminated:
             return False
         if s.phase == FREE:
-            return self.program.free_eos
+            return self.program.free_eos and not self._over_budget(s)
         if s.phase == INNER and self._tag(s).end is None:
             return s.inner is None or (hasattr(s.inner, "is_free") and s.inner.is_free())
         return False
@@ -427,6 +433,8 @@ class SwitchMatcher:
         if s.phase == FREE:
             if eos:
                 return self.program.free_eos and self._push(replace(s, terminated=True))
+            if self._over_budget(s) and t != self._budget_next(s):
+                return False
             return self._push(self._free_step(s, t))
         if s.phase == BEGIN:
             tags = tuple(i for i in s.tags if self.program.tags[i].begin[s.pos] == t)
@@ -451,8 +459,15 @@ class SwitchMatcher:
                 return self._after_begin(_State(BEGIN, tags=tuple(fired), pos=k, count=s.count + 1))
         for k in range(min(len(seq), self._longest_trigger() - 1), 0, -1):
             if any(tr[:k] == seq[-k:] for tr in self.program.triggers):
-                return _State(FREE, tail=seq[-k:], count=s.count)
-        return _State(FREE, count=s.count)
+                return _State(FREE, tail=seq[-k:], count=s.count, spent=s.spent + 1)
+        return _State(FREE, count=s.count, spent=s.spent + 1)
+
+    def _over_budget(self, s: _State) -> bool:
+        return s.phase == FREE and self.program.budget is not None and s.spent >= self.program.budget
+
+    def _budget_next(self, s: _State) -> TokenId:
+        """Over the budget: the next token of the end marker (the tail may already begin it)."""
+        return self.program.triggers[0][len(s.tail)]
 
     def _after_begin(self, s: _State) -> _State:
         """Enter the tag's spec once its begin is complete (at most one tag can be: compile checks)."""
@@ -497,6 +512,8 @@ class SwitchMatcher:
             return True
         if s.terminated:
             bm.clear_row(bitmask, row)
+        elif self._over_budget(s):
+            bm.set_only(bitmask, row, [self._budget_next(s)])
         elif s.phase == FREE:                     # free, but the output may not end here
             bitmask[row].fill_(-1)
             bm.clear_ids_from(bitmask, row, self._tokenizer_vocab, self._vocab_size)
@@ -530,6 +547,8 @@ class SwitchMatcher:
             return list(nxt) if len(nxt) == 1 else []
         if s.phase == END:
             return list(self._end(s)[s.pos:])
+        if self._over_budget(s):
+            return list(self.program.triggers[0][len(s.tail):])
         if s.phase != INNER or s.inner is None:
             return []
         forced = s.inner.forced_tokens()

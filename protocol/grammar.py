@@ -172,16 +172,19 @@ class Reasoning:
     tokenizer has one, else their text's tokens). `start` is not required in the output (chat
     templates often put it in the prompt); the stream uses it to strip it from the thinking.
     While thinking, EOS is refused when `then` constrains the answer (an output must reach it).
+    max_reasoning_tokens: after that many thinking tokens the end marker is forced (the rest of
+    it, where the last tokens already begin it); None: no limit.
     """
 
     then: GrammarSpec | None = None
     start: str | None = None
     end: str | None = None
+    max_reasoning_tokens: int | None = None
 
     @property
     def key(self) -> str:
         inner = "free" if self.then is None else self.then.key
-        return f"reasoning:{_canonical_json([self.start, self.end])}:{inner}"
+        return f"reasoning:{_canonical_json([self.start, self.end, self.max_reasoning_tokens])}:{inner}"
 
 
 @dataclass(frozen=True)

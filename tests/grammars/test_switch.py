@@ -39,8 +39,9 @@ TWO_TAGS = StructuralTag(["<fn="], [Tag("<fn=a>", ARGS, "</fn>"), Tag("<fn=b>", 
 THINK_JSON = Reasoning(then=ARGS)
 THINK_FREE = Reasoning()
 THINK_TOOL = Reasoning(then=StructuralTag(["<tool_call>"], [Tag("<tool_call>", ARGS, "</tool_call>")], at_most=1))
+THINK_BUDGET = Reasoning(then=Choice(["yes", "no"]), max_reasoning_tokens=3)
 SPECS = {"tool": TOOL, "two-tags": TWO_TAGS, "think-json": THINK_JSON, "think-free": THINK_FREE,
-         "think-tool": THINK_TOOL}
+         "think-tool": THINK_TOOL, "think-budget": THINK_BUDGET}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_machine_single_token_markers(name, backend, marker_backends, marker_tok
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["tool", "two-tags", "think-json", "think-tool"])
+@pytest.mark.parametrize("name", ["tool", "two-tags", "think-json", "think-tool", "think-budget"])
 def test_machine_multi_token_markers(name, backend, tiny_backends, tiny_tokenizer):
     case = grammar_case(SPECS[name], tiny_backends[backend], tiny_tokenizer)
     machine_for(case, settings=PROFILE).TestCase().runTest()
@@ -177,6 +178,24 @@ def test_two_tags_share_a_trigger(backend, tiny_backends, tiny_tokenizer):
     m = b.matcher(b.compile(TWO_TAGS))
     assert m.accept(tok.encode("a<fn=b>yes</fn>b<fn=a>"))
     assert m.accept(tok.encode('{"a":1}</fn>')) and m.phase == "done"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_max_reasoning_tokens_forces_the_end_marker(backend, tiny_backends, tiny_tokenizer):
+    b, tok = tiny_backends[backend], tiny_tokenizer
+    m = b.matcher(b.compile(THINK_BUDGET))
+    end = tok.encode("</think>")
+    assert m.forced_tokens() == [] and m.accept(tok.encode("so")[:1])
+    assert m.accept([end[0]])                                  # the end marker begun within the budget
+    assert m.accept(tok.encode("x")) and m.num_accepted == 3   # ... and abandoned: 3 tokens spent
+    mask = allocate_bitmask(1, b.vocab_size)
+    assert m.fill_mask(mask, 0) is False and allowed_ids(mask, 0, b.vocab_size) == [end[0]]
+    assert tok.decode(m.forced_tokens()).startswith("</think>")  # the marker, then the answer's forced part
+    assert not m.accept(tok.encode("y")) and m.accept(end) and m.phase == "inner"
+    m.rollback(len(end))
+    assert m.accept(end[:2]) and m.forced_tokens()[: len(end) - 2] == end[2:]   # mid-marker: its rest
+    with pytest.raises(GrammarError):
+        b.compile(Reasoning(then=ARGS, max_reasoning_tokens=-1))
 
 
 # --- bad input -------------------------------------------------------------------------------
@@ -299,7 +318,8 @@ def test_validate_output_of_switching_specs():
     validate_output(THINK_FREE, "no markers at all")
     validate_output(TOOL, 'text only')
     validate_output(TOOL, 'a <tool_call>{"a":1}</tool_call> b')
-    for spec, text in [(THINK_JSON, "<think>never ends"), (THINK_JSON, '</think>{"b":true}'),
+    validate_output(THINK_JSON, "<think>never ends")      # no marker in the text: cannot split, checks nothing
+    for spec, text in [(THINK_JSON, '<think>x</think>{"a":"no"}'), (THINK_JSON, '</think>{"b":true}'),
                        (TOOL, '<tool_call>{"a":"x"}</tool_call>'), (TOOL, '<tool_call>{"a":1}'),
                        (TWO_TAGS, "<fn=b>yes</fn><fn=b>no</fn><fn=b>yes</fn>")]:
         with pytest.raises(GrammarError):
