@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from interlock.protocol.grammar import DEFAULT_THINK_END, DEFAULT_THINK_START
 from interlock.protocol.types import FinishReason
 from interlock.server.responses import (
     AssistantMessage, ChatChoice, ChunkChoice, OpenAIFinish, TextChoice,
@@ -24,10 +25,12 @@ class ChoiceShaper:
     """One choice of one request. Chat choices open with a role delta; tool-call choices stream
     tool-call deltas instead of content."""
 
-    def __init__(self, index: int, *, chat: bool, tools: bool, auto_tools: bool = False) -> None:
+    def __init__(self, index: int, *, chat: bool, tools: bool, auto_tools: bool = False,
+                 reasoning: bool = False) -> None:
         self.index, self.chat = index, chat
         self.tools = ToolCallStream() if tools else None
         self.auto = AutoToolStream() if auto_tools and chat else None
+        self.think = ThinkSplitter() if reasoning and chat else None
         self.parts: list[str] = []
 
     @property
@@ -40,6 +43,13 @@ class ChoiceShaper:
         return [ChunkChoice(index=self.index, delta={"role": "assistant", "content": None if self.tools else ""})]
 
     def piece(self, text: str) -> list[Any]:
+        if self.think is not None and not self.think.done:
+            thought, text = self.think.feed(text)
+            out = [ChunkChoice(index=self.index, delta={"reasoning_content": thought})] if thought else []
+            return out + (self._answer(text) if text else [])
+        return self._answer(text)
+
+    def _answer(self, text: str) -> list[Any]:
         self.parts.append(text)
         if not text:
             return []
@@ -63,14 +73,25 @@ class ChoiceShaper:
         if not self.chat:
             return [TextChoice(index=self.index, text="", finish_reason=finish)]
         out = []
+        if self.think is not None and not self.think.done:
+            thought = self.think.finish()
+            out = [ChunkChoice(index=self.index, delta={"reasoning_content": thought})] if thought else []
         if self.auto is not None:
-            out = self._auto_chunks(*self.auto.finish())
+            out += self._auto_chunks(*self.auto.finish())
         if self.tools is not None:
             out = [ChunkChoice(index=self.index, delta={"tool_calls": [d]})
                    for d in self.tools.finish(is_json(self.text))]
         return out + [ChunkChoice(index=self.index, delta={}, finish_reason=finish)]
 
     def full(self, reason: FinishReason) -> ChatChoice | TextChoice:
+        choice = self._full(reason)
+        if self.think is not None and isinstance(choice, ChatChoice):
+            if not self.think.done:
+                self.think.finish()
+            choice.message.reasoning_content = self.think.reasoning
+        return choice
+
+    def _full(self, reason: FinishReason) -> ChatChoice | TextChoice:
         finish = self.finish_reason(reason)
         if not self.chat:
             return TextChoice(index=self.index, text=self.text, finish_reason=finish)
@@ -90,3 +111,43 @@ class ChoiceShaper:
     def _auto_chunks(self, content: str, calls: list[dict[str, Any]]) -> list[Any]:
         out = [ChunkChoice(index=self.index, delta={"content": content})] if content else []
         return out + [ChunkChoice(index=self.index, delta={"tool_calls": [d]}) for d in calls]
+
+
+class ThinkSplitter:
+    """Splits a Reasoning output's text into the thinking (before `</think>`, a leading `<think>`
+    dropped) and the answer; a possible partial marker at the end of a piece is held back."""
+
+    START, END = DEFAULT_THINK_START, DEFAULT_THINK_END
+
+    def __init__(self) -> None:
+        self._held = ""
+        self._started = False           # the leading START has been dropped or ruled out
+        self.reasoning = ""
+        self.done = False
+
+    def feed(self, piece: str) -> tuple[str, str]:
+        """(thinking to send now, answer text that follows the end marker)."""
+        self._held += piece
+        if not self._started:
+            if len(self._held) < len(self.START) and self.START.startswith(self._held):
+                return "", ""
+            if self._held.startswith(self.START):
+                self._held = self._held[len(self.START):]
+            self._started = True
+        at = self._held.find(self.END)
+        if at >= 0:
+            thought, answer = self._held[:at], self._held[at + len(self.END):]
+            self._held, self.done = "", True
+            self.reasoning += thought
+            return thought, answer
+        keep = next((k for k in range(min(len(self._held), len(self.END) - 1), 0, -1)
+                     if self._held.endswith(self.END[:k])), 0)
+        thought, self._held = self._held[:len(self._held) - keep], self._held[len(self._held) - keep:]
+        self.reasoning += thought
+        return thought, ""
+
+    def finish(self) -> str:
+        """The output ended while thinking: what was held back is thinking too."""
+        rest, self._held, self.done = self._held, "", True
+        self.reasoning += rest
+        return rest

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from interlock.protocol.errors import InterlockError
-from interlock.protocol.grammar import BackendName, Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Regex
+from interlock.protocol.grammar import BackendName, Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Reasoning, Regex
 from interlock.protocol.sampling import SamplingParams
 from interlock.server.config import ServerConfig
 from interlock.server.errors import APIError, from_interlock, unsupported
@@ -55,6 +55,7 @@ class Plan:
     grammar_param: str | None        # the request field a GrammarError points at
     prompt_param: str                # the request field a prompt error points at
     auto_tools: bool = False         # tool_choice "auto": content, or content then one tool call
+    reasoning: bool = False          # outputs think first (ServerConfig.reasoning)
 
 
 def message_text(m: ChatMessage) -> str:
@@ -207,11 +208,13 @@ def plan_chat(req: ChatCompletionRequest, facts: EngineFacts, config: ServerConf
         negative = [{"role": "user", "content": req.negative_prompt}]
     elif req.negative_prompt is not None:
         negative = chat_messages(req.negative_prompt)
+    if config.reasoning:
+        grammar = Reasoning(then=grammar)
     max_tokens = req.max_completion_tokens or req.max_tokens
     calls = tuple(EngineCall(messages, grammar, sampling_params(req, max_tokens, derived_seed(req.seed, i), config),
                              negative) for i in range(req.n or 1))
     return Plan(calls, bool(req.stream), bool(req.stream_options and req.stream_options.include_usage),
-                mode == "call", param, "messages", auto_tools=mode == "auto")
+                mode == "call", param, "messages", auto_tools=mode == "auto", reasoning=config.reasoning)
 
 
 def plan_completion(req: CompletionRequest, facts: EngineFacts, config: ServerConfig) -> Plan:

@@ -142,3 +142,37 @@ def test_auto_tool_stream_pieces_add_up(script):
         assert content == "".join(script) and not calls
     else:
         assert content == "" and not whole.closed and calls[0]["function"]["name"] == "get_weather"
+
+
+def test_reasoning_server_wraps_every_chat_grammar():
+    from interlock.protocol.grammar import Reasoning
+
+    plan = plan_chat(chat(tools=[TOOL]), FACTS, ServerConfig(reasoning=True))
+    (call,) = plan.calls
+    assert isinstance(call.grammar, Reasoning) and plan.reasoning and plan.auto_tools
+    plain = plan_chat(chat(), FACTS, ServerConfig(reasoning=True)).calls[0].grammar
+    assert plain == Reasoning()
+
+
+THINK_SCRIPTS = [
+    ["<th", "ink>let me ", "see</thi", "nk>The answer", " is 4."],
+    ["no start marker, ", "then </think>", "done"],
+    ["<think>still thinking when cut"],
+]
+
+
+@pytest.mark.parametrize("script", THINK_SCRIPTS, ids=["split", "no-start", "cut"])
+def test_reasoning_shaper_streams_what_it_returns_whole(script):
+    from interlock.server.shaping import ChoiceShaper
+
+    whole = ChoiceShaper(0, chat=True, tools=False, reasoning=True)
+    whole.piece("".join(script))
+    full = whole.full("stop").message
+    streamed = ChoiceShaper(0, chat=True, tools=False, reasoning=True)
+    chunks = [c for p in script for c in streamed.piece(p)] + streamed.closing("stop")
+    thought = "".join(c.delta.get("reasoning_content", "") for c in chunks)
+    content = "".join(c.delta.get("content", "") or "" for c in chunks)
+    assert thought == full.reasoning_content and content == full.content
+    expected = {"split": ("let me see", "The answer is 4."), "no-start": ("no start marker, then ", "done"),
+                "cut": ("still thinking when cut", "")}
+    assert (full.reasoning_content, full.content) == expected[["split", "no-start", "cut"][THINK_SCRIPTS.index(script)]]
