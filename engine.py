@@ -17,6 +17,7 @@ from interlock.actors.grammar_actor import GrammarActor, MaskBuffers
 from interlock.actors.kv_actor import KVActor
 from interlock.actors.runtime import Runtime
 from interlock.actors.scheduler import Scheduler, SchedulerConfig
+from interlock.actors.step import StepBuffers, StepProgram
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.grammars.layer import GrammarLayer
 from interlock.models.generate import check_prompt_fits
@@ -31,7 +32,9 @@ from interlock.protocol.errors import (
     UnsupportedModelError,
 )
 from interlock.protocol.grammar import BackendName, GrammarConfig, GrammarSpec
-from interlock.protocol.messages import Cancel, EngineMetrics, GetMetrics, GrammarReady, RequestSpec, Submit, Wake
+from interlock.protocol.messages import (
+    Cancel, Count, EngineMetrics, GetMetrics, GrammarReady, KVUsage, RequestSpec, Submit, Wake,
+)
 from interlock.protocol.sampling import Completion, Delta, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.protocol.types import RequestId
@@ -57,6 +60,7 @@ class EngineConfig:
     prefill_chunk: int = 256
     max_step_tokens: int = 512
     output_buffer: int = 16                 # deltas a slow consumer may leave unread before its request pauses
+    capture_steps: bool = True              # replay one captured lane program per step shape (else eager)
     max_context: int | None = None          # None: the model's context window
 
     def __post_init__(self) -> None:
@@ -131,26 +135,26 @@ class Engine:
     async def __aenter__(self) -> Engine:
         c = self._sched_config
         loaded = self.model
-        timeline = CpuTimeline()
+        timeline = self._timeline = CpuTimeline()
         kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size)
         buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)
-        mask_ready, tokens_ready = timeline.new_event(), timeline.new_event()
+        step = StepBuffers.allocate(c.max_batch_size)
+        eos = self.tokenizer.eos_token_ids
+        # Every actor is built with what it talks to: parts of a step meet only in the lanes and
+        # the step buffers; the Scheduler alone sends to the others.
         kv_actor = KVActor(kv)
-        # Wiring needs references both ways; each actor only ever sends to the others' inboxes.
-        scheduler: Scheduler
-        verifier = VerifierActor(loaded.model, kv, timeline, buffers, mask_ready, tokens_ready, None,  # type: ignore[arg-type]
-                                 self.tokenizer.vocab_size, self.tokenizer.eos_token_ids)
+        verifier = VerifierActor(loaded.model, kv, timeline, buffers, step, self.tokenizer.vocab_size, eos)
         drafter = self._drafter = (ModelDrafter(self._draft_lm, c.num_blocks, c.block_size)
                                    if self._draft_lm is not None else None)
-        draft = DraftActor(self.config.speculative, None, self.tokenizer.vocab_size, model=drafter,  # type: ignore[arg-type]
-                           timeline=timeline, bitmask=buffers.bitmask, eos_token_ids=self.tokenizer.eos_token_ids)
-        grammar = GrammarActor(self.grammars.backend, timeline, buffers, mask_ready, verifier, draft)
-        draft.grammar = grammar
-        scheduler = Scheduler(c, self.tokenizer, kv_actor, grammar, draft, verifier, self._forget)
-        verifier.scheduler = scheduler
-        self._timeline = timeline
-        self._kv_actor, self._grammar_actor, self._draft_actor, self._scheduler = kv_actor, grammar, draft, scheduler
-        self._runtime = Runtime([kv_actor, verifier, grammar, draft, scheduler], on_failure=self._on_failure)
+        draft = DraftActor(self.config.speculative, self.tokenizer.vocab_size, timeline, step, model=drafter,
+                           bitmask=buffers.bitmask, eos_token_ids=eos)
+        grammar = GrammarActor(self.grammars.backend, timeline, buffers, step)
+        program = self._program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=c.max_draft_len,
+                                              draft_model=drafter is not None, capture=self.config.capture_steps)
+        scheduler = Scheduler(c, self.tokenizer, kv_actor, grammar, draft, verifier, program, self._forget)
+        self._actors = (kv_actor, verifier, grammar, draft, scheduler)
+        self._scheduler = scheduler
+        self._runtime = Runtime(list(self._actors), on_failure=self._on_failure)
         await self._runtime.__aenter__()
         return self
 
@@ -174,6 +178,7 @@ class Engine:
             pass                        # already reported to every request
         finally:
             self._timeline.close()
+            self._program.close()
             self._kv.release()
             if self._drafter is not None:
                 self._drafter.kv.release()
@@ -242,8 +247,10 @@ class Engine:
                                                    on_cancel=lambda: self._cancel(rid))
         self._streams[rid] = stream
         spec = RequestSpec(rid, tuple(tokens), grammar, sampling, tuple(uncond) if uncond is not None else None)
+        submitted = False
         try:
             await self._scheduler.send(Submit(spec, stream))
+            submitted = True
             if grammar is not None:
                 await self._compile(rid, grammar)
             async for delta in stream:
@@ -252,6 +259,8 @@ class Engine:
             raise self._failure or EngineClosedError("the engine was closed") from exc
         finally:
             stream.cancel()
+            if not submitted:               # cancelled before the scheduler got it: nobody else forgets it
+                self._streams.pop(rid, None)
 
     def _encode(self, prompt: str | Sequence[Message]) -> list[int]:
         if not isinstance(prompt, str) and not (isinstance(prompt, Sequence) and
@@ -306,14 +315,17 @@ class Engine:
         return await self._scheduler.ask(lambda r: GetMetrics(r))
 
     async def resources(self) -> dict[str, int]:
-        """What is held right now: free/total KV blocks, KV sequences, matchers, n-gram requests, and
-        the draft model's requests and KV blocks (0 of 0 without a draft model)."""
-        from interlock.protocol.messages import Count, KVUsage
-
-        free, total, seqs = await self._kv_actor.ask(lambda r: KVUsage(r))
-        matchers = await self._grammar_actor.ask(lambda r: Count(r))
-        ngram, drafted, draft_free, draft_total = await self._draft_actor.ask(lambda r: Count(r))
-        slots_free, requests = await self._scheduler.ask(lambda r: Count(r))
-        return {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs,
-                "matchers": matchers, "ngram_requests": ngram, "slots_free": slots_free, "requests": requests,
-                "draft_requests": drafted, "draft_kv_free_blocks": draft_free, "draft_kv_total_blocks": draft_total}
+        """Every per-request thing any actor holds right now (each returns to 0 / to its total when
+        the engine is idle): KV blocks and sequences, slots, matchers, n-gram entries, adaptive
+        budgets, user-drafter contexts, draft-model sequences and blocks, seeded generators (target
+        and draft), penalty counts, compiled grammars kept for unadmitted requests, output streams, requests."""
+        kv_actor, verifier, grammar, draft, scheduler = self._actors
+        free, total, seqs = await kv_actor.ask(lambda r: KVUsage(r))
+        generators, penalties = await verifier.ask(lambda r: Count(r))
+        res = {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs,
+               "matchers": await grammar.ask(lambda r: Count(r)),
+               "verify_generators": generators, "penalty_entries": penalties}
+        res.update(await draft.ask(lambda r: Count(r)))
+        res.update(await scheduler.ask(lambda r: Count(r)))
+        res["engine_streams"] = len(self._streams)
+        return res

@@ -1,2 +1,11 @@
-"""Orchestration only: the actor base, the runtime that starts every actor in one task group,
-and one file per actor (Scheduler, GrammarActor, DraftActor, VerifierActor, KVActor)."""
+"""Orchestration only: the actor base, the runtime that starts every actor in one task group, one
+file per actor (Scheduler, GrammarActor, DraftActor, VerifierActor, KVActor), and what they share:
+
+step.py      one speculative step as one lane program: per-part bounded StepQueues, the step
+             buffers, the host order of every part's lane ops, capture once per shape and replay
+planner.py   the Scheduler's request view (its Phase) and the step plan, as pure functions
+delivery.py  output delivery: stop rules (the end-of-sequence rule, once), detokenizing, deltas
+
+Actors plan, lanes run: the Scheduler stages a step's plan in each part's queue and enqueues the
+whole step; inside a step the parts meet only through timeline events and the step buffers.
+"""

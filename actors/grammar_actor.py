@@ -1,16 +1,16 @@
-"""GrammarActor: one matcher per slot, the host bitmask buffers, and the grammar lane's work.
+"""GrammarActor: one matcher per slot, the host bitmask buffers, and the grammar lane's part of a step.
 
-Per step: on the StepPlan it reads the forced tokens (jump-forward drafts) of every sampling,
-constrained request; on the DraftProposal it enqueues the mask fill (K+1 rows per request:
-after the last token and after each draft) on the grammar lane and records the mask event,
-then hands the proposal to the VerifierActor, whose model lane waits on that event. On the
-TokenEvent it advances each matcher by the accepted tokens. Matchers are only ever advanced
-by committed tokens: filling the draft rows leaves their state unchanged, so a rejection
-needs no rollback.
+Its part of a step (see actors/step.py) runs as host functions on the grammar lane, reading the
+step's plan from its own StepQueue: the forced tokens (jump-forward drafts) of every sampling,
+constrained request; with a draft model and draft-side masking, the mask row after each draft
+prefix, one per draft iteration; the K+1 verify rows (after the last token and after each draft);
+and, once the token event has fired, advancing each matcher by the committed tokens. Matchers
+are only ever advanced by committed tokens: filling rows advances speculatively and rolls back,
+so a rejection needs no rollback. A token the matcher refuses at commit fails that request
+(GrammarError), not the engine.
 
-With a draft model and draft-side masking, the DraftActor asks (DraftMasks) for the row after
-each prefix of its drafts while it drafts; the proposal's fill then skips the rows that already
-hold the mask of the drafts' own prefixes, so each row is computed once per step.
+Binding and releasing matchers are grammar-lane host functions too, so the matchers are only
+ever touched by the lane thread, in lane order.
 """
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ from dataclasses import dataclass
 import torch
 
 from interlock.actors.base import Actor, Handler
+from interlock.actors.step import StepBuffers, StepQueue
 from interlock.grammars.bitmask import allocate_bitmask
+from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import GrammarBackend, GrammarMatcher
-from interlock.protocol.messages import (
-    BindGrammar, Count, DraftMasks, DraftProposal, Forced, Release, StepPlan, TokenEvent,
-)
-from interlock.protocol.types import SlotId
-from interlock.streams.timeline import DeviceEvent, Timeline
+from interlock.protocol.messages import BindGrammar, Count, Release, StepPlan
+from interlock.protocol.types import SlotId, TokenId
+from interlock.streams.timeline import Timeline
 from interlock.logs import get_logger
 
 log = get_logger(__name__)
@@ -52,85 +52,97 @@ class MaskBuffers:
 
 class GrammarActor(Actor[object]):
     def __init__(self, backend: GrammarBackend, timeline: Timeline, buffers: MaskBuffers,
-                 mask_ready: DeviceEvent, verifier: Actor[object], drafter: Actor[object]) -> None:
+                 step: StepBuffers) -> None:
         self.backend = backend
         self.timeline = timeline
         self.buffers = buffers
-        self.mask_ready = mask_ready
-        self.verifier = verifier
-        self.drafter = drafter
-        self.matchers: dict[SlotId, GrammarMatcher] = {}
-        self.prefilled: dict[SlotId, dict[int, tuple[int, ...]]] = {}   # row offset -> prefix it holds
-        self._draft_masks_ready = timeline.new_event()
+        self.step = step
+        self.queue = StepQueue("grammar")
+        self.matchers: dict[SlotId, GrammarMatcher] = {}                 # grammar lane only
+        self.prefilled: dict[SlotId, dict[int, tuple[TokenId, ...]]] = {}  # row offset -> prefix it holds
+        self._plan: StepPlan | None = None                                 # the step the lane is in
         super().__init__("grammar")
 
     def handlers(self) -> Mapping[type, Handler]:
-        return {BindGrammar: self.on_bind, Release: self.on_release, StepPlan: self.on_plan,
-                DraftProposal: self.on_proposal, TokenEvent: self.on_tokens, Count: self.on_count,
-                DraftMasks: self.on_draft_masks}
+        return {BindGrammar: self.on_bind, Release: self.on_release, Count: self.on_count}
 
     async def on_bind(self, msg: BindGrammar) -> None:
-        self.matchers[msg.slot] = self.backend.matcher(msg.compiled)
+        self.timeline.grammar.launch_host(self._bind, msg.slot, msg.compiled)
 
     async def on_release(self, msg: Release) -> None:
-        self.matchers.pop(msg.slot, None)
-        self.prefilled.pop(msg.slot, None)
+        self.timeline.grammar.launch_host(self._release, msg.slot)
 
     async def on_count(self, msg: Count) -> None:
+        await self.timeline.grammar.synchronize()
         msg.reply.set_result(len(self.matchers))
 
-    async def on_plan(self, plan: StepPlan) -> None:
-        forced = []
-        for s in plan.snapshots:
+    def _bind(self, slot: SlotId, compiled: object) -> None:
+        self.matchers[slot] = self.backend.matcher(compiled)
+
+    def _release(self, slot: SlotId) -> None:
+        self.matchers.pop(slot, None)
+        self.prefilled.pop(slot, None)
+
+    # --- grammar lane: this actor's part of a step ----------------------------------------------
+
+    def _constrained(self) -> list[tuple[SlotId, GrammarMatcher]]:
+        assert self._plan is not None
+        out = []
+        for s in self._plan.snapshots:
             matcher = self.matchers.get(s.slot) if s.sample and s.constrained else None
-            forced.append(tuple(matcher.forced_tokens()[: plan.max_draft_len]) if matcher else ())
-        await self.drafter.send(Forced(plan, tuple(forced)))
+            if matcher is not None and self.step.errors[s.slot] is None:
+                out.append((s.slot, matcher))
+        return out
 
-    async def on_draft_masks(self, msg: DraftMasks) -> None:
-        ok: list[bool] = []
-        self.timeline.grammar.launch_host(self._fill_draft_rows, (msg.jobs, ok))
-        self.timeline.grammar.record(self._draft_masks_ready)
-        await self._draft_masks_ready.wait_async()
-        msg.reply.set_result(tuple(ok))
+    def begin(self) -> None:
+        """Take the step's plan; write each constrained request's forced tokens (up to K)."""
+        plan = self._plan = self.queue.take()
+        b = self.step
+        for slot in range(len(b.errors)):
+            b.errors[slot] = None
+            b.forced[slot] = ()
+        for s in plan.snapshots:
+            if s.sample and s.constrained and s.slot not in self.matchers:
+                b.fail(s.slot, GrammarError(f"request {s.request_id} samples with no matcher bound"))
+        for slot, matcher in self._constrained():
+            b.forced[slot] = tuple(matcher.forced_tokens()[: plan.max_draft_len])
 
-    def _fill_draft_rows(self, args: tuple[tuple[tuple[SlotId, tuple[int, ...]], ...], list[bool]]) -> None:
-        """Grammar lane: the row after each prefix (advance through it, fill, roll back)."""
-        jobs, ok = args
+    def fill_draft_rows(self) -> None:
+        """One draft-model iteration: the row after each masked request's draft prefix."""
         per = self.buffers.rows_per_slot
-        for slot, prefix in jobs:
-            matcher = self.matchers[slot]
+        b = self.step
+        for slot, matcher in self._constrained():
+            if not b.masking[slot]:
+                continue
+            prefix = b.prefix[slot]
             if not matcher.accept(prefix):
-                ok.append(False)
+                b.refused[slot] = True
                 continue
             try:
                 matcher.fill_mask(self.buffers.bitmask, slot * per + len(prefix))
             finally:
                 matcher.rollback(len(prefix))
             self.prefilled.setdefault(slot, {})[len(prefix)] = prefix
-            ok.append(True)
 
-    async def on_proposal(self, proposal: DraftProposal) -> None:
-        jobs = []
-        for s, drafts in zip(proposal.plan.snapshots, proposal.drafts):
-            if s.sample and s.constrained:
-                held = self.prefilled.pop(s.slot, {})
-                skip = frozenset(j for j, prefix in held.items() if drafts[:j] == prefix and j <= len(drafts))
-                jobs.append((s.slot, self.matchers[s.slot], drafts, skip))
-        if jobs:
-            self.timeline.grammar.launch_host(self._fill, jobs)
-            self.timeline.grammar.record(self.mask_ready)
-        await self.verifier.send(proposal)
-
-    def _fill(self, jobs: list[tuple[SlotId, GrammarMatcher, tuple[int, ...], frozenset[int]]]) -> None:
-        """Runs on the grammar lane: K+1 rows per constrained request, one call each."""
+    def fill(self) -> None:
+        """K+1 rows per constrained request (rows already filled while drafting are reused)."""
         per = self.buffers.rows_per_slot
         self.buffers.rows.zero_()
-        for slot, matcher, drafts, skip in jobs:
+        for slot, matcher in self._constrained():
+            drafts = self.step.drafts[slot]
+            held = self.prefilled.pop(slot, {})
+            skip = frozenset(j for j, prefix in held.items() if j <= len(drafts) and drafts[:j] == prefix)
             self.buffers.rows[slot] = matcher.fill_masks(self.buffers.bitmask, slot * per, drafts, skip)
+        self.prefilled.clear()
 
-    async def on_tokens(self, event: TokenEvent) -> None:
-        for result in event.results:
-            matcher = self.matchers.get(result.slot)
-            if matcher is not None and not matcher.accept(result.new_tokens):
-                # The tokens were sampled under this matcher's own masks: refusing them is a bug.
-                raise RuntimeError(f"grammar refused tokens it allowed: slot {result.slot}, {result.new_tokens}")
+    def commit(self) -> None:
+        """After the token event: advance each matcher by its request's committed tokens."""
+        b = self.step
+        for slot, matcher in self._constrained():
+            result = b.results[slot]
+            if result is None or matcher.accept(result.new_tokens):
+                continue
+            error = GrammarError(f"the grammar refused tokens sampled under its own mask: {result.new_tokens}")
+            log.error("grammar_refused_committed_tokens", request_id=result.request_id,
+                      step=self._plan.step if self._plan else None, tokens=list(result.new_tokens))
+            b.fail(slot, error)

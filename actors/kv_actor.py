@@ -1,4 +1,8 @@
-"""KVActor: owns the paged KV allocator (block tables, free list).
+"""KVActor: owns the paged KV allocator (block tables, free list) and the admission promises.
+
+A request is admitted only with a promise of every block it can ever hold (`Promise`); the
+promise is returned when it is freed (`Free.blocks`). The count of promised blocks lives only
+here, beside the pool it promises from.
 
 The K/V *storage* tensors are written only by the model forward (VerifierActor), which gets a
 reference to them at wiring time; positions and blocks are granted only here.
@@ -7,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+
 from interlock.actors.base import Actor, Handler
 from interlock.models.kv_cache import PagedKVCache
-from interlock.protocol.messages import BlockTables, Free, KVUsage, Reserve, Rewind
+from interlock.protocol.messages import BlockTables, Free, KVUsage, Promise, Reserve, Rewind
 from interlock.logs import get_logger
 
 log = get_logger(__name__)
@@ -18,10 +23,12 @@ log = get_logger(__name__)
 class KVActor(Actor[object]):
     def __init__(self, kv: PagedKVCache) -> None:
         self.kv = kv
+        self.promised = 0
         super().__init__("kv")
 
     def handlers(self) -> Mapping[type, Handler]:
-        return {Reserve: self.on_reserve, Rewind: self.on_rewind, Free: self.on_free, KVUsage: self.on_usage}
+        return {Reserve: self.on_reserve, Rewind: self.on_rewind, Free: self.on_free, KVUsage: self.on_usage,
+                Promise: self.on_promise}
 
     async def on_reserve(self, msg: Reserve) -> None:
         """All or nothing: on KVCacheExhaustedError every position reserved by this message is undone."""
@@ -49,9 +56,17 @@ class KVActor(Actor[object]):
             if n:
                 self.kv.rewind(seq, n)
 
+    async def on_promise(self, msg: Promise) -> None:
+        """Promise msg.blocks blocks if the pool can still keep every promise; reply True if so."""
+        ok = self.promised + msg.blocks <= self.kv.num_blocks
+        if ok:
+            self.promised += msg.blocks
+        msg.reply.set_result(ok)
+
     async def on_free(self, msg: Free) -> None:
         for seq in msg.seqs:
             self.kv.free(seq)
+        self.promised -= msg.blocks
 
     async def on_usage(self, msg: KVUsage) -> None:
         msg.reply.set_result((self.kv.num_free_blocks, self.kv.num_blocks, len(self.kv.sequences)))

@@ -1,8 +1,12 @@
-"""VerifierActor: owns the target model and the sampling state; runs the model lane.
+"""VerifierActor: owns the target model and the sampling state; its part of a step runs on the model lane.
 
-Per step it enqueues on the model lane: the forward over every request's chunk (prefill chunks,
-or the last token plus drafts), a wait for the mask event, then masking and verification; it
-records the token event, awaits it without blocking the loop, and reports a TokenEvent.
+Its part of a step (see actors/step.py), reading the step's plan from its own StepQueue: the target
+forward over every request's chunk (prefill chunks, or the last token plus drafts), then, after the
+mask event, masking and verification (`verify`), which writes each request's SlotResult into the
+step buffers before the token event is recorded.
+
+A per-request fault inside verification (a NaN logits row, or a row that allows no token at all)
+fails that request with a SamplingError; its neighbours are verified exactly as without it.
 
 Classifier-free guidance: a request's companion (snapshot.guide) is fed in the same packed forward,
 right after the request's own chunk, with the same tokens and drafts at its own positions; its rows
@@ -19,97 +23,114 @@ from dataclasses import dataclass, field
 import torch
 
 from interlock.actors.base import Actor, Handler
+from interlock.actors.delivery import cut_at_stop
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.actors.penalty_book import PenaltyBook
+from interlock.actors.step import StepBuffers, StepQueue
 from interlock.kernels import apply_token_bitmask_, probs_from_logits, rejection_sample, rejection_sample_greedy
 from interlock.kernels.cfg import cfg_combine
 from interlock.kernels.sampling import request_generator
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.llama import Transformer
-from interlock.protocol.messages import DraftProposal, Release, RequestSnapshot, SlotResult, TokenEvent
+from interlock.protocol.errors import SamplingError
+from interlock.protocol.messages import Count, Release, RequestSnapshot, SlotResult, StepPlan
 from interlock.protocol.types import RequestId, TokenId
-from interlock.streams.timeline import DeviceEvent, Timeline
+from interlock.streams.timeline import Timeline
+from interlock.logs import get_logger
+
+log = get_logger(__name__)
 
 
 @dataclass
 class _StepWork:
-    """What one step's host functions share (written on the model lane, read after the token event)."""
+    """What one step's model-lane functions share."""
 
-    proposal: DraftProposal
+    plan: StepPlan
     sampled: list[int]                          # indices into plan.snapshots that sample
-    drafts: list[tuple[TokenId, ...]]
+    drafts: list[tuple[TokenId, ...]]           # per sampled snapshot
+    probs: list[torch.Tensor | None]            # per sampled snapshot
     logits: torch.Tensor | None = None
-    results: list[SlotResult] = field(default_factory=list)
     forward_end: float = 0.0
-    exposed_s: float = 0.0
-    forward_s: float = 0.0
 
 
 class VerifierActor(Actor[object]):
     def __init__(self, model: Transformer, kv: PagedKVCache, timeline: Timeline, buffers: MaskBuffers,
-                 mask_ready: DeviceEvent, tokens_ready: DeviceEvent, scheduler: Actor[object],
-                 tokenizer_vocab: int, eos_token_ids: tuple[int, ...]) -> None:
+                 step: StepBuffers, tokenizer_vocab: int, eos_token_ids: tuple[int, ...]) -> None:
         self.model = model
         self.kv = kv
         self.timeline = timeline
         self.buffers = buffers
-        self.mask_ready = mask_ready
-        self.tokens_ready = tokens_ready
-        self.scheduler = scheduler
+        self.step = step
         self.tokenizer_vocab = tokenizer_vocab
         self.eos = frozenset(eos_token_ids)
-        self.generators: dict[RequestId, torch.Generator] = {}
-        self.penalties = PenaltyBook(model.config.vocab_size)    # per-request token counts (penalized requests)
+        self.generators: dict[RequestId, torch.Generator] = {}     # model lane only
+        self.penalties = PenaltyBook(model.config.vocab_size)       # per-request token counts; model lane only
+        self.queue = StepQueue("verifier")
+        self._work: _StepWork | None = None
         super().__init__("verifier")
 
     def handlers(self) -> Mapping[type, Handler]:
-        return {DraftProposal: self.on_proposal, Release: self.on_release}
+        return {Release: self.on_release, Count: self.on_count}
 
     async def on_release(self, msg: Release) -> None:
-        self.generators.pop(msg.request_id, None)
-        self.penalties.release(msg.request_id)
+        self.timeline.model.launch_host(self.generators.pop, msg.request_id, None)
+        self.timeline.model.launch_host(self.penalties.release, msg.request_id)
 
-    async def on_proposal(self, proposal: DraftProposal) -> None:
-        plan = proposal.plan
-        sampled = [i for i, s in enumerate(plan.snapshots) if s.sample]
-        work = _StepWork(proposal, sampled, [proposal.drafts[i] for i in sampled])
+    async def on_count(self, msg: Count) -> None:
+        """(seeded generators, penalty entries) for leak checks."""
+        await self.timeline.model.synchronize()
+        msg.reply.set_result((len(self.generators), len(self.penalties)))
+
+    # --- model lane: this actor's part of a step -----------------------------------------------
+
+    def begin(self) -> None:
+        """Take the step's plan; the drafts and q the drafter wrote; the requests' generators."""
+        plan = self.queue.take()
+        b = self.step
+        sampled = [i for i, s in enumerate(plan.snapshots) if s.sample and b.errors[s.slot] is None]
+        for s in plan.snapshots:
+            b.results[s.slot] = None
         for i in sampled:               # seeded per request, drawn in request order: batch-independent
             s = plan.snapshots[i]
             if not s.sampling.greedy and s.request_id not in self.generators:
-                gen = request_generator(s.sampling.seed)
-                self.generators[s.request_id] = gen
+                self.generators[s.request_id] = request_generator(s.sampling.seed)
         self.penalties.see(plan.snapshots)
-        lane = self.timeline.model
-        lane.launch_host(self._forward, work)
-        if any(plan.snapshots[i].constrained for i in sampled):
-            lane.wait(self.mask_ready)
-        if sampled:
-            lane.launch_host(self._verify, work)
-        lane.record(self.tokens_ready)
-        await self.tokens_ready.wait_async()
-        await self.scheduler.send(TokenEvent(plan.step, tuple(work.results), work.exposed_s, work.forward_s))
+        slots = [plan.snapshots[i].slot for i in sampled]
+        self._work = _StepWork(plan, sampled, [b.drafts[slot] for slot in slots], [b.probs[slot] for slot in slots])
 
-    # --- model lane ---------------------------------------------------------------------------
-
-    def _forward(self, work: _StepWork) -> None:
-        plan = work.proposal.plan
+    def forward(self) -> None:
+        work = self._work
+        assert work is not None
+        plan = work.plan
+        drafts = dict(zip(work.sampled, work.drafts))
         chunks = []
         for i, s in enumerate(plan.snapshots):
-            tokens = s.chunk + work.proposal.drafts[i]
+            if s.sample and i not in drafts:
+                continue                # failed earlier in this step: not fed (its request ends)
+            d = drafts.get(i, ())
+            tokens = s.chunk + d
             rows = tuple(range(len(tokens))) if s.sample else ()
             if tokens:                  # () when only the CFG companion still prefills
                 chunks.append(SeqChunk(s.seq, tokens, s.start, rows))
             if s.guide is not None and s.guide.chunk:
-                chunks.append(SeqChunk(s.guide.seq, s.guide.chunk + work.proposal.drafts[i], s.guide.start, rows))
+                chunks.append(SeqChunk(s.guide.seq, s.guide.chunk + d, s.guide.start, rows))
         start = time.perf_counter()
-        work.logits = self.model(build_batch(chunks, plan.kv), self.kv)   # [sum(1 + n_i) (x2 with CFG), V]
+        work.logits = self.model(build_batch(chunks, plan.kv), self.kv) if chunks else None  # [sum(1+n_i) (x2 CFG), V]
         work.forward_end = time.perf_counter()
-        work.forward_s = work.forward_end - start
+        self.step.timing["forward_s"] = work.forward_end - start
+
+    def verify(self) -> None:
+        """Mask and verify every sampled request; write its SlotResult (or its SamplingError)."""
+        work = self._work
+        assert work is not None
+        self.step.timing["exposed_s"] = time.perf_counter() - work.forward_end
+        if work.sampled:
+            self._verify(work)
+        self._work = None
 
     def _verify(self, work: _StepWork) -> None:
-        work.exposed_s = time.perf_counter() - work.forward_end
-        plan = work.proposal.plan
+        plan = work.plan
         snaps = [plan.snapshots[i] for i in work.sampled]
         b, k = len(snaps), max(len(d) for d in work.drafts)
         v = work.logits.shape[1]
@@ -141,14 +162,27 @@ class VerifierActor(Actor[object]):
         for row, s in enumerate(snaps):
             n_acc = int(result.num_accepted[row])
             tokens = [int(t) for t in result.tokens[row, : n_acc + 1]]
-            for j, t in enumerate(tokens):  # nothing after a stop token (the grammar refuses it)
-                if t in self.eos and not s.sampling.ignore_eos:
-                    tokens = tokens[: j + 1]
-                    break
+            # Nothing after a stop token (the grammar refuses it); the stop token itself is kept.
+            tokens, _ = cut_at_stop(tokens, self.eos, s.sampling, keep_stop=True)
+            if self._row_invalid(logits[row, : len(tokens)], s):
+                continue
             # A stop token that was an accepted draft counts as accepted (tokens end at it).
-            work.results.append(SlotResult(s.request_id, s.slot, tuple(tokens), int(num_drafts[row]),
-                                           min(n_acc, len(tokens))))
-        self.penalties.commit(work.results)
+            result_s = SlotResult(s.request_id, s.slot, tuple(tokens), int(num_drafts[row]), min(n_acc, len(tokens)))
+            self.step.results[s.slot] = result_s
+            self.penalties.commit((result_s,))
+
+    def _row_invalid(self, used: torch.Tensor, s: RequestSnapshot) -> bool:
+        """True (and the request fails alone, SamplingError) when a logits row its tokens were drawn
+        from [n, V] had a NaN or allowed no token. Rows are independent: its neighbours' results stand."""
+        used = used[:, : self.tokenizer_vocab]
+        nan = bool(torch.isnan(used).any())
+        if not nan and bool((used > float("-inf")).any(-1).all()):
+            return False
+        what = "a NaN logit" if nan else "no allowed token"
+        log.error("sampling_row_invalid", request_id=s.request_id, problem=what,
+                  step=self._work.plan.step if self._work else None)
+        self.step.fail(s.slot, SamplingError(f"request {s.request_id}: its logits row has {what}"))
+        return True
 
     @staticmethod
     def _guided(cond: torch.Tensor, uncond: torch.Tensor, scale: float | None) -> torch.Tensor:
@@ -175,8 +209,7 @@ class VerifierActor(Actor[object]):
 
     def _draft_probs(self, work: _StepWork, v: int, k: int) -> torch.Tensor | None:
         """q [B, K, V] when some draft came from a draft model's distribution, else None (point masses)."""
-        probs = work.proposal.probs
-        rows = [probs[i] if probs else None for i in work.sampled]
+        rows = work.probs
         if all(q is None for q in rows):
             return None
         q = torch.zeros(len(rows), k, v)

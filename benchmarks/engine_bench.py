@@ -98,6 +98,10 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
         "mean_acceptance_length": round(step_tokens / steps, 3) if steps else 0.0,
         "exposed_grammar_frac": round(metrics.exposed_grammar_frac, 4),
         "ttft_p50_s": round(percentile([c.stats.ttft_s for _, c in done], 50), 4) if done else 0.0,
+        "engine_steps": metrics.steps,
+        "messages_per_step": round(metrics.messages_per_step, 2),
+        "wakeups_per_step": round(metrics.wakeups_per_step, 2),
+        "host_ms_per_step": round(1e3 * metrics.host_s / metrics.steps, 3) if metrics.steps else 0.0,
         "draft_len": cfg.draft_len, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
         "penalties": {"presence": cfg.presence_penalty, "frequency": cfg.frequency_penalty,
                       "repetition": cfg.repetition_penalty},
@@ -118,13 +122,14 @@ async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], pro
 
 def report(results: list[dict]) -> None:
     keys = ["mode", "completed", "valid", "stop/length/error", "invalid_stop", "output_tokens", "tokens_per_s",
-            "ratio", "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s"]
+            "ratio", "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s",
+            "messages_per_step", "wakeups_per_step", "host_ms_per_step"]
     first = results[0]
     title = (f"interlock bench: {first['dataset']}, {first['requests']} rows, T={first['temperature']}, "
              f"K={first['draft_len']}, concurrency {first['concurrency']}, backend {first['backend']}")
     shown = [{**r, "stop/length/error": "/".join(str(r["finish_reasons"][k]) for k in ("stop", "length", "error"))}
              for r in results]
-    wide = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)   # 11 columns: 120 wraps headers
+    wide = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)   # 14 columns: 120 wraps headers
     print_table(title, keys, [[r.get(k, "") for k in keys] for r in shown], console=wide)
     brief = [{k: v for k, v in r.items() if k != "outputs"} for r in results]      # token ids: --json only
     print_json_last(brief[0] if len(brief) == 1 else {"modes": brief})

@@ -10,8 +10,8 @@ from interlock.protocol.types import TokenId
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Proposes draft tokens for a step's sampling requests; synchronous and quick (it runs between
-    steps on the event loop). Any proposal is safe: verification keeps the output exactly the
+    """Proposes draft tokens for a step's sampling requests; synchronous and quick (it runs on the model
+    lane's thread, inside the step, before the target forward). Any proposal is safe: verification keeps the output exactly the
     target's, so a bad drafter costs speed, never correctness. See examples/user_drafter.py."""
 
     def propose(self, requests: Sequence[DraftRequest], k: int) -> list[list[TokenId]]:

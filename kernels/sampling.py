@@ -29,6 +29,7 @@ from interlock.kernels._checks import (
     resolve_backend,
 )
 from interlock.kernels.sampling_reference import probs_from_logits_reference, sample_from_probs_reference
+from interlock.protocol.sampling import SamplingParams
 
 
 def request_generator(seed: int | None, salt: int = 0) -> torch.Generator:
@@ -158,3 +159,38 @@ def _keep_top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     keep_sorted &= sorted_x > float("-inf")
     keep_sorted[:, 0] = True
     return torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+
+
+def draw_draft(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
+               vocab_size: int, d2t: torch.Tensor | None = None) -> tuple[int | None, torch.Tensor | None]:
+    """One draft token (a target id) from one row of draft logits [Vd] (already grammar-masked).
+
+    Returns (token, q): q [vocab_size] is the draft distribution over the target's vocabulary for a
+    sampled request (verification needs it to stay exact), None for a greedy one (a point mass).
+    token is None when no id is allowed (every logit -inf). d2t maps draft ids to target ids (a
+    pruned draft head); ids that map to no tokenizer id, or lie past vocab_size, are never drawn.
+    A sampled request needs its own `generator` (same seed, same drafts).
+    """
+    if d2t is None:
+        logits = logits[:vocab_size]
+    else:
+        logits = logits.masked_fill(d2t >= vocab_size, float("-inf"))
+    if not torch.isfinite(logits).any():
+        return None, None
+    if sampling.greedy:
+        token = int(torch.argmax(logits))
+        return (token if d2t is None else int(d2t[token])), None
+    if generator is None:
+        raise ValueError("a sampled (temperature > 0) draft needs its request's generator")
+    sp = sampling
+    q = probs_from_logits(logits[None].float(), torch.tensor([sp.temperature]),
+                          torch.tensor([sp.top_k]) if sp.top_k else None,
+                          torch.tensor([sp.top_p]) if sp.top_p else None)
+    token = int(inverse_cdf(q, torch.rand(1, generator=generator))[0])
+    q_target = torch.zeros(vocab_size)
+    if d2t is None:
+        q_target.copy_(q[0, :vocab_size])
+        return token, q_target
+    keep = d2t < vocab_size             # the others have q = 0 (masked above)
+    q_target[d2t[keep]] = q[0, keep]
+    return int(d2t[token]), q_target

@@ -63,6 +63,14 @@ class SchemaKeywordError(GrammarError):
         self.path = path
 
 
+class SamplingError(RequestError):
+    """A step could not sample this request: its logits row had a NaN or allowed no token at all."""
+
+
+class DrafterError(RequestError):
+    """A drafter (a user-provided one, typically) raised for this request."""
+
+
 # --- capacity --------------------------------------------------------------------------------
 
 class CapacityError(InterlockError):

@@ -105,41 +105,12 @@ class BlockTables:
 
 @dataclass(frozen=True)
 class StepPlan:
+    """One step, staged in every part's StepQueue before the step is enqueued on the lanes."""
+
     step: int
     snapshots: tuple[RequestSnapshot, ...]
     max_draft_len: int
     kv: BlockTables | None = None  # filled in by the Scheduler after the KVActor reserved positions
-
-
-@dataclass(frozen=True)
-class Forced:
-    """Grammar-forced tokens per snapshot (jump-forward), from the GrammarActor to the DraftActor."""
-
-    plan: StepPlan
-    tokens: tuple[tuple[TokenId, ...], ...]
-
-
-@dataclass(frozen=True)
-class DraftMasks:
-    """DraftActor -> GrammarActor, while a draft model drafts: fill, for each (slot, prefix), the
-    bitmask row slot * (K+1) + len(prefix) with the mask after the committed tokens + prefix.
-    Replies with one bool per job: False when the grammar refuses the prefix (row not filled)."""
-
-    jobs: tuple[tuple[SlotId, tuple[TokenId, ...]], ...]
-    reply: Any
-
-
-@dataclass(frozen=True)
-class DraftProposal:
-    """The plan plus drafts per snapshot (empty for prefill chunks and unspeculated requests).
-
-    probs: per snapshot, the draft distributions q [len(drafts), V] (a float tensor over the
-    target's vocabulary) or None when every draft is a point mass (n-gram, forced, greedy, user).
-    """
-
-    plan: StepPlan
-    drafts: tuple[tuple[TokenId, ...], ...]
-    probs: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,6 +120,7 @@ class SlotResult:
     new_tokens: tuple[TokenId, ...]   # accepted drafts, then the one sampled token
     drafted: int
     accepted: int
+    error: BaseException | None = None    # this request failed in this step (a RequestError); tokens ()
 
 
 @dataclass(frozen=True)
@@ -178,7 +150,18 @@ class Rewind:
 
 @dataclass(frozen=True)
 class Free:
+    """Free the sequences and return the request's admission promise of `blocks` blocks."""
+
     seqs: tuple[SeqId, ...]
+    blocks: int = 0
+
+
+@dataclass(frozen=True)
+class Promise:
+    """Admission: promise `blocks` blocks to a request if every promise can still be kept; replies a bool."""
+
+    blocks: int
+    reply: Any
 
 
 @dataclass(frozen=True)
@@ -217,10 +200,22 @@ class EngineMetrics:
     """Totals since the engine started (from the Scheduler)."""
 
     steps: int
-    step_s: float                 # wall time of steps, plan sent -> TokenEvent received
+    step_s: float                 # wall time of steps, launch -> TokenEvent handled
     forward_s: float
     exposed_grammar_s: float      # time the model lane waited for masks
     output_tokens: int
+    messages: int = 0             # actor messages + staged step plans, over all actors
+    loop_wakeups: int = 0         # event-loop entries for steps: one launch + one token event each
+    host_s: float = 0.0           # Scheduler time on the event loop handling token events and launching
+    replayed_steps: int = 0       # steps enqueued by replaying a captured program
+
+    @property
+    def messages_per_step(self) -> float:
+        return self.messages / self.steps if self.steps else 0.0
+
+    @property
+    def wakeups_per_step(self) -> float:
+        return self.loop_wakeups / self.steps if self.steps else 0.0
 
     @property
     def exposed_grammar_frac(self) -> float:

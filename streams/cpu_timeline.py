@@ -8,6 +8,14 @@ every counter of the timeline, so a failure or `close()` can wake every waiter a
 asyncio code waits through a loop future that the lane thread settles with
 `call_soon_threadsafe` (no polling, no thread parked per waiter).
 
+`launch(fn)` (device work) runs on the lane thread like `launch_host`: on the CPU a tensor op
+runs when it is called, so the lane's order is the device order.
+
+Captured programs: inside `with timeline.capture() as program:` every lane call is appended to
+the program (lane, kind, callable or event) instead of being enqueued; nothing runs. `replay()`
+makes the same lane calls again, in the recorded host order, so each record and wait gets a
+fresh generation exactly as in an eager step.
+
 `close()` cancels rather than drains: ops that have not started are discarded, a running host
 function is allowed to finish, waiters wake with `TimelineClosedError`, threads are joined.
 To drain first, `await lane.synchronize()` on both lanes before closing.
@@ -18,8 +26,9 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal
 
@@ -58,6 +67,7 @@ class _Shared:
         self.failure: BaseException | None = None
         self.closed = False
         self.async_waiters: list[_AsyncWaiter] = []
+        self.recording: CpuProgram | None = None   # capture() in progress: lane calls are recorded
 
     def check(self) -> None:
         """Raise the timeline's sticky error, if any. Caller holds `cond`."""
@@ -150,17 +160,31 @@ class CpuLane:
 
     def launch_host(self, fn: Callable[..., object], *args: object) -> None:
         """Enqueue `fn(*args)` (cudaLaunchHostFunc). Raises `LaneFullError` when the queue is full."""
+        if self._recorded("host", fn, args):
+            return
+        with self._shared.cond:
+            self._shared.check()
+            self._put("host", lambda: fn(*args))
+
+    def launch(self, fn: Callable[..., object], *args: object) -> None:
+        """Enqueue device work `fn(*args)`; on the CPU it runs on the lane thread, like a host function."""
+        if self._recorded("device", fn, args):
+            return
         with self._shared.cond:
             self._shared.check()
             self._put("host", lambda: fn(*args))
 
     def record(self, event: DeviceEvent) -> None:
         """Enqueue the completion of `event`'s next generation (cudaEventRecord)."""
-        self._record(self._own(event), "record")
+        ev = self._own(event)
+        if not self._recorded("record", ev, ()):
+            self._record(ev, "record")
 
     def wait(self, event: DeviceEvent) -> None:
         """Enqueue a wait for `event`'s latest enqueued record (cudaStreamWaitEvent)."""
         ev = self._own(event)
+        if self._recorded("wait", ev, ()):
+            return
         with self._shared.cond:
             self._shared.check()
             target = ev._enqueued
@@ -183,6 +207,16 @@ class CpuLane:
                 self._wait_seconds,
                 self._blocked,
             )
+
+    def _recorded(self, kind: str, target: object, args: tuple[object, ...]) -> bool:
+        """During a capture: append the call to the program instead of enqueueing it."""
+        program = self._shared.recording
+        if program is None:
+            return False
+        if program.closed:
+            raise TimelineError("capture into a closed program")
+        program._calls.append(_Call(self, kind, target, args))
+        return True
 
     def _own(self, event: DeviceEvent) -> CpuEvent:
         if not isinstance(event, CpuEvent) or event._shared is not self._shared:
@@ -244,6 +278,33 @@ class CpuLane:
             pass  # the thread is not blocked in get(); it sees `closed` after its current op
 
 
+@dataclass(frozen=True)
+class _Call:
+    lane: CpuLane
+    kind: str                     # "host" | "device" | "record" | "wait"
+    target: object                # the callable, or the event
+    args: tuple[object, ...]
+
+
+@dataclass(eq=False)
+class CpuProgram:
+    """A captured step program: the lane calls made during `capture()`, in host order."""
+
+    _shared: _Shared
+    _calls: list[_Call] = field(default_factory=list)
+    closed: bool = False
+
+    @property
+    def ops(self) -> int:
+        """Lane ops one replay enqueues."""
+        return len(self._calls)
+
+    def close(self) -> None:
+        """Drop the recorded callables (idempotent); replaying a closed program raises ValueError."""
+        self.closed = True
+        self._calls.clear()
+
+
 class CpuTimeline:
     """Two `CpuLane`s (grammar, model) and their events. Use as a context manager or `close()`."""
 
@@ -265,6 +326,43 @@ class CpuTimeline:
     def new_event(self) -> CpuEvent:
         """A fresh, never-recorded event for either lane of this timeline."""
         return CpuEvent(self._shared)
+
+    @contextmanager
+    def capture(self) -> Iterator[CpuProgram]:
+        """Record the lane calls made inside the block as a program; nothing runs (see module doc)."""
+        shared = self._shared
+        with shared.cond:
+            shared.check()
+            if shared.recording is not None:
+                raise RuntimeError("captures do not nest")
+            program = shared.recording = CpuProgram(shared)
+        try:
+            yield program
+        except BaseException:
+            program.close()
+            raise
+        finally:
+            with shared.cond:
+                shared.recording = None
+
+    def replay(self, program: CpuProgram) -> None:  # type: ignore[override]
+        """Make the program's lane calls again, in their recorded order (fresh event generations)."""
+        if not isinstance(program, CpuProgram) or program._shared is not self._shared:
+            raise ValueError("program was not captured on this timeline")
+        if program.closed:
+            raise ValueError("program is closed")
+        if self._shared.recording is not None:
+            raise RuntimeError("replay inside a capture")
+        for call in program._calls:
+            lane = call.lane
+            if call.kind == "host":
+                lane.launch_host(call.target, *call.args)  # type: ignore[arg-type]
+            elif call.kind == "device":
+                lane.launch(call.target, *call.args)  # type: ignore[arg-type]
+            elif call.kind == "record":
+                lane.record(call.target)  # type: ignore[arg-type]
+            else:
+                lane.wait(call.target)  # type: ignore[arg-type]
 
     def statistics(self) -> TimelineStatistics:
         """Both lanes' counters (model-lane `wait_seconds` is the exposed grammar time)."""

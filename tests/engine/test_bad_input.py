@@ -160,12 +160,7 @@ CATALOGUE: dict[str, Bad] = {
     "cancel: mid-step (after its first tokens)": Bad(CANCELLED, lambda e: _cancel_when(
         e, lambda r, s: r["requests"] == 2 and s >= 3)),
 }
-# NEEDS-STEP: per-request containment of an all-masked logits row (the step helper). The lead sets
-# this True at merge; until then these cases must fail (strict xfail): today they close the engine.
-STEP_CONTAINMENT_MERGED = False
-needs_step = pytest.mark.xfail(not STEP_CONTAINMENT_MERGED, strict=True,
-                               reason="NEEDS-STEP: an all-masked row must fail one request, not the engine")
-MARKS = {"choice: no token can produce it": needs_step}
+MARKS: dict[str, pytest.MarkDecorator] = {}
 
 
 def _config(**overrides) -> EngineConfig:

@@ -108,13 +108,13 @@ def test_guided_rows_follow_the_formula_and_scale_one_is_the_cond_rows_bitwise()
 def plans(monkeypatch) -> list:
     """Every StepPlan the verifier forwards (recorded on the model lane)."""
     seen: list = []
-    forward = VerifierActor._forward
+    forward = VerifierActor.forward
 
-    def spy(self, work) -> None:
-        seen.append(work.proposal.plan)
-        forward(self, work)
+    def spy(self) -> None:
+        seen.append(self._work.plan)
+        forward(self)
 
-    monkeypatch.setattr(VerifierActor, "_forward", spy)
+    monkeypatch.setattr(VerifierActor, "forward", spy)
     return seen
 
 

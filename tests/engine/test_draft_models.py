@@ -86,13 +86,13 @@ async def test_draft_side_masking_keeps_every_draft_in_the_grammar(tiny, monkeyp
     """With masking, every row the verifier gets is valid (1 + drafts); without it, the 1-layer
     self-draft of a random model proposes refused tokens (which shows the check can fail)."""
     seen: list[tuple[int, int]] = []         # (valid rows, drafts) per constrained request and step
-    fill = GrammarActor._fill
+    fill = GrammarActor.fill
 
-    def spy(self, jobs):
-        fill(self, jobs)
-        seen.extend((int(self.buffers.rows[slot]), len(drafts)) for slot, _, drafts, _ in jobs)
+    def spy(self):
+        fill(self)
+        seen.extend((int(self.buffers.rows[slot]), len(self.step.drafts[slot])) for slot, _ in self._constrained())
 
-    monkeypatch.setattr(GrammarActor, "_fill", spy)
+    monkeypatch.setattr(GrammarActor, "fill", spy)
     cfg = EngineConfig(speculative=spec("self-draft", tiny, draft_masking=masking), max_batch_size=4)
     async with Engine(tiny, cfg) as engine:
         for i, prompt in enumerate(PROMPTS):

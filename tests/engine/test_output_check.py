@@ -34,7 +34,7 @@ async def test_valid_outputs_pass_and_a_cut_document_is_a_grammar_error(tiny, ca
 
         async def cut() -> None:
             # A stop string ends the output inside the object: what the user would get is not JSON.
-            with pytest.raises(GrammarError, match="not JSON"):
+            with pytest.raises(GrammarError, match="not valid JSON"):
                 await engine.complete("JSON please", grammar=JsonSchema(SMALL),
                                       sampling=SamplingParams(max_tokens=64, stop=(":",)))
             results["cut"] = "GrammarError"

@@ -216,3 +216,101 @@ def test_events_of_another_timeline_are_rejected(timeline: CpuTimeline) -> None:
             timeline.model.wait(other.new_event())
         with pytest.raises(ValueError):
             timeline.grammar.record(object())  # type: ignore[arg-type]
+
+
+# --- device launches and captured programs ----------------------------------------------------
+
+async def test_launch_runs_on_the_lane_in_order_with_host_functions(timeline: CpuTimeline) -> None:
+    with anyio.fail_after(5):
+        seen: list[tuple[str, str]] = []
+        timeline.model.launch_host(lambda: seen.append(("host", threading.current_thread().name)))
+        timeline.model.launch(lambda: seen.append(("device", threading.current_thread().name)))
+        timeline.model.launch_host(lambda: seen.append(("host", threading.current_thread().name)))
+        await timeline.model.synchronize()
+        assert [kind for kind, _ in seen] == ["host", "device", "host"]
+        assert {thread for _, thread in seen} == {"interlock-model-lane"}
+
+
+async def test_capture_records_without_running_and_replay_runs_each_time(timeline: CpuTimeline) -> None:
+    with anyio.fail_after(5):
+        seen: list[str] = []
+        with timeline.capture() as program:
+            timeline.grammar.launch_host(seen.append, "g")
+            timeline.model.launch(seen.append, "m")
+        await timeline.grammar.synchronize()
+        await timeline.model.synchronize()
+        assert seen == [] and program.ops == 2
+        for _ in range(3):
+            timeline.replay(program)
+        await timeline.grammar.synchronize()
+        await timeline.model.synchronize()
+        assert sorted(seen) == ["g"] * 3 + ["m"] * 3
+
+
+async def test_replayed_events_get_fresh_generations_like_eager_steps(timeline: CpuTimeline) -> None:
+    """A program whose model lane waits on the grammar lane's event: every replay waits on *its own*
+    record, so the model op of replay i always runs after the grammar op of replay i."""
+    with anyio.fail_after(5):
+        mask = timeline.new_event()
+        order: list[str] = []
+        gate = threading.Event()
+        counter = {"g": 0}
+
+        def grammar_op() -> None:
+            gate.wait(5)
+            counter["g"] += 1
+            order.append(f"g{counter['g']}")
+
+        def model_op() -> None:
+            order.append(f"m{counter['g']}")
+
+        with timeline.capture() as program:
+            timeline.grammar.launch_host(grammar_op)
+            timeline.grammar.record(mask)
+            timeline.model.wait(mask)
+            timeline.model.launch(model_op)
+        timeline.replay(program)
+        timeline.replay(program)
+        await anyio.sleep(0.01)
+        assert order == []              # the model lane waits for replay 1's record, not a stale one
+        gate.set()
+        await timeline.grammar.synchronize()
+        await timeline.model.synchronize()
+        model = [int(x[1:]) for x in order if x.startswith("m")]
+        assert len(model) == 2 and model[0] >= 1 and model[1] >= 2, order   # replay i's model op saw g_i
+
+
+def test_capture_does_not_nest_and_an_error_discards_the_program(timeline: CpuTimeline) -> None:
+    with timeline.capture():
+        with pytest.raises(RuntimeError, match="nest"):
+            with timeline.capture():
+                pass
+    with pytest.raises(KeyError):
+        with timeline.capture() as program:
+            timeline.model.launch_host(print)
+            raise KeyError("boom")
+    assert program.closed and program.ops == 0
+    with pytest.raises(ValueError, match="closed"):
+        timeline.replay(program)
+
+
+def test_replay_refuses_a_program_of_another_timeline(timeline: CpuTimeline) -> None:
+    with CpuTimeline() as other:
+        with other.capture() as program:
+            other.model.launch_host(print)
+        with pytest.raises(ValueError, match="this timeline"):
+            timeline.replay(program)
+
+
+async def test_a_failing_replayed_host_function_fails_the_timeline(timeline: CpuTimeline) -> None:
+    with anyio.fail_after(5):
+        def boom() -> None:
+            raise ZeroDivisionError
+
+        with timeline.capture() as program:
+            timeline.model.launch_host(boom)
+        timeline.replay(program)
+        with pytest.raises(TimelineError):
+            await timeline.model.synchronize()
+        with pytest.raises(TimelineError):
+            timeline.replay(program)

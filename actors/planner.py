@@ -1,0 +1,131 @@
+"""Planning, as pure functions of the Scheduler's request views: what one step holds, what a
+request is promised at admission. The Scheduler owns the `Request` objects; nothing else sees them.
+
+Prompt chunks sit at fixed boundaries (multiples of `prefill_chunk`) so a request's prefill is
+computed the same way whatever else shares its steps: with the batch-invariant forward, a request
+produces exactly the tokens it produces alone. A CFG request's companion prefills side by side and
+the pair samples only when both prefills are done.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from interlock.actors.delivery import Output
+from interlock.protocol.messages import GuideChunk, RequestSnapshot, RequestSpec
+from interlock.protocol.types import SlotId
+
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int
+    max_draft_len: int              # K; 0 without speculation
+    prefill_chunk: int = 256
+    max_step_tokens: int = 512      # token budget of one step (decode rows + prompt chunks)
+    max_position: int = 2048
+    block_size: int = 16
+    num_blocks: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.prefill_chunk < 1 or self.max_draft_len < 0:
+            raise ValueError("max_batch_size and prefill_chunk must be >= 1, max_draft_len >= 0")
+        if self.max_step_tokens < self.max_batch_size * (self.max_draft_len + 1):
+            raise ValueError("max_step_tokens must fit one decode step of a full batch")
+
+
+class Phase(enum.Enum):
+    """A request's lifecycle here: WAITING -> RUNNING -> (DRAINING ->) gone."""
+
+    WAITING = "waiting"       # no slot yet
+    RUNNING = "running"       # holds a slot; prefilling, waiting for its grammar, or decoding
+    DRAINING = "draining"     # released everywhere; its final deltas wait for a slow consumer
+
+
+@dataclass
+class Request:
+    """The scheduler's private, mutable view of one request (nobody else sees it)."""
+
+    out: Output
+    seq: int
+    guide_seq: int | None
+    blocks: int                             # KV blocks it can ever hold (promised at admission)
+    phase: Phase = Phase.WAITING
+    grammar: str = "none"                   # "none" | "pending" | "ready"
+    slot: SlotId = -1
+    computed: int = 0                       # positions with K/V written (committed)
+    guide_computed: int = 0
+    compiled: Any = None                    # a grammar that compiled before the request had a slot
+
+    @property
+    def spec(self) -> RequestSpec:
+        return self.out.spec
+
+    @property
+    def last_token(self) -> int:
+        return self.out.output[-1] if self.out.output else self.spec.prompt[-1]
+
+    @property
+    def prefilling(self) -> bool:
+        guide = self.spec.uncond_prompt
+        return self.computed < len(self.spec.prompt) - 1 or (guide is not None and self.guide_computed < len(guide) - 1)
+
+    @property
+    def seqs(self) -> tuple[int, ...]:
+        return (self.seq,) if self.guide_seq is None else (self.seq, self.guide_seq)
+
+
+def plan_step(running: dict[SlotId, Request], config: SchedulerConfig) -> tuple[RequestSnapshot, ...]:
+    """The snapshots of the next step: decode rows first, then whole prompt chunks within the budget."""
+    k = config.max_draft_len
+    budget = config.max_step_tokens
+    snaps: list[RequestSnapshot] = []
+    for slot in sorted(running):           # decode rows first: they keep latency low
+        req = running[slot]
+        # The last step's delta may still be queued (it is delivered while this step runs); more
+        # than that, or a full stream, means a slow consumer: the request pauses.
+        if req.prefilling or len(req.out.pending) > 1 or not req.out.stream.has_room() or req.grammar == "pending":
+            continue                            # a pending grammar: prefilled, sampled once ready
+        guide = None
+        if req.guide_seq is not None:
+            assert req.spec.uncond_prompt is not None
+            last = req.out.output[-1] if req.out.output else req.spec.uncond_prompt[-1]
+            guide = GuideChunk(req.guide_seq, req.guide_computed, (last,))
+        snaps.append(RequestSnapshot(req.spec.request_id, slot, req.seq, req.computed, (req.last_token,),
+                                     True, req.grammar == "ready", req.spec.sampling, guide))
+        budget -= (1 + k) * len(req.seqs)
+    for slot in sorted(running):           # then prompt chunks, whole chunks only
+        req = running[slot]
+        if not req.prefilling:
+            continue
+        chunk = next_chunk(config, req.spec.prompt, req.computed)
+        guide = None
+        if req.guide_seq is not None:
+            assert req.spec.uncond_prompt is not None
+            guide = GuideChunk(req.guide_seq, req.guide_computed,
+                               next_chunk(config, req.spec.uncond_prompt, req.guide_computed))
+        n = len(chunk) + (len(guide.chunk) if guide is not None else 0)
+        if n > budget and snaps:
+            break
+        snaps.append(RequestSnapshot(req.spec.request_id, slot, req.seq, req.computed, chunk, False,
+                                     req.grammar != "none", req.spec.sampling, guide))
+        budget -= n
+    return tuple(snaps)
+
+
+def next_chunk(config: SchedulerConfig, prompt: tuple[int, ...], computed: int) -> tuple[int, ...]:
+    """The prompt's next prefill chunk (up to the next multiple of prefill_chunk; never its last token)."""
+    c = config.prefill_chunk
+    return tuple(prompt[computed: min((computed // c + 1) * c, len(prompt) - 1)])
+
+
+def blocks_for(spec: RequestSpec, config: SchedulerConfig) -> int:
+    """Blocks the request (and its CFG companion) can ever hold: promised at admission, all at once."""
+    prompts = [spec.prompt] + ([spec.uncond_prompt] if spec.uncond_prompt is not None else [])
+    total = 0
+    for prompt in prompts:
+        positions = min(len(prompt) + spec.sampling.max_tokens + config.max_draft_len + 1,
+                        config.max_position + config.max_draft_len + 1)
+        total += -(-positions // config.block_size)
+    return total

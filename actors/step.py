@@ -1,0 +1,265 @@
+"""One speculative step as one lane program: the host order in which every actor's part is enqueued.
+
+The Scheduler stages a step's StepPlan in each actor's bounded `StepQueue` and then enqueues the
+whole step on the two lanes before any of it runs; inside the step the parts wait on each other
+only through timeline events. Each actor's first host function of a step takes the plan from its
+own queue, so step i's host work never reads step i+1's state, however far ahead the Scheduler is.
+
+The program, for draft length K (a draft model adds the K iterations in brackets):
+
+    grammar lane                               model lane
+    take plan; forced tokens -> forced_ready
+                                               wait forced_ready; take plan; chain drafts
+                                             [ draft forward j; record draft_token          ]
+    [ wait draft_token; draft mask row j;      ]
+    [ record draft_mask                        ]
+                                             [ wait draft_mask; mask + sample draft j       ]
+                                               drafts -> drafts_ready
+    wait drafts_ready; K+1 mask rows;
+    record mask_ready
+                                               take plan; target forward; wait mask_ready;
+                                               mask + verify; record tokens_ready;
+                                               commit drafters (n-gram, draft KV, budgets)
+    wait tokens_ready; matchers accept;
+    publish the TokenEvent to the event loop
+
+The op list depends only on the shape (K, draft model or not), never on the step's data, so
+`StepProgram` captures it once per shape and replays it (`timeline.capture()` / `replay()`).
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from interlock.protocol.messages import SlotResult, StepPlan, TokenEvent
+from interlock.protocol.types import TokenId
+from interlock.streams.timeline import DeviceEvent, Lane, Program, Timeline
+
+
+class StepQueue:
+    """A bounded FIFO of StepPlans, filled on the event loop, emptied by lane host functions."""
+
+    def __init__(self, name: str, maxsize: int = 2) -> None:
+        self.name = name
+        self._q: queue.Queue[StepPlan] = queue.Queue(maxsize=maxsize)
+        self.total_put = 0
+
+    def put(self, plan: StepPlan) -> None:
+        """Stage a step; raises RuntimeError when more steps are staged than may be in flight."""
+        try:
+            self._q.put_nowait(plan)
+        except queue.Full:
+            raise RuntimeError(f"{self.name} step queue is full: more steps staged than in flight") from None
+        self.total_put += 1
+
+    def take(self) -> StepPlan:
+        """The oldest staged step (lane side). Empty means a program ran without its plan: a bug."""
+        try:
+            return self._q.get_nowait()
+        except queue.Empty:
+            raise RuntimeError(f"{self.name} step queue is empty: a step ran that was never staged") from None
+
+    def __len__(self) -> int:
+        return self._q.qsize()
+
+
+@dataclass
+class StepBuffers:
+    """Per-slot values one part of a step writes and a later part reads (ordered by events).
+
+    forced: grammar -> drafter; drafts/probs: drafter -> grammar and verifier; prefix/masking/
+    refused: the draft-model loop's handshake with the grammar lane; results: verifier -> grammar
+    commit and publish; errors: any part -> publish (the request fails, the others go on).
+    """
+
+    forced: list[tuple[TokenId, ...]]
+    drafts: list[tuple[TokenId, ...]]
+    probs: list[torch.Tensor | None]
+    prefix: list[tuple[TokenId, ...]]
+    masking: list[bool]
+    refused: list[bool]
+    results: list[SlotResult | None]
+    errors: list[BaseException | None]
+    timing: dict[str, float] = field(default_factory=lambda: {"forward_s": 0.0, "exposed_s": 0.0})
+
+    @classmethod
+    def allocate(cls, max_batch: int) -> StepBuffers:
+        return cls([()] * max_batch, [()] * max_batch, [None] * max_batch, [()] * max_batch,
+                   [False] * max_batch, [False] * max_batch, [None] * max_batch, [None] * max_batch)
+
+    def fail(self, slot: int, error: BaseException) -> None:
+        """Record the first per-request error of this step for `slot`."""
+        if self.errors[slot] is None:
+            self.errors[slot] = error
+
+
+@dataclass(frozen=True)
+class StepEvents:
+    """The timeline events one step's parts wait on (reused every step: fresh generations)."""
+
+    forced_ready: DeviceEvent
+    draft_token: DeviceEvent
+    draft_mask: DeviceEvent
+    drafts_ready: DeviceEvent
+    mask_ready: DeviceEvent
+    tokens_ready: DeviceEvent
+
+    @classmethod
+    def new(cls, timeline: Timeline) -> StepEvents:
+        return cls(*(timeline.new_event() for _ in range(6)))
+
+
+class GrammarPart(Protocol):
+    queue: StepQueue
+
+    def begin(self) -> None: ...
+    def fill_draft_rows(self) -> None: ...
+    def fill(self) -> None: ...
+    def commit(self) -> None: ...
+
+
+class DraftPart(Protocol):
+    queue: StepQueue
+
+    def begin(self) -> None: ...
+    def draft_forward(self) -> None: ...
+    def draft_sample(self) -> None: ...
+    def finish(self) -> None: ...
+    def commit(self) -> None: ...
+
+
+class VerifyPart(Protocol):
+    queue: StepQueue
+
+    def begin(self) -> None: ...
+    def forward(self) -> None: ...
+    def verify(self) -> None: ...
+
+
+Publish = Callable[[TokenEvent], None]
+OnError = Callable[[BaseException], None]
+
+
+class StepProgram:
+    """Stages and enqueues steps; captures one program per shape and replays it (`capture=True`)."""
+
+    def __init__(self, timeline: Timeline, buffers: StepBuffers, grammar: GrammarPart, draft: DraftPart,
+                 verifier: VerifyPart, *, max_draft_len: int, draft_model: bool, capture: bool = True) -> None:
+        self.timeline = timeline
+        self.buffers = buffers
+        self.events = StepEvents.new(timeline)
+        self.grammar, self.draft, self.verifier = grammar, draft, verifier
+        self.k = max_draft_len
+        self.draft_model = draft_model
+        self.capture = capture
+        self.queue = StepQueue("publish")
+        self._programs: dict[tuple[int, bool], Program] = {}
+        self._publish: Publish | None = None
+        self._on_error: OnError | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.counts = {"steps": 0, "staged": 0, "replayed": 0, "captured": 0, "wakeups": 0}
+
+    def bind(self, publish: Publish, on_error: OnError) -> None:
+        """Where the finished step's TokenEvent goes (called on this loop, once per step), and where
+        an exception of any part goes (the timeline is failed for good then: the engine must stop)."""
+        self._publish, self._on_error = publish, on_error
+        self._loop = asyncio.get_running_loop()
+
+    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """fn, reporting an exception to the loop before it fails the timeline."""
+        def guarded() -> None:
+            try:
+                fn()
+            except BaseException as exc:
+                if self._loop is not None and self._on_error is not None:
+                    try:
+                        self._loop.call_soon_threadsafe(self._on_error, exc)
+                    except RuntimeError:
+                        pass
+                raise
+        guarded.__qualname__ = getattr(fn, "__qualname__", "step_part")
+        return guarded
+
+    def launch(self, plan: StepPlan) -> None:
+        """Stage `plan` in every part's queue, then enqueue the whole step (one event-loop entry)."""
+        for q in (self.grammar.queue, self.draft.queue, self.verifier.queue, self.queue):
+            q.put(plan)
+            self.counts["staged"] += 1
+        self.counts["steps"] += 1
+        self.counts["wakeups"] += 1
+        if not self.capture:
+            self.enqueue(self.timeline)
+            return
+        key = (self.k, self.draft_model)
+        program = self._programs.get(key)
+        if program is None:
+            with self.timeline.capture() as program:
+                self.enqueue(self.timeline)
+            self._programs[key] = program
+            self.counts["captured"] += 1
+        self.timeline.replay(program)
+        self.counts["replayed"] += 1
+
+    def close(self) -> None:
+        for program in self._programs.values():
+            program.close()
+        self._programs.clear()
+
+    def enqueue(self, timeline: Timeline) -> None:
+        """The step's lane ops in host order (see the module docstring). Data-independent."""
+        g, m, ev = timeline.grammar, timeline.model, self.events
+        g.launch_host(self._guard(self.grammar.begin))
+        g.record(ev.forced_ready)
+        m.wait(ev.forced_ready)
+        m.launch_host(self._guard(self.draft.begin))
+        if self.draft_model:
+            for _ in range(self.k):
+                self._draft_iteration(g, m, ev)
+        m.launch_host(self._guard(self.draft.finish))
+        m.record(ev.drafts_ready)
+        g.wait(ev.drafts_ready)
+        g.launch_host(self._guard(self.grammar.fill))
+        g.record(ev.mask_ready)
+        m.launch_host(self._guard(self.verifier.begin))
+        m.launch(self._guard(self.verifier.forward))
+        m.wait(ev.mask_ready)
+        m.launch(self._guard(self.verifier.verify))
+        m.record(ev.tokens_ready)
+        m.launch_host(self._guard(self.draft.commit))
+        g.wait(ev.tokens_ready)
+        g.launch_host(self._guard(self.grammar.commit))
+        g.launch_host(self._guard(self._publish_step))
+
+    def _draft_iteration(self, g: Lane, m: Lane, ev: StepEvents) -> None:
+        m.launch(self._guard(self.draft.draft_forward))
+        m.record(ev.draft_token)
+        g.wait(ev.draft_token)
+        g.launch_host(self._guard(self.grammar.fill_draft_rows))
+        g.record(ev.draft_mask)
+        m.wait(ev.draft_mask)
+        m.launch(self._guard(self.draft.draft_sample))
+
+    def _publish_step(self) -> None:
+        """Grammar lane, last op of a step: hand the outcome to the event loop (one wake-up)."""
+        plan = self.queue.take()
+        b = self.buffers
+        results = []
+        for s in plan.snapshots:
+            error = b.errors[s.slot]
+            r = b.results[s.slot] if s.sample else None
+            if error is not None:
+                results.append(SlotResult(s.request_id, s.slot, (), 0, 0, error))
+            elif r is not None:
+                results.append(r)
+        event = TokenEvent(plan.step, tuple(results), b.timing["exposed_s"], b.timing["forward_s"])
+        assert self._loop is not None and self._publish is not None, "bind() before launch()"
+        self.counts["wakeups"] += 1
+        try:
+            self._loop.call_soon_threadsafe(self._publish, event)
+        except RuntimeError:
+            pass  # the loop is closed: the engine is shutting down

@@ -1,0 +1,187 @@
+"""A step is one lane program: two event-loop entries per step, no per-step actor messages, the
+replayed program gives the eager output token for token, and a per-request fault inside a step
+fails that request only (tiny preset)."""
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from interlock.actors.verifier_actor import VerifierActor
+from interlock.engine import Engine, EngineConfig
+from interlock.protocol.errors import DrafterError, GrammarError, SamplingError
+from interlock.protocol.grammar import JsonSchema, Regex
+from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.speculative import SpeculativeConfig
+
+from helpers import SCHEMA, assert_all_free, wait_idle
+
+K = 3
+MODES = {
+    "none": None,
+    "ngram+forced": SpeculativeConfig(("ngram", "forced"), max_draft_len=K),
+    "self-draft+forced": SpeculativeConfig(("self-draft", "forced"), max_draft_len=K, self_draft_layers=1),
+    "self-draft+ngram+adaptive": SpeculativeConfig(("self-draft", "ngram", "forced"), max_draft_len=K,
+                                                   self_draft_layers=1, adaptive=True),
+}
+GREEDY = SamplingParams(max_tokens=20)
+SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=20)
+
+
+async def outputs(tiny, speculative, capture: bool, grammar, sampling) -> tuple[list[tuple[int, ...]], object]:
+    prompts = ["Once upon a time", "JSON please", "abc abc abc abc"]
+    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=4, capture_steps=capture)) as engine:
+        out: dict[int, tuple[int, ...]] = {}
+
+        async def one(i: int) -> None:
+            out[i] = (await engine.complete(prompts[i], grammar=grammar, sampling=sampling)).token_ids
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+        await wait_idle(engine)
+        await assert_all_free(engine)
+        metrics = await engine.metrics()
+    return [out[i] for i in range(len(prompts))], metrics
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("grammar", [None, JsonSchema(SCHEMA)], ids=["free", "json"])
+@pytest.mark.parametrize("mode", list(MODES))
+async def test_replayed_steps_give_the_eager_output(tiny, mode: str, grammar, sampling) -> None:
+    eager, eager_metrics = await outputs(tiny, MODES[mode], False, grammar, sampling)
+    replayed, metrics = await outputs(tiny, MODES[mode], True, grammar, sampling)
+    assert replayed == eager
+    assert eager_metrics.replayed_steps == 0 and metrics.replayed_steps == metrics.steps > 0
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+async def test_two_loop_entries_per_step_and_no_per_step_actor_messages(tiny, mode: str) -> None:
+    """The lanes enter the loop once per step (token event) and the Scheduler once (launch). The
+    grammar, draft and verifier actors get only per-request messages (add, bind, release, counts):
+    their inbox totals do not grow with the number of steps."""
+    per_actor = []
+    for max_tokens in (6, 30):
+        async with Engine(tiny, EngineConfig(speculative=MODES[mode], max_batch_size=2)) as engine:
+            await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA),
+                                  sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+            metrics = await engine.metrics()
+            s = engine._scheduler
+            per_actor.append(tuple(a.inbox.statistics().total_sent for a in (s.grammar, s.draft, s.verifier)))
+            steps = metrics.steps
+            assert metrics.loop_wakeups == 2 * steps and metrics.wakeups_per_step == 2.0
+            # per step: 4 staged plans + Reserve + Rewind + the token event's Wake; the rest per request
+            assert metrics.messages <= 7 * steps + 16, metrics
+        per_actor_steps = steps
+    assert per_actor_steps > 5 and per_actor[0] == per_actor[1]
+
+
+# --- per-request faults inside a step -------------------------------------------------------------
+
+NEIGHBOUR = ("JSON please", JsonSchema(SCHEMA), SamplingParams(max_tokens=24))
+VICTIM = ("Once upon a time", Regex(r"[a-z]{3,9}( [a-z]{2,5}){0,5}"), SamplingParams(max_tokens=24))
+
+
+async def solo(tiny, speculative) -> tuple[int, ...]:
+    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=2)) as engine:
+        prompt, grammar, sampling = NEIGHBOUR
+        return (await engine.complete(prompt, grammar=grammar, sampling=sampling)).token_ids
+
+
+async def victim_and_neighbour(engine: Engine, error: type[BaseException]) -> tuple[int, ...]:
+    """The victim (submitted first: req-0) must fail with `error`; returns the neighbour's output."""
+    caught: list[BaseException] = []
+    out: list[tuple[int, ...]] = []
+
+    async def victim() -> None:
+        prompt, grammar, sampling = VICTIM
+        try:
+            await engine.complete(prompt, grammar=grammar, sampling=sampling)
+        except error as exc:
+            caught.append(exc)
+
+    async def neighbour() -> None:
+        prompt, grammar, sampling = NEIGHBOUR
+        out.append((await engine.complete(prompt, grammar=grammar, sampling=sampling)).token_ids)
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(victim)
+            await anyio.sleep(0)
+            tg.start_soon(neighbour)
+    await wait_idle(engine)
+    await assert_all_free(engine)
+    assert len(caught) == 1, "the victim should fail with its typed error"
+    return out[0]
+
+
+@pytest.mark.parametrize("mode", ["ngram+forced", "self-draft+forced"])
+async def test_a_nan_logits_row_fails_only_its_request(tiny, monkeypatch, mode: str) -> None:
+    forward = VerifierActor.forward
+
+    def poisoned(self) -> None:
+        forward(self)
+        work, offset = self._work, 0
+        work.logits = work.logits.clone()           # the forward returns an inference tensor
+        for i, drafts in zip(work.sampled, work.drafts):
+            if work.plan.snapshots[i].request_id == "req-0":
+                work.logits[offset] = float("nan")
+            offset += len(drafts) + 1
+
+    expected = await solo(tiny, MODES[mode])
+    monkeypatch.setattr(VerifierActor, "forward", poisoned)
+    async with Engine(tiny, EngineConfig(speculative=MODES[mode], max_batch_size=2)) as engine:
+        assert await victim_and_neighbour(engine, SamplingError) == expected
+        assert (await engine.complete(*NEIGHBOUR[:1], grammar=NEIGHBOUR[1], sampling=NEIGHBOUR[2])).token_ids \
+            == expected, "the engine goes on after the fault"
+
+
+class _Refusing:
+    """A matcher that refuses every committed token (a grammar lane invariant violation)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def accept(self, tokens) -> bool:
+        return False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+async def test_a_token_the_grammar_refuses_fails_only_its_request(tiny) -> None:
+    mode = MODES["ngram+forced"]
+    expected = await solo(tiny, mode)
+    async with Engine(tiny, EngineConfig(speculative=mode, max_batch_size=2)) as engine:
+        backend = engine.grammars.backend
+        compile_, matcher = engine.grammars.compile, backend.matcher
+        victims: set[int] = set()
+
+        async def compile_marked(spec):
+            compiled = await compile_(spec)
+            if spec == VICTIM[1]:
+                victims.add(id(compiled))
+            return compiled
+
+        engine.grammars.compile = compile_marked
+        backend.matcher = lambda compiled: _Refusing(matcher(compiled)) if id(compiled) in victims else matcher(compiled)
+        assert await victim_and_neighbour(engine, GrammarError) == expected
+
+
+class _FailsFor:
+    """A user drafter that raises whenever `victim` is among the requests it is asked about."""
+
+    def __init__(self, victim: str | None) -> None:
+        self.victim = victim
+
+    def propose(self, requests, k):
+        if any(r.request_id == self.victim for r in requests):
+            raise RuntimeError("drafter bug")
+        return [[] for _ in requests]
+
+
+async def test_a_user_drafter_exception_fails_only_its_request(tiny) -> None:
+    expected = await solo(tiny, SpeculativeConfig(drafters=(), user_drafter=_FailsFor(None), max_draft_len=K))
+    mode = SpeculativeConfig(drafters=(), user_drafter=_FailsFor("req-0"), max_draft_len=K)
+    async with Engine(tiny, EngineConfig(speculative=mode, max_batch_size=2)) as engine:
+        assert await victim_and_neighbour(engine, DrafterError) == expected
