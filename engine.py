@@ -147,7 +147,7 @@ class Engine:
         drafter = self._drafter = (ModelDrafter(self._draft_lm, c.num_blocks, c.block_size)
                                    if self._draft_lm is not None else None)
         draft = DraftActor(self.config.speculative, self.tokenizer.vocab_size, timeline, step, model=drafter,
-                           bitmask=buffers.bitmask, eos_token_ids=eos)
+                           bitmask=buffers.bitmask, free_rows=buffers.free, eos_token_ids=eos)
         grammar = GrammarActor(self.grammars.backend, timeline, buffers, step)
         program = self._program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=c.max_draft_len,
                                               draft_model=drafter is not None, capture=self.config.capture_steps)

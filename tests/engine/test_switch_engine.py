@@ -84,3 +84,32 @@ async def test_constrained_parts_validate_token_level(tiny, marker, backend):
     segs = m.segments()
     assert any(s.kind == "constrained" and s.complete for s in segs)
     validate_segments(segs, tiny.tokenizer.decode)
+
+
+@pytest.mark.parametrize("mode", ["ngram+forced", "self-draft+forced"])
+async def test_free_rows_are_skipped_not_applied(tiny, marker, mode, monkeypatch):
+    """The verifier and draft-side masking skip the rows where the grammar is free: no row that
+    allows every tokenizer id is ever applied, while the constrained part's rows are."""
+    import interlock.actors.draft_actor as draft_actor
+    import interlock.actors.verifier_actor as verifier_actor
+    from interlock.grammars.bitmask import allowed_ids
+
+    applied: list[int] = []
+
+    def spy(module):
+        real = module.apply_token_bitmask_
+
+        def apply(logits, bitmask, *, rows=None, skip=None, **kw):
+            for r, sk in zip(rows.tolist(), skip.tolist()):
+                if not sk:
+                    applied.append(len(allowed_ids(bitmask, r, tiny.config.vocab_size)))
+            return real(logits, bitmask, rows=rows, skip=skip, **kw)
+        monkeypatch.setattr(module, "apply_token_bitmask_", apply)
+
+    spy(verifier_actor)
+    spy(draft_actor)
+    spec = StructuralTag([marker], [Tag(marker, JsonSchema(SCHEMA), "</call>")])
+    out = await outputs(tiny, spec, mode, "llguidance")
+    assert marker in out.text and "</call>" in out.text          # free, constrained, free again
+    assert applied, "the constrained part's rows were applied"
+    assert max(applied) < tiny.tokenizer.vocab_size, "an all-ones (free) row was applied"
