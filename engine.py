@@ -217,13 +217,14 @@ class Engine:
                        sampling: SamplingParams = SamplingParams(),
                        negative_prompt: str | Sequence[Message] | None = None) -> Completion:
         """The whole output at once."""
-        text, ids, last = [], [], None
+        text, thought, ids, last = [], [], [], None
         async for delta in self.generate(prompt, grammar=grammar, sampling=sampling, negative_prompt=negative_prompt):
             text.append(delta.text)
+            thought.append(delta.reasoning_text)
             ids.extend(delta.token_ids)
             last = delta
         assert last is not None and last.finish_reason is not None and last.stats is not None
-        return Completion("".join(text), tuple(ids), last.finish_reason, last.stats)
+        return Completion("".join(text), tuple(ids), last.finish_reason, last.stats, "".join(thought))
 
     async def _generate(self, prompt: str | Sequence[Message], grammar: GrammarSpec | None,
                         sampling: SamplingParams, negative_prompt: str | Sequence[Message] | None

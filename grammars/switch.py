@@ -564,3 +564,108 @@ class SwitchMatcher:
             if eos < self._tokenizer_vocab:
                 bm.set_bit(bitmask, row, eos, allowed)
 
+
+class ReasoningSplitter:
+    """Splits a Reasoning output's text, as it streams, into the thinking (before the end marker,
+    a leading start marker dropped) and the answer; a possible partial marker at the end of a piece
+    is held back. Text-level: a marker a decode dropped (a special token) is not seen."""
+
+    def __init__(self, start: str = DEFAULT_THINK_START, end: str = DEFAULT_THINK_END) -> None:
+        self.START, self.END = start, end
+        self._held = ""
+        self._started = False           # the leading START has been dropped or ruled out
+        self.reasoning = ""
+        self.done = False
+
+    def feed(self, piece: str) -> tuple[str, str]:
+        """(thinking to send now, answer text that follows the end marker)."""
+        self._held += piece
+        if not self._started:
+            if len(self._held) < len(self.START) and self.START.startswith(self._held):
+                return "", ""
+            if self._held.startswith(self.START):
+                self._held = self._held[len(self.START):]
+            self._started = True
+        at = self._held.find(self.END)
+        if at >= 0:
+            thought, answer = self._held[:at], self._held[at + len(self.END):]
+            self._held, self.done = "", True
+            self.reasoning += thought
+            return thought, answer
+        keep = next((k for k in range(min(len(self._held), len(self.END) - 1), 0, -1)
+                     if self._held.endswith(self.END[:k])), 0)
+        thought, self._held = self._held[:len(self._held) - keep], self._held[len(self._held) - keep:]
+        self.reasoning += thought
+        return thought, ""
+
+    def finish(self) -> str:
+        """The output ended while thinking: what was held back is thinking too."""
+        rest, self._held, self.done = self._held, "", True
+        self.reasoning += rest
+        return rest
+
+
+class ReasoningStream:
+    """The engine's split of a Reasoning output into thinking and answer, decided on token ids
+    (where the grammar switched: the first time the output's tokens spell the end marker's), then
+    applied to the delivered text. A leading start marker is dropped from the thinking, the end
+    marker from both; the text of tokens that may begin the end marker is held back."""
+
+    def __init__(self, tokenizer: Tokenizer, start: str, end: str) -> None:
+        self._tok = tokenizer
+        self._start = start
+        self._end = tuple(tokenizer.encode(end))
+        self._ids: list[TokenId] = []
+        self._text = ""                  # everything delivered so far
+        self._thought_at = 0             # characters of _text handed out as thinking (or skipped)
+        self._switch: tuple[int, int] | None = None   # (end marker's first char, first char after it)
+        self._answer_at = 0
+
+    @property
+    def switched(self) -> bool:
+        return self._switch is not None
+
+    def feed(self, tokens: Sequence[TokenId], text: str, final: bool = False) -> tuple[str, str]:
+        """(thinking, answer) text to deliver for these tokens and their text."""
+        first_new = len(self._ids)
+        self._ids.extend(int(t) for t in tokens)
+        self._text += text
+        if self._switch is None:
+            self._find_switch(first_new)
+        if self._switch is not None:
+            upto, answer_from = self._switch
+        else:
+            held = 0 if final else self._partial()
+            upto = len(self._decode(len(self._ids) - held)) if held else len(self._text)
+            answer_from = None
+        if self._thought_at == 0 and not final and self._start.startswith(self._text[:len(self._start)]) \
+                and len(self._text) < len(self._start):
+            return "", ""                # may still become the start marker
+        if self._thought_at == 0 and self._text.startswith(self._start):
+            self._thought_at = len(self._start)
+        upto = min(upto, len(self._text))
+        thought = self._text[self._thought_at:upto] if upto > self._thought_at else ""
+        self._thought_at = max(self._thought_at, upto)
+        answer = ""
+        if answer_from is not None:
+            start = max(answer_from, self._answer_at)
+            answer = self._text[start:]
+            self._answer_at = max(start, len(self._text))
+        return thought, answer
+
+    def _find_switch(self, first_new: int) -> None:
+        n = len(self._end)
+        for j in range(max(0, first_new - n + 1), len(self._ids) - n + 1):
+            if tuple(self._ids[j:j + n]) == self._end:
+                self._switch = (len(self._decode(j)), len(self._decode(j + n)))
+                return
+
+    def _partial(self) -> int:
+        """Tokens at the end that could begin the end marker."""
+        for k in range(min(len(self._ids), len(self._end) - 1), 0, -1):
+            if tuple(self._ids[-k:]) == self._end[:k]:
+                return k
+        return 0
+
+    def _decode(self, n: int) -> str:
+        return self._tok.decode(self._ids[:n])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from interlock.protocol.grammar import DEFAULT_THINK_END, DEFAULT_THINK_START
+from interlock.grammars.switch import ReasoningSplitter
 from interlock.protocol.types import FinishReason
 from interlock.server.responses import (
     AssistantMessage, ChatChoice, ChunkChoice, OpenAIFinish, TextChoice,
@@ -30,7 +30,7 @@ class ChoiceShaper:
         self.index, self.chat = index, chat
         self.tools = ToolCallStream() if tools else None
         self.auto = AutoToolStream() if auto_tools and chat else None
-        self.think = ThinkSplitter() if reasoning and chat else None
+        self.think = ReasoningSplitter() if reasoning and chat else None
         self.parts: list[str] = []
 
     @property
@@ -112,42 +112,3 @@ class ChoiceShaper:
         out = [ChunkChoice(index=self.index, delta={"content": content})] if content else []
         return out + [ChunkChoice(index=self.index, delta={"tool_calls": [d]}) for d in calls]
 
-
-class ThinkSplitter:
-    """Splits a Reasoning output's text into the thinking (before `</think>`, a leading `<think>`
-    dropped) and the answer; a possible partial marker at the end of a piece is held back."""
-
-    START, END = DEFAULT_THINK_START, DEFAULT_THINK_END
-
-    def __init__(self) -> None:
-        self._held = ""
-        self._started = False           # the leading START has been dropped or ruled out
-        self.reasoning = ""
-        self.done = False
-
-    def feed(self, piece: str) -> tuple[str, str]:
-        """(thinking to send now, answer text that follows the end marker)."""
-        self._held += piece
-        if not self._started:
-            if len(self._held) < len(self.START) and self.START.startswith(self._held):
-                return "", ""
-            if self._held.startswith(self.START):
-                self._held = self._held[len(self.START):]
-            self._started = True
-        at = self._held.find(self.END)
-        if at >= 0:
-            thought, answer = self._held[:at], self._held[at + len(self.END):]
-            self._held, self.done = "", True
-            self.reasoning += thought
-            return thought, answer
-        keep = next((k for k in range(min(len(self._held), len(self.END) - 1), 0, -1)
-                     if self._held.endswith(self.END[:k])), 0)
-        thought, self._held = self._held[:len(self._held) - keep], self._held[len(self._held) - keep:]
-        self.reasoning += thought
-        return thought, ""
-
-    def finish(self) -> str:
-        """The output ended while thinking: what was held back is thinking too."""
-        rest, self._held, self.done = self._held, "", True
-        self.reasoning += rest
-        return rest

@@ -113,3 +113,23 @@ async def test_free_rows_are_skipped_not_applied(tiny, marker, mode, monkeypatch
     assert marker in out.text and "</call>" in out.text          # free, constrained, free again
     assert applied, "the constrained part's rows were applied"
     assert max(applied) < tiny.tokenizer.vocab_size, "an all-ones (free) row was applied"
+
+
+@pytest.mark.parametrize("mode", [None, "ngram+forced"])
+async def test_reasoning_text_and_answer_stream_separately(tiny, marker, mode):
+    """Delta.reasoning_text carries the thinking, Delta.text the answer (after the end marker, which
+    max_reasoning_tokens forces after 3 thinking tokens); max_tokens counts both."""
+    spec = Reasoning(then=JsonSchema(SCHEMA), max_reasoning_tokens=3)
+    out = await outputs(tiny, spec, mode, "llguidance")
+    tok = tiny.tokenizer
+    end = tok.encode("</think>")
+    ids = list(out.token_ids)
+    assert ids[3:3 + len(end)] == end                          # forced right after the budget
+    assert out.reasoning_text == tok.decode(ids[:3])
+    assert out.text == tok.decode(ids[3 + len(end):]) and out.finish_reason == "stop"
+    validate_output(JsonSchema(SCHEMA), out.text)
+    validate_output(spec, out.reasoning_text + "</think>" + out.text)
+    async with Engine(tiny, EngineConfig(speculative=None, max_batch_size=1)) as engine:
+        cut = await engine.complete(PROMPT, grammar=spec, sampling=SamplingParams(temperature=0.0, max_tokens=2))
+    assert cut.finish_reason == "length" and len(cut.token_ids) == 2 and cut.text == ""
+    assert cut.reasoning_text == tok.decode(list(cut.token_ids))
