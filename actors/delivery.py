@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from interlock.grammars.switch import ReasoningStream
+from interlock.grammars.switch import ReasoningStream, is_switch
 from interlock.grammars.validate import validate_output
 from interlock.logs import get_logger
 from interlock.models.detokenize import IncrementalText
@@ -100,6 +100,9 @@ class Output:
     def _refused(self) -> bool:
         """Run the end-of-request check on everything delivered; keep its error in `invalid`."""
         delivered = self.text.tokenizer.decode(self.text.ids, skip_special_tokens=True)[: self.text.emitted]
+        if is_switch(self.spec.grammar):
+            # Its markers may be special tokens, which the delivered text drops: check the tokens' text.
+            delivered = self.text.tokenizer.decode(self.output)
         try:
             validate_output(self.spec.grammar, delivered)
         except GrammarError as exc:
