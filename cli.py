@@ -9,10 +9,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
 from interlock.protocol.errors import InterlockError
+
+if TYPE_CHECKING:
+    from interlock.server import ServerConfig
 
 DEMO_SCHEMA = {
     "type": "object",
@@ -52,7 +56,8 @@ def _engine(args: argparse.Namespace, speculative: str | None = None):
     from interlock.engine import Engine
 
     return Engine.from_pretrained(args.model, speculative=speculative or args.speculative, draft_len=args.draft_len,
-                                  grammar_backend=args.backend, max_batch_size=getattr(args, "concurrency", 1))
+                                  grammar_backend=args.backend, max_batch_size=getattr(args, "concurrency", 1),
+                                  tensor_parallel=getattr(args, "tensor_parallel", 1))
 
 
 async def _run(args: argparse.Namespace) -> None:
@@ -133,20 +138,46 @@ async def _bench(args: argparse.Namespace) -> None:
         Path(args.json).write_text(json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")
 
 
+def _server_config(args: argparse.Namespace) -> ServerConfig:
+    from interlock.server import ServerConfig
+
+    return ServerConfig(model_name=args.served_model_name or args.model, host=args.host, port=args.port,
+                        api_key=args.api_key, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
+                        default_max_tokens=args.max_tokens, shutdown_timeout_s=args.shutdown_timeout,
+                        reasoning=args.reasoning)
+
+
+def _serve_replicas(args: argparse.Namespace) -> None:
+    """`serve --replicas N`: the same server, N times, on Ray Serve (server/ray_serve.py)."""
+    from interlock.server.ray_serve import ReplicaConfig, run_replicas
+
+    engine = {"speculative": args.speculative, "draft_len": args.draft_len, "grammar_backend": args.backend,
+              "max_batch_size": args.max_batch_size, "tensor_parallel": args.tensor_parallel}
+    replicas = ReplicaConfig(min_replicas=args.replicas, max_replicas=max(args.max_replicas or 0, args.replicas),
+                             cpus_per_replica=args.cpus_per_replica, graceful_shutdown_timeout_s=args.shutdown_timeout,
+                             engine_options=engine)
+    config = _server_config(args)
+    print(f"interlock serve: {config.model_name} on http://{config.host}:{config.port}/v1 "
+          f"({replicas.min_replicas}..{replicas.max_replicas} replicas on Ray Serve)", file=sys.stderr, flush=True)
+    run_replicas(args.model, config, replicas)
+
+
 async def _serve(args: argparse.Namespace) -> None:
     """The OpenAI-compatible server (interlock.server) over one engine, until SIGTERM / SIGINT."""
     from interlock.engine import Engine
-    from interlock.server import ServerConfig, serve
+    from interlock.server import serve
 
-    config = ServerConfig(model_name=args.served_model_name or args.model, host=args.host, port=args.port,
-                          api_key=args.api_key, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-                          default_max_tokens=args.max_tokens, shutdown_timeout_s=args.shutdown_timeout,
-                          reasoning=args.reasoning)
+    config = _server_config(args)
     engine = Engine.from_pretrained(args.model, speculative=args.speculative, draft_len=args.draft_len,
-                                    grammar_backend=args.backend, max_batch_size=args.max_batch_size)
+                                    grammar_backend=args.backend, max_batch_size=args.max_batch_size,
+                                    tensor_parallel=args.tensor_parallel)
     print(f"interlock serve: {config.model_name} on http://{config.host}:{config.port}/v1 "
           f"(speculative {args.speculative}, batch {args.max_batch_size})", file=sys.stderr, flush=True)
     await serve(engine, config, log_level=args.log_level)
+
+
+TP_HELP = ("N > 1: the model's forward on N worker processes (torch.distributed gloo), each holding 1/N of "
+           "the weights; N must divide the model's heads, KV heads and MLP width")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -165,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
         p.add_argument("--temperature", type=float, default=0.0)
         p.add_argument("--max-tokens", type=int, default=max_tokens)
+        p.add_argument("--tensor-parallel", type=int, default=1, help=TP_HELP)
         p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's: minus this once per token seen in the output")
         p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's: minus this per occurrence in the output")
         p.add_argument("--repetition-penalty", type=float, default=1.0,
@@ -217,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
     srv.add_argument("--shutdown-timeout", type=float, default=10.0,
                      help="seconds requests in flight get to finish after SIGTERM/SIGINT")
+    srv.add_argument("--tensor-parallel", type=int, default=1, help=TP_HELP)
+    srv.add_argument("--replicas", type=int, default=None,
+                     help="N engine replicas behind Ray Serve's proxy (needs the [cluster] extra; joins the "
+                          "cluster in RAY_ADDRESS if set, else starts a local Ray)")
+    srv.add_argument("--max-replicas", type=int, default=None, help="with --replicas: autoscale up to this many")
+    srv.add_argument("--cpus-per-replica", type=float, default=1.0)
     return parser
 
 
@@ -228,6 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.command == "serve" and args.replicas:
+        try:
+            _serve_replicas(args)
+        except InterlockError as exc:
+            print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
+        return 0
     command = {"run": _run, "generate": _generate, "bench": _bench, "serve": _serve}[args.command]
     try:
         anyio.run(command, args)

@@ -12,6 +12,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
+import anyio
+import torch
+
 from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import GrammarActor, MaskBuffers
 from interlock.actors.kv_actor import KVActor
@@ -25,6 +28,7 @@ from interlock.drafters.model import DraftLM, ModelDrafter
 from interlock.models.kv_cache import PagedKVCache, block_bytes
 from interlock.models.linear import Weights
 from interlock.models.loader import LoadedModel, load_model
+from interlock.models.tp_group import TensorParallelModel, TPConfig, load_tensor_parallel
 from interlock.models.tokenizer import Message
 from interlock.protocol.errors import (
     EmptyPromptError, EngineClosedError, EngineError, GrammarError, InterlockError, InvalidParameterError,
@@ -62,6 +66,7 @@ class EngineConfig:
     output_buffer: int = 16                 # deltas a slow consumer may leave unread before its request pauses
     capture_steps: bool = True              # replay one captured lane program per step shape (else eager)
     max_context: int | None = None          # None: the model's context window
+    tp_step_timeout_s: float = 60.0         # tensor parallel: a step taking longer means a hung worker
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.output_buffer < 1 or self.block_size < 1 or self.kv_cache_bytes < 1:
@@ -74,7 +79,9 @@ def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> 
     if speculative is None or not speculative.uses_draft_model:
         return None
     if "self-draft" in speculative.drafters:
-        return DraftLM(target.model, min(speculative.self_draft_layers, target.config.n_layers))
+        # under tensor parallelism the ranks run the draft too, on their second KV pool
+        model = target.model.draft() if isinstance(target.model, TensorParallelModel) else target.model
+        return DraftLM(model, min(speculative.self_draft_layers, target.config.n_layers))  # type: ignore[arg-type]
     if speculative.draft_lm is not None:
         return speculative.draft_lm
     assert speculative.draft_model is not None
@@ -85,6 +92,17 @@ def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> 
             f"draft model {speculative.draft_model!r} has another tokenizer than the target "
             f"({draft.tokenizer.vocab_size} vs {target.tokenizer.vocab_size} ids): a draft must share it")
     return DraftLM.full(draft.model)
+
+
+def _engine_error_in(exc: BaseException | None) -> EngineError | None:
+    """The innermost EngineError in exc's chain of causes: a lane wraps what its function raised
+    (TimelineError around a WorkerError), and the innermost one says what failed."""
+    found, seen = None, 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, EngineError):
+            found = exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return found
 
 
 class Engine:
@@ -118,16 +136,20 @@ class Engine:
     def from_pretrained(cls, name_or_path: str = "smollm2-135m-instruct", *,
                         speculative: SpeculativeConfig | str | None = "ngram+forced", draft_len: int = 3,
                         grammar_backend: BackendName = "auto", max_batch_size: int = 8,
-                        weights: Weights = "int8", **options: object) -> Engine:
+                        weights: Weights = "int8", tensor_parallel: int = 1, **options: object) -> Engine:
         """Load a model (see models.loader.load_model) and build an engine around it.
 
         speculative: a SpeculativeConfig, a string such as "ngram+forced" / "ngram" / "forced", or
-        None / "none" for one token per step. options: the other EngineConfig fields.
+        None / "none" for one token per step. tensor_parallel: N > 1 runs the target's forward on N
+        worker processes, each holding 1/N of the weights (models/tp_group.py); they start with the
+        engine. options: the other EngineConfig fields.
         """
         if isinstance(speculative, str) or speculative is None:
             speculative = SpeculativeConfig.parse(speculative, max_draft_len=draft_len)
         config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=grammar_backend),
                               max_batch_size=max_batch_size, **options)  # type: ignore[arg-type]
+        if tensor_parallel > 1:
+            return cls(load_tensor_parallel(name_or_path, tensor_parallel, weights=weights), config)
         return cls(load_model(name_or_path, weights=weights), config)
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -135,8 +157,12 @@ class Engine:
     async def __aenter__(self) -> Engine:
         c = self._sched_config
         loaded = self.model
+        if isinstance(loaded.model, TensorParallelModel):
+            await self._start_workers(loaded.model)
         timeline = self._timeline = CpuTimeline()
         kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size)
+        if isinstance(loaded.model, TensorParallelModel):
+            kv.k = kv.v = torch.empty(0)    # the ranks hold the K/V; here only the block tables matter
         buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)
         step = StepBuffers.allocate(c.max_batch_size)
         eos = self.tokenizer.eos_token_ids
@@ -146,6 +172,8 @@ class Engine:
         verifier = VerifierActor(loaded.model, kv, timeline, buffers, step, self.tokenizer.vocab_size, eos)
         drafter = self._drafter = (ModelDrafter(self._draft_lm, c.num_blocks, c.block_size)
                                    if self._draft_lm is not None else None)
+        if drafter is not None and isinstance(drafter.lm.model, TensorParallelModel):
+            drafter.kv.k = drafter.kv.v = torch.empty(0)        # a self-draft's K/V live on the ranks too
         draft = DraftActor(self.config.speculative, self.tokenizer.vocab_size, timeline, step, model=drafter,
                            bitmask=buffers.bitmask, free_rows=buffers.free, eos_token_ids=eos)
         grammar = GrammarActor(self.grammars.backend, timeline, buffers, step)
@@ -157,6 +185,20 @@ class Engine:
         self._runtime = Runtime(list(self._actors), on_failure=self._on_failure)
         await self._runtime.__aenter__()
         return self
+
+    async def _start_workers(self, model: TensorParallelModel) -> None:
+        """Spawn the tensor-parallel ranks, sized for this engine's KV pool(s) and step (seconds, in a thread)."""
+        c = self._sched_config
+        lm = self._draft_lm
+        draft = (c.num_blocks, lm.n_layers) if lm is not None and isinstance(lm.model, TensorParallelModel) else None
+        rows = 2 * c.max_batch_size * (c.max_draft_len + 1)         # x2: classifier-free guidance's second row set
+        config = TPConfig(world=model.world, num_blocks=c.num_blocks, block_size=c.block_size, max_rows=rows,
+                          step_timeout_s=self.config.tp_step_timeout_s, draft_cache=draft)
+        try:
+            await anyio.to_thread.run_sync(model.start, config)
+        except BaseException:
+            await anyio.to_thread.run_sync(model.close)
+            raise
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
@@ -171,22 +213,32 @@ class Engine:
             stream.fail(self._failure or EngineClosedError("the engine was closed"))
         self._streams.clear()
         if self._runtime is None:
+            await self._stop_workers()
             return                      # never entered
         try:
             await self._runtime.__aexit__(None, None, None)
         except EngineError:
             pass                        # already reported to every request
         finally:
+            await self._stop_workers()
             self._timeline.close()
             self._program.close()
             self._kv.release()
             if self._drafter is not None:
                 self._drafter.kv.release()
 
+    async def _stop_workers(self) -> None:
+        if isinstance(self.model.model, TensorParallelModel):
+            await anyio.to_thread.run_sync(self.model.model.close)
+
     def _on_failure(self, actor: str, exc: BaseException) -> None:
         log.error("actor_crashed", actor=actor, error=repr(exc))
-        self._failure = EngineError(f"the engine failed: actor {actor} crashed: {exc!r}")
-        self._failure.__cause__ = exc
+        cause = _engine_error_in(exc)
+        if cause is not None:               # e.g. a WorkerError under the timeline's error: it says what failed
+            self._failure = cause
+        else:
+            self._failure = EngineError(f"the engine failed: actor {actor} crashed: {exc!r}")
+            self._failure.__cause__ = exc
         for stream in list(self._streams.values()):
             stream.fail(self._failure)
         self._streams.clear()

@@ -230,6 +230,7 @@ class Scheduler(Actor[object]):
         self.in_flight = StepPlan(plan.step, plan.snapshots, plan.max_draft_len, tables)
         self._launched = time.perf_counter()
         self.program.launch(self.in_flight)
+        log.debug("step_planned", step=plan.step, requests=len(snaps), sampling=sum(s.sample for s in snaps))
         self._totals["host_s"] += time.perf_counter() - start
 
     async def _admit(self) -> None:

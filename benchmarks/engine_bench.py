@@ -122,14 +122,16 @@ async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], pro
 
 def report(results: list[dict]) -> None:
     keys = ["mode", "completed", "valid", "stop/length/error", "invalid_stop", "output_tokens", "tokens_per_s",
-            "ratio", "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s",
-            "messages_per_step", "wakeups_per_step", "host_ms_per_step"]
+            "ratio", "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s"]
+    runtime = ["mode", "engine_steps", "messages_per_step", "wakeups_per_step", "host_ms_per_step"]
     first = results[0]
     title = (f"interlock bench: {first['dataset']}, {first['requests']} rows, T={first['temperature']}, "
              f"K={first['draft_len']}, concurrency {first['concurrency']}, backend {first['backend']}")
     shown = [{**r, "stop/length/error": "/".join(str(r["finish_reasons"][k]) for k in ("stop", "length", "error"))}
              for r in results]
-    wide = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)   # 14 columns: 120 wraps headers
+    wide = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)   # 11 columns: 120 wraps headers
     print_table(title, keys, [[r.get(k, "") for k in keys] for r in shown], console=wide)
+    print_table("per step: actor messages, event-loop wake-ups, host time outside the lanes", runtime,
+                [[r.get(k, "") for k in runtime] for r in shown])
     brief = [{k: v for k, v in r.items() if k != "outputs"} for r in results]      # token ids: --json only
     print_json_last(brief[0] if len(brief) == 1 else {"modes": brief})

@@ -5,4 +5,7 @@ owns the KV blocks, drawn from `prefix_cache.BlockPool` (refcounts, content-addr
 shared between requests, an LRU of cached ones); `Transformer.forward(batch, kv)` runs one packed batch.
 `cuda_llama.py` is the same forward on CUDA in bf16 over `StepInputs` tensors (batch-invariant,
 capturable in a CUDA graph), with its row-independent Triton ops in `triton_ops.py`.
+Tensor parallelism: `parallel.py` (which slice each rank holds; the sharded forward's collectives),
+`shard_sources.py` (reading only those slices from GGUF / safetensors), `tp_group.py` (the supervised
+worker processes, `TensorParallelModel`), `tp_worker.py` (a rank's loop), `wire.py` (a step as ints).
 """

@@ -121,19 +121,31 @@ class Transformer(nn.Module):
         if self.weights is None:
             raise RuntimeError("call build() after loading weights")
         dt = self.act_dtype
-        x = self.tok_embeddings[batch.input_ids].to(dt)                   # [T, E]
+        x = self._embed(batch.input_ids).to(dt)                           # [T, E]
         cos = self.rope_cos[batch.positions].to(dt)                       # [T, D]
         sin = self.rope_sin[batch.positions].to(dt)
         eps = self.config.rms_eps
         for index, (layer, lin) in enumerate(zip(self.layers[:n_layers], self._linears[:n_layers])):
             h = rms_norm(x, layer.attention_norm.to(dt), eps)
             qkv = _project(lin["wqkv"], h, batch).to(dt)
-            x = x + _project(lin["wo"], self._attention(qkv, cos, sin, batch, kv, index), batch).to(dt)
+            x = x + self._reduce(_project(lin["wo"], self._attention(qkv, cos, sin, batch, kv, index), batch)).to(dt)
             h = rms_norm(x, layer.ffn_norm.to(dt), eps)
             gate, up = _project(lin["w13"], h, batch).to(dt).chunk(2, dim=-1)
-            x = x + _project(lin["w2"], F.silu(gate) * up, batch).to(dt)
+            x = x + self._reduce(_project(lin["w2"], F.silu(gate) * up, batch)).to(dt)
         x = rms_norm(x[batch.logit_index], self.norm.to(dt), eps)        # [R, E]
-        return (head or self._head)(x)                                   # [R, V] fp32
+        return self._logits(x, head or self._head)                       # [R, V] fp32
+
+    # Hooks where a tensor-parallel rank (models/parallel.py) adds its collectives; identity here.
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.tok_embeddings[ids]
+
+    def _reduce(self, y: torch.Tensor) -> torch.Tensor:
+        """The output of a row-parallel projection (o, down): summed over ranks under TP."""
+        return y
+
+    def _logits(self, x: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        return head(x)
 
     def _attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    batch: ForwardBatch, kv: PagedKVCache, index: int) -> torch.Tensor:

@@ -89,3 +89,8 @@ class EngineError(InterlockError):
 
 class EngineClosedError(EngineError):
     """The engine was closed while the request was in flight, or before it was submitted."""
+
+
+class WorkerError(EngineError):
+    """A tensor-parallel worker process died, hung past the step timeout, or raised; the engine
+    cannot run another step (every in-flight request gets this)."""

@@ -5,7 +5,8 @@ turning an OpenAI request into engine requests (translate.py, tools.py), running
 shaping results (generation.py), SSE streaming with disconnect = cancel (sse.py), OpenAI-shaped
 errors (errors.py), bounded admission (admission.py), body-size limit and outcome counting
 (middleware.py), Prometheus metrics (metrics.py), and the uvicorn process with graceful
-shutdown (run.py). It uses only the Engine's public API.
+shutdown (run.py). It uses only the Engine's public API. ray_serve.py runs N replicas of the same
+app on Ray Serve (`interlock serve --replicas N`; the [cluster] extra, imported only there).
 """
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import anyio
 
+from resources import leaks
+
 from interlock.engine import Engine, EngineConfig
 from interlock.protocol.grammar import Choice, JsonSchema, Regex
 from interlock.protocol.sampling import SamplingParams
@@ -32,19 +34,10 @@ async def alone_outputs(tiny, n: int) -> dict[int, tuple[int, ...]]:
     return out
 
 
-PER_REQUEST = ("kv_sequences", "matchers", "ngram_requests", "adaptive_budgets", "user_contexts",
-               "draft_requests", "draft_generators", "verify_generators", "penalty_entries", "compiled_grammars",
-               "output_streams", "engine_streams", "requests")
-
-
 async def assert_all_free(engine: Engine) -> None:
     """Every per-request thing any actor keeps is back to zero (pools back to their totals)."""
     res = await engine.resources()
-    assert res["kv_free_blocks"] == res["kv_total_blocks"], res
-    assert res["draft_kv_free_blocks"] == res["draft_kv_total_blocks"], res
-    assert res["slots_free"] == engine.config.max_batch_size, res
-    assert set(PER_REQUEST) <= set(res), res
-    assert all(res[name] == 0 for name in PER_REQUEST), res
+    assert not leaks(res, engine.config.max_batch_size), res
 
 
 async def aenumerate(it):

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import httpx
 import openai
+from resources import leaks
 
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel
@@ -97,13 +98,8 @@ def eventually(predicate: Callable[[], bool], timeout: float = 5) -> bool:
 
 
 def all_free(res: dict[str, int], max_batch_size: int) -> bool:
-    return (res["kv_free_blocks"] == res["kv_total_blocks"] and res["slots_free"] == max_batch_size
-            and res["kv_sequences"] == res["matchers"] == res["ngram_requests"] == res["requests"] == 0
-            and res["draft_requests"] == 0 and res["draft_kv_free_blocks"] == res["draft_kv_total_blocks"])
+    return not leaks(res, max_batch_size)
 
 
 def assert_all_free(res: dict[str, int], max_batch_size: int) -> None:
-    assert res["kv_free_blocks"] == res["kv_total_blocks"], res
-    assert res["kv_sequences"] == res["matchers"] == res["ngram_requests"] == res["requests"] == 0, res
-    assert res["draft_requests"] == 0 and res["draft_kv_free_blocks"] == res["draft_kv_total_blocks"], res
-    assert res["slots_free"] == max_batch_size, res
+    assert not leaks(res, max_batch_size), res

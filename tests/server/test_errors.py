@@ -161,24 +161,27 @@ def test_queue_full_is_429_with_retry_after(tiny):
 
 
 class Exploding:
-    """A user drafter that raises once armed: the public way to make an engine actor crash."""
+    """The target forward, failing once armed: an engine fault (a broken device, say), not a request's.
+    (A raising user drafter no longer does it: that fails only the requests it drafted for.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, model) -> None:
+        self.model = model
         self.armed = threading.Event()
 
-    def propose(self, requests, k):
+    def __call__(self, *args, **kwargs):
         if self.armed.is_set():
-            raise RuntimeError("drafter exploded")
-        return [[] for _ in requests]
+            raise RuntimeError("the forward fell over")
+        return self.model(*args, **kwargs)
 
 
 def test_health_is_503_once_the_engine_failed(tiny):
-    drafter = Exploding()
-    config = EngineConfig(speculative=SpeculativeConfig(("ngram",), user_drafter=drafter), max_batch_size=2)
+    config = EngineConfig(speculative=SpeculativeConfig(("ngram",)), max_batch_size=2)
     with LiveServer(tiny, config) as srv:
+        verifier = srv.engine._actors[1]
+        forward = verifier.model = Exploding(verifier.model)
         assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
         assert post(srv, "chat", BASE).status_code == 200
-        drafter.armed.set()
+        forward.armed.set()
         check_error(post(srv, "chat", BASE), 500, None)
         check_error(httpx.get(srv.url + "/health"), 503, None)
         assert post(srv, "chat", BASE).status_code in (500, 503)

@@ -1,0 +1,104 @@
+"""The loop one tensor-parallel worker process runs (started by tp_group.TensorParallelGroup).
+
+Each rank loads only its shard, keeps its own KV storage (its Hkvl heads of every block; the block
+*tables* live with the engine and arrive with each step), and then, per step: receive the step's
+bytes, rebuild the step's ForwardBatch (the same on every rank), run the sharded forward (the collectives meet
+inside it), and — rank 0 only — write the gathered logits into the shared-memory buffer and say how
+many rows. The worker exits on Stop, on end-of-file (its parent is gone) or on the first error,
+which it reports first when it can.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection
+
+import torch
+import torch.distributed as dist
+
+from interlock.models.config import ModelConfig
+from interlock.models.kv_cache import PagedKVCache
+from interlock.models.linear import Weights
+from interlock.models.parallel import Shard, ShardedTransformer, load_shard
+from interlock.models.shard_sources import open_source
+from interlock.models.wire import WireBatch, from_wire
+from interlock.protocol.types import Dtype
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every rank is started with (pickled once per process at spawn)."""
+
+    model: str
+    config: ModelConfig            # the full model's (the engine read it already)
+    world: int
+    store: str                     # file:// rendezvous of torch.distributed (no port to pick)
+    weights: Weights
+    dtype: Dtype
+    seed: int
+    num_blocks: int
+    block_size: int
+    collective_timeout_s: float
+    threads: int
+    draft_cache: tuple[int, int] | None = None     # (blocks, layers) of a second KV pool: a self-draft's
+
+
+@dataclass(frozen=True)
+class Step:
+    """The one message a step sends to every rank: its tokens (drafts included), positions, KV
+    slots and block tables, as ints (models/wire.py)."""
+
+    index: int
+    batch: WireBatch
+    n_layers: int | None = None
+    cache: int = 0                 # 0: the target's KV pool; 1: the draft's (WorkerSpec.draft_cache)
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+def worker_main(rank: int, spec: WorkerSpec, conn: Connection, logits: torch.Tensor | None) -> None:
+    """Entry point of rank `rank` (spawned). `logits`: rank 0's shared [max_rows, V] output buffer."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")       # ranks talk over loopback only
+    torch.set_num_threads(spec.threads)
+    try:
+        dist.init_process_group("gloo", init_method=spec.store, rank=rank, world_size=spec.world,
+                                timeout=timedelta(seconds=spec.collective_timeout_s))
+        config, source, inv_freq = open_source(spec.model, spec.dtype, spec.seed, spec.config)
+        model = load_shard(source, config, Shard(rank, spec.world), inv_freq, spec.weights)
+        del source
+        model.group = dist.group.WORLD
+        caches = [PagedKVCache(model.config, spec.num_blocks, spec.block_size)]
+        if spec.draft_cache is not None:
+            blocks, layers = spec.draft_cache
+            caches.append(PagedKVCache(model.config.replace(n_layers=layers), blocks, spec.block_size))
+        conn.send(("ready", rank))
+        _serve(rank, model, caches, conn, logits)
+    except EOFError:
+        pass                                                # the parent is gone: just exit
+    except BaseException as exc:                            # noqa: BLE001 - reported, then the process ends
+        try:
+            conn.send(("error", rank, f"{type(exc).__name__}: {exc}"))
+        except OSError:
+            pass
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _serve(rank: int, model: ShardedTransformer, caches: list[PagedKVCache], conn: Connection,
+           logits: torch.Tensor | None) -> None:
+    while True:
+        msg = pickle.loads(conn.recv_bytes())
+        if isinstance(msg, Stop):
+            return
+        out = model(from_wire(msg.batch), caches[msg.cache], n_layers=msg.n_layers)
+        if rank == 0:
+            assert logits is not None
+            logits[: out.shape[0]].copy_(out)
+            conn.send(("ok", msg.index, out.shape[0], model.collective_s))
