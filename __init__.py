@@ -5,6 +5,7 @@ The public API, re-exported:
     Engine, EngineConfig                          the runtime (engine.py)
     SamplingParams, Delta, Completion, RequestStats
     JsonSchema, JsonObject, Regex, Ebnf, Lark, Choice, GrammarConfig
+    Reasoning, StructuralTag, Tag                 grammars that switch on mid-output
     SpeculativeConfig, NGramConfig                drafters ("ngram+forced" strings work too)
     errors                                        the typed errors
     load_model, load_tokenizer                    the model layer on its own
@@ -23,7 +24,8 @@ _EXPORTS = {
     "Choice": "interlock.protocol.grammar", "Ebnf": "interlock.protocol.grammar",
     "GrammarConfig": "interlock.protocol.grammar", "JsonObject": "interlock.protocol.grammar",
     "JsonSchema": "interlock.protocol.grammar", "Lark": "interlock.protocol.grammar",
-    "Regex": "interlock.protocol.grammar",
+    "Regex": "interlock.protocol.grammar", "Reasoning": "interlock.protocol.grammar",
+    "StructuralTag": "interlock.protocol.grammar", "Tag": "interlock.protocol.grammar",
     "Completion": "interlock.protocol.sampling", "Delta": "interlock.protocol.sampling",
     "RequestStats": "interlock.protocol.sampling", "SamplingParams": "interlock.protocol.sampling",
     "NGramConfig": "interlock.protocol.speculative", "SpeculativeConfig": "interlock.protocol.speculative",
@@ -33,7 +35,8 @@ if TYPE_CHECKING:
     from interlock.engine import Engine, EngineConfig
     from interlock.models.loader import LoadedModel, load_model, load_tokenizer
     from interlock.protocol import errors
-    from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, JsonObject, JsonSchema, Lark, Regex
+    from interlock.protocol.grammar import (Choice, Ebnf, GrammarConfig, JsonObject, JsonSchema, Lark, Reasoning,
+                                            Regex, StructuralTag, Tag)
     from interlock.protocol.sampling import Completion, Delta, RequestStats, SamplingParams
     from interlock.protocol.speculative import NGramConfig, SpeculativeConfig
 
@@ -48,7 +51,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Choice", "Completion", "Delta", "Ebnf", "Engine", "EngineConfig", "GrammarConfig", "JsonObject",
-    "JsonSchema", "Lark", "LoadedModel", "NGramConfig", "Regex", "RequestStats", "SamplingParams",
-    "SpeculativeConfig", "errors", "load_model", "load_tokenizer",
+    "JsonSchema", "Lark", "LoadedModel", "NGramConfig", "Reasoning", "Regex", "RequestStats", "SamplingParams",
+    "SpeculativeConfig", "StructuralTag", "Tag", "errors", "load_model", "load_tokenizer",
 ]
 __version__ = "0.1.0"

@@ -143,7 +143,8 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
 
     return ServerConfig(model_name=args.served_model_name or args.model, host=args.host, port=args.port,
                         api_key=args.api_key, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-                        default_max_tokens=args.max_tokens, shutdown_timeout_s=args.shutdown_timeout)
+                        default_max_tokens=args.max_tokens, shutdown_timeout_s=args.shutdown_timeout,
+                        reasoning=args.reasoning)
 
 
 def _serve_replicas(args: argparse.Namespace) -> None:
@@ -242,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="requests admitted beyond the batch; past it the server answers 429 with Retry-After")
     srv.add_argument("--max-tokens", type=int, default=256, help="for requests that give no max_tokens")
     srv.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    srv.add_argument("--reasoning", action="store_true",
+                     help="chat outputs think freely up to </think>, then follow the request's grammar; "
+                          "the thinking is returned as reasoning_content")
     srv.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
     srv.add_argument("--shutdown-timeout", type=float, default=10.0,
                      help="seconds requests in flight get to finish after SIGTERM/SIGINT")

@@ -175,7 +175,7 @@ class Engine:
         if drafter is not None and isinstance(drafter.lm.model, TensorParallelModel):
             drafter.kv.k = drafter.kv.v = torch.empty(0)        # a self-draft's K/V live on the ranks too
         draft = DraftActor(self.config.speculative, self.tokenizer.vocab_size, timeline, step, model=drafter,
-                           bitmask=buffers.bitmask, eos_token_ids=eos)
+                           bitmask=buffers.bitmask, free_rows=buffers.free, eos_token_ids=eos)
         grammar = GrammarActor(self.grammars.backend, timeline, buffers, step)
         program = self._program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=c.max_draft_len,
                                               draft_model=drafter is not None, capture=self.config.capture_steps)
@@ -269,13 +269,14 @@ class Engine:
                        sampling: SamplingParams = SamplingParams(),
                        negative_prompt: str | Sequence[Message] | None = None) -> Completion:
         """The whole output at once."""
-        text, ids, last = [], [], None
+        text, thought, ids, last = [], [], [], None
         async for delta in self.generate(prompt, grammar=grammar, sampling=sampling, negative_prompt=negative_prompt):
             text.append(delta.text)
+            thought.append(delta.reasoning_text)
             ids.extend(delta.token_ids)
             last = delta
         assert last is not None and last.finish_reason is not None and last.stats is not None
-        return Completion("".join(text), tuple(ids), last.finish_reason, last.stats)
+        return Completion("".join(text), tuple(ids), last.finish_reason, last.stats, "".join(thought))
 
     async def _generate(self, prompt: str | Sequence[Message], grammar: GrammarSpec | None,
                         sampling: SamplingParams, negative_prompt: str | Sequence[Message] | None

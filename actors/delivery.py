@@ -14,11 +14,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from interlock.grammars.switch import ReasoningStream, is_switch
 from interlock.grammars.validate import validate_output
 from interlock.logs import get_logger
 from interlock.models.detokenize import IncrementalText
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
+from interlock.protocol.grammar import DEFAULT_THINK_END, DEFAULT_THINK_START, Reasoning
 from interlock.protocol.messages import RequestSpec
 from interlock.protocol.sampling import Delta, RequestStats, SamplingParams
 from interlock.protocol.types import FinishReason, TokenId
@@ -58,10 +60,15 @@ class Output:
     compile_ms: float = 0.0
     first_token: float = 0.0
     invalid: GrammarError | None = None          # the end-of-request check refused the output
+    thinking: ReasoningStream | None = None      # a Reasoning grammar: splits thinking from answer
 
     @classmethod
     def new(cls, spec: RequestSpec, stream: OutputStream[Delta], tokenizer: Tokenizer) -> Output:
-        return cls(spec, stream, IncrementalText(tokenizer, spec.sampling.stop), time.perf_counter())
+        out = cls(spec, stream, IncrementalText(tokenizer, spec.sampling.stop), time.perf_counter())
+        if isinstance(spec.grammar, Reasoning):
+            out.thinking = ReasoningStream(tokenizer, spec.grammar.start or DEFAULT_THINK_START,
+                                           spec.grammar.end or DEFAULT_THINK_END)
+        return out
 
     def emit(self, tokens: list[TokenId], eos: tuple[TokenId, ...], at_context_limit: bool) -> FinishReason | None:
         """Queue a step's new tokens as a delta; the finish reason if the request ends here."""
@@ -83,12 +90,19 @@ class Output:
             reason = "stop"
         if reason == "stop" and self.spec.grammar is not None and self._refused():
             return "error"                        # never a silent invalid document
-        self.pending.append(Delta(text, tuple(tokens), reason, self.stats() if reason is not None else None))
+        thought = ""
+        if self.thinking is not None:
+            thought, text = self.thinking.feed(tokens, text, final=reason is not None)
+        self.pending.append(Delta(text, tuple(tokens), reason, self.stats() if reason is not None else None,
+                                  reasoning_text=thought))
         return reason
 
     def _refused(self) -> bool:
         """Run the end-of-request check on everything delivered; keep its error in `invalid`."""
         delivered = self.text.tokenizer.decode(self.text.ids, skip_special_tokens=True)[: self.text.emitted]
+        if is_switch(self.spec.grammar):
+            # Its markers may be special tokens, which the delivered text drops: check the tokens' text.
+            delivered = self.text.tokenizer.decode(self.output)
         try:
             validate_output(self.spec.grammar, delivered)
         except GrammarError as exc:

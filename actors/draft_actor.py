@@ -54,7 +54,7 @@ class _Drafting:
 class DraftActor(Actor[object]):
     def __init__(self, config: SpeculativeConfig | None, vocab_size: int, timeline: Timeline, step: StepBuffers,
                  *, model: ModelDrafter | None = None, bitmask: torch.Tensor | None = None,
-                 eos_token_ids: tuple[int, ...] = ()) -> None:
+                 free_rows: torch.Tensor | None = None, eos_token_ids: tuple[int, ...] = ()) -> None:
         self.config = config
         self.vocab_size = vocab_size
         self.timeline = timeline
@@ -62,6 +62,7 @@ class DraftActor(Actor[object]):
         self.chain = DraftChain(config, vocab_size)
         self.model = model                  # a draft model (its own KV cache), or None
         self.bitmask = bitmask              # the GrammarActor's mask rows, read for draft-side masking
+        self.free_rows = free_rows          # its per-row "grammar free here" flags: such rows are skipped
         self.eos = frozenset(eos_token_ids)
         self.generators: dict[RequestId, torch.Generator] = {}    # draft sampling, seeded per request
         self.queue = StepQueue("draft")
@@ -155,6 +156,8 @@ class DraftActor(Actor[object]):
             assert self.bitmask is not None
             rows = torch.tensor([slot * self.rows_per_slot + len(d.out[slot]) for slot in d.order])
             skip = torch.tensor([not b.masking[slot] or b.refused[slot] for slot in d.order])
+            if self.free_rows is not None:
+                skip |= self.free_rows[rows]
             apply_token_bitmask_(logits, self.bitmask, rows=rows, skip=skip, d2t=self.model.lm.d2t,
                                  mask_vocab_size=self.vocab_size)
         d.feeds = {}

@@ -15,7 +15,7 @@ ever touched by the lane thread, in lane order.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,17 +37,21 @@ class MaskBuffers:
     """Host buffers the grammar lane fills and the model lane reads after the mask event.
 
     bitmask row slot * (K+1) + j is the mask after j drafts of the request in `slot`;
-    rows[slot] is how many of its rows are valid this step (0: no grammar, don't mask).
+    rows[slot] is how many of its rows are valid this step (0: no grammar, don't mask);
+    free[row] is True where the grammar is free at that row (a switching grammar outside its
+    constrained part): the row is left unwritten and readers skip it instead of applying it.
     """
 
     bitmask: torch.Tensor      # [max_batch * (K+1), ceil(V/32)] int32
     rows: torch.Tensor         # [max_batch] int32
     rows_per_slot: int         # K + 1
+    free: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # [max_batch * (K+1)]
 
     @classmethod
     def allocate(cls, max_batch: int, max_draft_len: int, vocab_size: int) -> MaskBuffers:
         per = max_draft_len + 1
-        return cls(allocate_bitmask(max_batch * per, vocab_size), torch.zeros(max_batch, dtype=torch.int32), per)
+        return cls(allocate_bitmask(max_batch * per, vocab_size), torch.zeros(max_batch, dtype=torch.int32), per,
+                   torch.zeros(max_batch * per, dtype=torch.bool))
 
 
 class GrammarActor(Actor[object]):
@@ -119,7 +123,8 @@ class GrammarActor(Actor[object]):
                 b.refused[slot] = True
                 continue
             try:
-                matcher.fill_mask(self.buffers.bitmask, slot * per + len(prefix))
+                row = slot * per + len(prefix)
+                self.buffers.free[row] = bool(matcher.fill_mask(self.buffers.bitmask, row))
             finally:
                 matcher.rollback(len(prefix))
             self.prefilled.setdefault(slot, {})[len(prefix)] = prefix
@@ -132,7 +137,8 @@ class GrammarActor(Actor[object]):
             drafts = self.step.drafts[slot]
             held = self.prefilled.pop(slot, {})
             skip = frozenset(j for j, prefix in held.items() if j <= len(drafts) and drafts[:j] == prefix)
-            self.buffers.rows[slot] = matcher.fill_masks(self.buffers.bitmask, slot * per, drafts, skip)
+            self.buffers.rows[slot] = matcher.fill_masks(self.buffers.bitmask, slot * per, drafts, skip,
+                                                         free=self.buffers.free)
         self.prefilled.clear()
 
     def commit(self) -> None:

@@ -201,6 +201,9 @@ class VerifierActor(Actor[object]):
         # Rows past the ones the grammar filled (after a refused draft, or padding) are never read.
         filled = [int(self.buffers.rows[s.slot]) if s.constrained else 0 for s in snaps]
         skip = torch.tensor([[j >= n for j in range(k + 1)] for n in filled], dtype=torch.bool)
+        # Free rows (a switching grammar outside its constrained part) were left unwritten: skipped,
+        # which is exact (they would allow every id) and saves applying an all-ones row.
+        skip |= self.buffers.free[rows]
         if skip.all():
             return
         flat = logits.view(b * (k + 1), -1)

@@ -25,6 +25,7 @@ from interlock.grammars import bitmask as bm
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.keywords import Gap, gaps, keywords_in, subschemas
 from interlock.grammars.matcher import BaseMatcher
+from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
 from interlock.protocol.errors import GrammarError, SchemaKeywordError
 from interlock.protocol.grammar import GrammarBackend, GrammarSpec, JsonSchema
 
@@ -45,6 +46,9 @@ class AutoBackend:
         self._by_name = {b.name: b for b in self.backends}
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        if is_switch(spec):
+            # Each inner spec goes through auto on its own (exactness policy and fallback per tag).
+            return compile_switch(self, self.backends[0].tokenizer, spec)  # type: ignore[arg-type, attr-defined]
         exact = isinstance(spec, JsonSchema) and not spec.lenient
         schema = json.loads(spec.compiled_schema) if exact else None      # type: ignore[union-attr]
         reasons: list[str] = []
@@ -75,7 +79,9 @@ class AutoBackend:
                 keyword=first.keyword, path=first.path)
         raise GrammarError("no backend could compile this grammar: " + "; ".join(reasons))
 
-    def matcher(self, compiled: CompiledGrammar) -> BaseMatcher:
+    def matcher(self, compiled: CompiledGrammar) -> BaseMatcher | SwitchMatcher:
+        if isinstance(compiled.native, SwitchProgram):      # its inner grammars name their backends
+            return SwitchMatcher(compiled.native, self, self.backends[0].tokenizer)  # type: ignore[attr-defined]
         backend = self._by_name.get(compiled.backend)
         if backend is None:
             raise ValueError(f"grammar was compiled by {compiled.backend}, which auto does not hold")

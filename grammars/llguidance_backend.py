@@ -26,6 +26,7 @@ from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.keywords import LLGUIDANCE_FORMATS, gaps, unknown_formats, without_formats
 from interlock.grammars.matcher import BaseMatcher
+from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark, Regex
@@ -49,6 +50,8 @@ class LLGuidanceBackend:
                                                  eos_token=list(tokenizer.eos_token_ids))
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        if is_switch(spec):                      # Reasoning / StructuralTag: grammars/switch.py
+            return compile_switch(self, self.tokenizer, spec)  # type: ignore[arg-type]
         check_spec(spec, self.config)
         start = time.perf_counter()
         ours: list[str] = []
@@ -69,9 +72,11 @@ class LLGuidanceBackend:
             log.warning("grammar.backend_warning", backend=NAME, warning=warning)
         return CompiledGrammar(NAME, spec.key, template, time.perf_counter() - start, warnings, tuple(inexact))
 
-    def matcher(self, compiled: CompiledGrammar) -> LLGuidanceMatcher:
+    def matcher(self, compiled: CompiledGrammar) -> LLGuidanceMatcher | SwitchMatcher:
         if compiled.backend != NAME:
             raise ValueError(f"grammar was compiled by {compiled.backend}, not {NAME}")
+        if isinstance(compiled.native, SwitchProgram):
+            return SwitchMatcher(compiled.native, self, self.tokenizer)
         return LLGuidanceMatcher(compiled.native.deep_copy(), self)
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:

@@ -103,19 +103,24 @@ class BaseMatcher(ABC):
         self._depth -= n
         self._terminated = False
 
-    def fill_mask(self, bitmask: Any, row: int = 0) -> None:
+    def fill_mask(self, bitmask: Any, row: int = 0) -> bool:
+        """Write the row; returns False (a plain grammar is never free: see protocol/grammar.py)."""
         bm.check_bitmask(bitmask, row, self._vocab_size)
         self._fill_checked(bitmask, row)
+        return False
 
     def fill_masks(self, bitmask: Any, start_row: int, drafts: Sequence[TokenId],
-                   skip: Container[int] = ()) -> int:
+                   skip: Container[int] = (), free: Any = None) -> int:
         """Rows start_row+j = mask after drafts[:j]; stops at the first refused draft; state unchanged.
 
         skip: offsets j whose rows already hold that mask (filled while a draft model drafted).
+        free: optional per-row bool buffer; every row written here is marked False (never free).
         """
         bm.check_bitmask(bitmask, start_row + len(drafts), self._vocab_size)
         if 0 not in skip:
             self._fill_checked(bitmask, start_row)
+            if free is not None:
+                free[start_row] = False
         advanced = 0
         try:
             for draft in drafts:
@@ -124,6 +129,8 @@ class BaseMatcher(ABC):
                 advanced += 1
                 if advanced not in skip:
                     self._fill_checked(bitmask, start_row + advanced)
+                    if free is not None:
+                        free[start_row + advanced] = False
         finally:
             self.rollback(advanced)
         return 1 + advanced

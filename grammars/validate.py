@@ -13,15 +13,21 @@ output that this check passes (grammars/LENIENCY.md lists what each backend lets
 - Choice: the text is one of the options.
 - Ebnf / Lark: no check here: there is no independent parser for those grammars, so the
   backend's acceptance (EOS allowed only when the grammar accepts) is the only guarantee.
+- Reasoning / StructuralTag: each constrained part is checked against its own spec. The exact
+  split is token-level (`validate_segments` with `SwitchMatcher.segments()`: where the grammar
+  switched); `validate_output` splits the text at the markers' text instead, which agrees unless
+  the free text spelled a marker with other tokens than the tokenizer's own.
 """
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from interlock.protocol.errors import GrammarError
-from interlock.protocol.grammar import Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Lark, Regex
+from interlock.protocol.grammar import (DEFAULT_THINK_END, Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Lark,
+                                        Reasoning, Regex, StructuralTag)
 
 MAX_SHOWN = 200             # characters of the failing output quoted in the error
 
@@ -39,8 +45,53 @@ def validate_output(spec: GrammarSpec, text: str) -> None:
     elif isinstance(spec, Choice):
         if text not in spec.options:
             raise GrammarError(f"output is not one of the {len(spec.options)} choices: {_shown(text)}")
+    elif isinstance(spec, Reasoning):
+        _check_reasoning(spec, text)
+    elif isinstance(spec, StructuralTag):
+        _check_tags(spec, text)
     elif not isinstance(spec, (Ebnf, Lark)):
         raise GrammarError(f"unknown grammar spec type {type(spec).__name__}")
+
+
+def validate_segments(segments: Iterable[Any], decode: Callable[[Sequence[int]], str]) -> None:
+    """The check for a switching grammar's output, split where the grammar switched: every
+    complete constrained segment (grammars/switch.py `Segment`) must satisfy its spec."""
+    for seg in segments:
+        if seg.kind == "constrained" and seg.complete and seg.spec is not None:
+            validate_output(seg.spec, decode(seg.ids))
+
+
+def _check_reasoning(spec: Reasoning, text: str) -> None:
+    end = DEFAULT_THINK_END if spec.end is None else spec.end
+    if spec.then is None:
+        return
+    if end not in text:
+        # The marker is not in the text (a special token the caller's decode dropped): the text
+        # cannot be split here; the token-level check (validate_segments) is the one that can.
+        return
+    validate_output(spec.then, text.split(end, 1)[1])
+
+
+def _check_tags(spec: StructuralTag, text: str) -> None:
+    pos, count = 0, 0
+    while True:
+        found = [(text.find(tag.begin, pos), n) for n, tag in enumerate(spec.tags)]
+        found = [(at, n) for at, n in found if at >= 0]
+        if not found:
+            return
+        at, n = min(found)
+        tag = spec.tags[n]
+        inner_start = at + len(tag.begin)
+        close = text.find(tag.end, inner_start)
+        if close < 0 and tag.end.strip():
+            raise GrammarError(f"tag {tag.begin!r} is never closed with {tag.end!r}: {_shown(text[at:])}")
+        if close < 0:        # a whitespace end marker at the very end: callers strip trailing text
+            close = len(text)
+        validate_output(tag.spec, text[inner_start:close])
+        count += 1
+        if spec.at_most is not None and count > spec.at_most:
+            raise GrammarError(f"output holds more than {spec.at_most} tags: {_shown(text)}")
+        pos = close + len(tag.end)
 
 
 def parse_json(text: str) -> Any:

@@ -30,6 +30,7 @@ from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.keywords import gaps
 from interlock.grammars.stderr import NATIVE_LINE, call_capturing_stderr
 from interlock.grammars.matcher import BaseMatcher
+from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark, Regex
@@ -60,6 +61,8 @@ class XGrammarBackend:
         self._control = ControlFilter.build_both(tokenizer, vocab_size)   # flexible? -> filter
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        if is_switch(spec):                      # Reasoning / StructuralTag: grammars/switch.py
+            return compile_switch(self, self.tokenizer, spec)  # type: ignore[arg-type]
         check_spec(spec, self.config)
         start = time.perf_counter()
         try:
@@ -80,9 +83,11 @@ class XGrammarBackend:
         return CompiledGrammar(NAME, spec.key, native, time.perf_counter() - start, tuple(warnings),
                                inexact=tuple(warnings))
 
-    def matcher(self, compiled: CompiledGrammar) -> XGrammarMatcher:
+    def matcher(self, compiled: CompiledGrammar) -> XGrammarMatcher | SwitchMatcher:
         if compiled.backend != NAME:
             raise ValueError(f"grammar was compiled by {compiled.backend}, not {NAME}")
+        if isinstance(compiled.native, SwitchProgram):
+            return SwitchMatcher(compiled.native, self, self.tokenizer)
         kind, _, rest = compiled.spec_key.partition(":")
         control = None
         if kind in ("json_schema", "json_object"):

@@ -150,7 +150,82 @@ class Choice:
         return f"choice:{_canonical_json(list(self.options))}"
 
 
-GrammarSpec: TypeAlias = JsonSchema | JsonObject | Regex | Ebnf | Lark | Choice
+PlainSpec: TypeAlias = JsonSchema | JsonObject | Regex | Ebnf | Lark | Choice
+
+
+# --- grammars that switch on mid-output --------------------------------------------------------
+# Markers are text, matched as the tokenizer's own token sequence for that text (one id for a
+# special token such as "<think>" where the tokenizer has it). A model that spells a marker with
+# other tokens has not written the marker: the switch is a token-level event, so masks, forced
+# tokens and rollback depend on token ids only and agree exactly between plain and speculative
+# decoding. grammars/switch.py resolves markers per tokenizer and holds the matcher.
+
+DEFAULT_THINK_START = "<think>"
+DEFAULT_THINK_END = "</think>"
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """Free thinking up to and including the end marker, then `then` (None: the answer is free too).
+
+    start / end: the markers; None takes "<think>" / "</think>" (a single special token where the
+    tokenizer has one, else their text's tokens). `start` is not required in the output (chat
+    templates often put it in the prompt); the stream uses it to strip it from the thinking.
+    While thinking, EOS is refused when `then` constrains the answer (an output must reach it).
+    max_reasoning_tokens: after that many thinking tokens the end marker is forced (the rest of
+    it, where the last tokens already begin it); None: no limit.
+    """
+
+    then: GrammarSpec | None = None
+    start: str | None = None
+    end: str | None = None
+    max_reasoning_tokens: int | None = None
+
+    @property
+    def key(self) -> str:
+        inner = "free" if self.then is None else self.then.key
+        return f"reasoning:{_canonical_json([self.start, self.end, self.max_reasoning_tokens])}:{inner}"
+
+
+@dataclass(frozen=True)
+class Tag:
+    """A tag of a StructuralTag: `begin` (starts with one of the triggers), `spec`'s grammar, `end`."""
+
+    begin: str
+    spec: GrammarSpec
+    end: str
+
+    @property
+    def key(self) -> str:
+        return f"tag:{_canonical_json([self.begin, self.end])}:{self.spec.key}"
+
+
+@dataclass(frozen=True)
+class StructuralTag:
+    """Free text until the output ends with a trigger; then the rest of the tag's `begin` is forced,
+    the tag's spec constrains what follows, its `end` closes it, and the text is free again.
+
+    triggers: markers; each tag's begin starts with exactly one of them (a trigger shared by two
+    tags lets the tokens after it choose). at_most: tags allowed (None: any number); after that
+    many, the output must end.
+    """
+
+    triggers: tuple[str, ...] = field(default=())
+    tags: tuple[Tag, ...] = field(default=())
+    at_most: int | None = None
+
+    def __init__(self, triggers: Sequence[str], tags: Sequence[Tag], at_most: int | None = None) -> None:
+        object.__setattr__(self, "triggers", tuple(triggers))
+        object.__setattr__(self, "tags", tuple(tags))
+        object.__setattr__(self, "at_most", at_most)
+
+    @property
+    def key(self) -> str:
+        tags = ",".join(t.key for t in self.tags)
+        return f"structural_tag:{_canonical_json([list(self.triggers), self.at_most])}:[{tags}]"
+
+
+GrammarSpec: TypeAlias = PlainSpec | Reasoning | StructuralTag
 
 
 @dataclass(frozen=True)
@@ -191,17 +266,27 @@ class GrammarMatcher(Protocol):
         """Undo the last n accepted tokens. Raises ValueError if n exceeds the accepted history."""
         ...
 
-    def fill_mask(self, bitmask: Any, row: int = 0) -> None:
-        """Write the allowed-token bits of the current state into bitmask[row]."""
+    def fill_mask(self, bitmask: Any, row: int = 0) -> bool:
+        """Write the allowed-token bits of the current state into bitmask[row].
+
+        Returns True when the state is free (every tokenizer id allowed: a switching grammar
+        outside its constrained part); the row is written all the same.
+        """
         ...
 
     def fill_masks(self, bitmask: Any, start_row: int, drafts: Sequence[TokenId],
-                   skip: Container[int] = ()) -> int:
+                   skip: Container[int] = (), free: Any = None) -> int:
         """Fill rows start_row.. for the current state and after each draft prefix, in one call.
 
         Row start_row + j is the mask after drafts[:j]. Stops early at the first draft the grammar
         refuses; returns the number of rows valid (1 + accepted drafts). State is unchanged.
         Offsets j in `skip` are left alone: their rows already hold that mask.
+
+        free: None, or a writable 1-D bool buffer indexed like the bitmask's rows (a CPU tensor or
+        a list). For each valid row not in skip, free[row] becomes True when the state there is
+        free, and that row is then NOT written (it is stale: the verifier must skip it, which is
+        cheaper and exact, since a free row would allow everything); False when the row was
+        filled. Without the buffer every row is written, free ones as all tokenizer ids.
         """
         ...
 

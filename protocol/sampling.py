@@ -174,12 +174,16 @@ class RequestStats:
 
 @dataclass(frozen=True)
 class Delta:
-    """One piece of a streamed output: new text (UTF-8 safe), its token ids, and at the end why it ended."""
+    """One piece of a streamed output: new text (UTF-8 safe), its token ids, and at the end why it ended.
+
+    Under a Reasoning grammar the thinking goes to `reasoning_text` and the answer to `text`
+    (max_tokens counts the tokens of both)."""
 
     text: str
     token_ids: tuple[TokenId, ...]
     finish_reason: FinishReason | None = None
     stats: RequestStats | None = None
+    reasoning_text: str = ""            # a Reasoning grammar's thinking (its end marker left out)
 
 
 @dataclass(frozen=True)
@@ -188,3 +192,4 @@ class Completion:
     token_ids: tuple[TokenId, ...]
     finish_reason: FinishReason
     stats: RequestStats
+    reasoning_text: str = ""            # a Reasoning grammar's thinking; `text` is then the answer

@@ -82,7 +82,8 @@ class Server:
             ticket.release()
             return self._stopped(exc)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        shapers = [ChoiceShaper(i, chat=chat, tools=plan.tools) for i in range(len(runs))]
+        shapers = [ChoiceShaper(i, chat=chat, tools=plan.tools, auto_tools=plan.auto_tools,
+                               reasoning=plan.reasoning) for i in range(len(runs))]
         if plan.stream:
             return SSEResponse(runs, shapers, chunk_encoder(chat, rid, self.config.model_name),
                                Usage.of if plan.include_usage else None, plan.grammar_param,

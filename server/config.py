@@ -23,6 +23,9 @@ class ServerConfig:
     retry_after_s: int = 1
     shutdown_timeout_s: float = 10.0
     health_timeout_s: float = 2.0
+    # Chat outputs think first: every chat grammar G becomes Reasoning(then=G) (free thinking up to
+    # </think>, then G), and the thinking is returned as message.reasoning_content.
+    reasoning: bool = False
 
     def __post_init__(self) -> None:
         if self.max_queue < 0 or self.max_body_bytes < 1 or self.max_n < 1 or self.default_max_tokens < 1:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from interlock.grammars.switch import ReasoningSplitter
 from interlock.protocol.types import FinishReason
 from interlock.server.responses import (
     AssistantMessage, ChatChoice, ChunkChoice, OpenAIFinish, TextChoice,
 )
-from interlock.server.tools import ToolCallStream
+from interlock.server.tools import AutoToolStream, ToolCallStream
 
 
 def is_json(text: str) -> bool:
@@ -24,9 +25,12 @@ class ChoiceShaper:
     """One choice of one request. Chat choices open with a role delta; tool-call choices stream
     tool-call deltas instead of content."""
 
-    def __init__(self, index: int, *, chat: bool, tools: bool) -> None:
+    def __init__(self, index: int, *, chat: bool, tools: bool, auto_tools: bool = False,
+                 reasoning: bool = False) -> None:
         self.index, self.chat = index, chat
         self.tools = ToolCallStream() if tools else None
+        self.auto = AutoToolStream() if auto_tools and chat else None
+        self.think = ReasoningSplitter() if reasoning and chat else None
         self.parts: list[str] = []
 
     @property
@@ -39,11 +43,20 @@ class ChoiceShaper:
         return [ChunkChoice(index=self.index, delta={"role": "assistant", "content": None if self.tools else ""})]
 
     def piece(self, text: str) -> list[Any]:
+        if self.think is not None and not self.think.done:
+            thought, text = self.think.feed(text)
+            out = [ChunkChoice(index=self.index, delta={"reasoning_content": thought})] if thought else []
+            return out + (self._answer(text) if text else [])
+        return self._answer(text)
+
+    def _answer(self, text: str) -> list[Any]:
         self.parts.append(text)
         if not text:
             return []
         if self.tools is not None:
             return [ChunkChoice(index=self.index, delta={"tool_calls": [d]}) for d in self.tools.feed(text)]
+        if self.auto is not None:
+            return self._auto_chunks(*self.auto.feed(text))
         if self.chat:
             return [ChunkChoice(index=self.index, delta={"content": text})]
         return [TextChoice(index=self.index, text=text, finish_reason=None)]
@@ -52,6 +65,7 @@ class ChoiceShaper:
         if reason == "length":
             return "length"
         called = self.tools is not None and self.tools.name is not None and is_json(self.text)
+        called = called or (self.auto is not None and self.auto.closed)
         return "tool_calls" if called else "stop"
 
     def closing(self, reason: FinishReason) -> list[Any]:
@@ -59,18 +73,42 @@ class ChoiceShaper:
         if not self.chat:
             return [TextChoice(index=self.index, text="", finish_reason=finish)]
         out = []
+        if self.think is not None and not self.think.done:
+            thought = self.think.finish()
+            out = [ChunkChoice(index=self.index, delta={"reasoning_content": thought})] if thought else []
+        if self.auto is not None:
+            out += self._auto_chunks(*self.auto.finish())
         if self.tools is not None:
             out = [ChunkChoice(index=self.index, delta={"tool_calls": [d]})
                    for d in self.tools.finish(is_json(self.text))]
         return out + [ChunkChoice(index=self.index, delta={}, finish_reason=finish)]
 
     def full(self, reason: FinishReason) -> ChatChoice | TextChoice:
+        choice = self._full(reason)
+        if self.think is not None and isinstance(choice, ChatChoice):
+            if not self.think.done:
+                self.think.finish()
+            choice.message.reasoning_content = self.think.reasoning
+        return choice
+
+    def _full(self, reason: FinishReason) -> ChatChoice | TextChoice:
         finish = self.finish_reason(reason)
         if not self.chat:
             return TextChoice(index=self.index, text=self.text, finish_reason=finish)
+        if self.auto is not None:
+            self.auto.finish()
+            calls, content = self.auto.calls(), self.auto.content()
+            return ChatChoice(index=self.index, finish_reason=finish,
+                              message=AssistantMessage(content=content or (None if calls else ""),
+                                                       tool_calls=calls or None))
         if self.tools is not None:
             found = self.tools.calls(is_json(self.text))
             if found:
                 return ChatChoice(index=self.index, finish_reason=finish,
                                   message=AssistantMessage(content=None, tool_calls=found))
         return ChatChoice(index=self.index, finish_reason=finish, message=AssistantMessage(content=self.text))
+
+    def _auto_chunks(self, content: str, calls: list[dict[str, Any]]) -> list[Any]:
+        out = [ChunkChoice(index=self.index, delta={"content": content})] if content else []
+        return out + [ChunkChoice(index=self.index, delta={"tool_calls": [d]}) for d in calls]
+

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from interlock.protocol.grammar import JsonSchema
+from interlock.protocol.grammar import JsonSchema, StructuralTag, Tag
 from interlock.server.schemas import ChatMessage, Tool
 
 _HEADER = re.compile(r'\{"name":"([A-Za-z0-9_-]+)","arguments":')
@@ -105,3 +105,120 @@ class ToolCallStream:
             return []
         piece, self._sent = self.text[self._sent:end], end
         return [{"index": 0, "function": {"arguments": piece}}]
+
+
+# --- tool_choice "auto": free text that may switch into one call ---------------------------------
+# The markers are Hermes/Qwen's (the chat templates that have tool calls mostly use them); a
+# tokenizer with them as special tokens switches on one token, others on their text's tokens.
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def auto_tools_grammar(tools: Sequence[Tool]) -> StructuralTag:
+    """Free text; after CALL_OPEN one call of any of `tools`, then CALL_CLOSE and the end."""
+    return StructuralTag([CALL_OPEN], [Tag(CALL_OPEN, tools_grammar(tools), CALL_CLOSE)], at_most=1)
+
+
+def auto_tools_prompt(tools: Sequence[Tool]) -> str:
+    listing = [{"name": t.function.name, "description": t.function.description or "",
+                "parameters": t.function.parameters or EMPTY_PARAMETERS} for t in tools]
+    return ("You can call these tools. To call one, write " + CALL_OPEN
+            + '{"name": <tool name>, "arguments": <its arguments>}' + CALL_CLOSE
+            + "; otherwise answer in plain text.\nTools: " + json.dumps(listing))
+
+
+def with_auto_tools(messages: list[dict[str, str]], tools: Sequence[Tool]) -> list[dict[str, str]]:
+    text = auto_tools_prompt(tools)
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+class AutoToolStream:
+    """Splits a tool_choice "auto" output as it grows into content and tool-call deltas.
+
+    Text before CALL_OPEN is content (a possible partial marker at the end is held back); after it,
+    the call goes through a ToolCallStream until the CALL_CLOSE that follows a complete JSON call
+    (one inside a string argument is part of the call). The pieces concatenate to `content()` and
+    `calls()`, so streamed == non-streamed.
+    """
+
+    def __init__(self) -> None:
+        self._pending = ""
+        self._content: list[str] = []
+        self.call: ToolCallStream | None = None
+        self._body = ""                 # text after CALL_OPEN
+        self._fed = 0                   # of _body, characters given to the ToolCallStream
+        self._end: int | None = None    # where the call body ends (CALL_CLOSE found)
+
+    @property
+    def closed(self) -> bool:
+        return self._end is not None
+
+    def feed(self, piece: str) -> tuple[str, list[dict[str, Any]]]:
+        """(content to send now, tool-call deltas to send now)."""
+        if self.call is not None:
+            return "", self._feed_call(piece)
+        self._pending += piece
+        at = self._pending.find(CALL_OPEN)
+        if at >= 0:
+            content, rest = self._pending[:at], self._pending[at + len(CALL_OPEN):]
+            self._pending = ""
+            self._content.append(content)
+            self.call = ToolCallStream()
+            return content, self._feed_call(rest)
+        keep = _partial_suffix(self._pending, CALL_OPEN)
+        content = self._pending[:len(self._pending) - keep]
+        self._pending = self._pending[len(content):]
+        self._content.append(content)
+        return content, []
+
+    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+        """What is still held back: a partial marker that never completed (content), or the call's tail."""
+        if self.call is None:
+            rest, self._pending = self._pending, ""
+            self._content.append(rest)
+            return rest, []
+        deltas = self._feed_upto(self._end if self._end is not None else len(self._body))
+        return "", deltas + self.call.finish(self.closed)
+
+    def content(self) -> str:
+        return "".join(self._content) + ("" if self.call is not None else self._pending)
+
+    def calls(self) -> list[dict[str, Any]]:
+        return [] if self.call is None else self.call.calls(self.closed)
+
+    def _feed_call(self, piece: str) -> list[dict[str, Any]]:
+        if self.closed:
+            return []
+        self._body += piece
+        start = 0
+        while (at := self._body.find(CALL_CLOSE, start)) >= 0:
+            if _is_json(self._body[:at]):
+                self._end = at
+                return self._feed_upto(at)
+            start = at + 1
+        return self._feed_upto(len(self._body) - _partial_suffix(self._body, CALL_CLOSE))
+
+    def _feed_upto(self, end: int) -> list[dict[str, Any]]:
+        assert self.call is not None
+        if end <= self._fed:
+            return []
+        piece, self._fed = self._body[self._fed:end], end
+        return self.call.feed(piece)
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of marker."""
+    for k in range(min(len(text), len(marker) - 1), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

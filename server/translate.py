@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from interlock.protocol.errors import InterlockError
-from interlock.protocol.grammar import BackendName, Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Regex
+from interlock.protocol.grammar import BackendName, Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Reasoning, Regex
 from interlock.protocol.sampling import SamplingParams
 from interlock.server.config import ServerConfig
 from interlock.server.errors import APIError, from_interlock, unsupported
 from interlock.server.schemas import (
     ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, StructuredOutputs,
 )
-from interlock.server.tools import call_text, tools_grammar, with_tools
+from interlock.server.tools import auto_tools_grammar, call_text, tools_grammar, with_auto_tools, with_tools
 
 Message = dict[str, str]
 Prompt = str | list[Message]
@@ -54,6 +54,8 @@ class Plan:
     tools: bool                      # outputs are tool calls
     grammar_param: str | None        # the request field a GrammarError points at
     prompt_param: str                # the request field a prompt error points at
+    auto_tools: bool = False         # tool_choice "auto": content, or content then one tool call
+    reasoning: bool = False          # outputs think first (ServerConfig.reasoning)
 
 
 def message_text(m: ChatMessage) -> str:
@@ -156,8 +158,9 @@ def choose_grammar(req: ChatCompletionRequest | CompletionRequest, tools_spec: G
     return found[0] if found else (None, None)
 
 
-def tool_mode(req: ChatCompletionRequest) -> Literal["none", "call"]:
-    """'call' when the output must be a tool call; 'none' when tools are only listed or absent."""
+def tool_mode(req: ChatCompletionRequest) -> Literal["none", "call", "auto"]:
+    """'call' when the output must be a tool call; 'auto' when the model chooses (free text that may
+    switch into a call: a StructuralTag); 'none' when tools are only listed or absent."""
     if not req.tools:
         if req.tool_choice not in (None, "none"):
             raise APIError(400, "tool_choice needs tools", param="tool_choice")
@@ -165,8 +168,7 @@ def tool_mode(req: ChatCompletionRequest) -> Literal["none", "call"]:
     if req.tool_choice == "none":
         return "none"
     if req.tool_choice in (None, "auto"):
-        raise unsupported("tool_choice", '"auto" (the default with tools) is not supported yet: the model cannot '
-                                         'decide whether to call a tool; pass "required", a named function or "none"')
+        return "auto"
     return "call"
 
 
@@ -175,8 +177,16 @@ def plan_chat(req: ChatCompletionRequest, facts: EngineFacts, config: ServerConf
     if req.logprobs:
         raise unsupported("logprobs", "not supported yet (log-probabilities need engine support)")
     messages = chat_messages(req.messages)
-    tools_spec = None
-    if tool_mode(req) == "call":
+    tools_spec: GrammarSpec | None = None
+    mode = tool_mode(req)
+    if mode == "auto":
+        assert req.tools is not None
+        try:
+            tools_spec = auto_tools_grammar(req.tools)
+        except InterlockError as exc:
+            raise from_interlock(exc, "tools") from exc
+        messages = with_auto_tools(messages, req.tools)
+    elif mode == "call":
         assert req.tools is not None
         tools = req.tools
         if not isinstance(req.tool_choice, str):
@@ -198,11 +208,13 @@ def plan_chat(req: ChatCompletionRequest, facts: EngineFacts, config: ServerConf
         negative = [{"role": "user", "content": req.negative_prompt}]
     elif req.negative_prompt is not None:
         negative = chat_messages(req.negative_prompt)
+    if config.reasoning:
+        grammar = Reasoning(then=grammar)
     max_tokens = req.max_completion_tokens or req.max_tokens
     calls = tuple(EngineCall(messages, grammar, sampling_params(req, max_tokens, derived_seed(req.seed, i), config),
                              negative) for i in range(req.n or 1))
     return Plan(calls, bool(req.stream), bool(req.stream_options and req.stream_options.include_usage),
-                tools_spec is not None, param, "messages")
+                mode == "call", param, "messages", auto_tools=mode == "auto", reasoning=config.reasoning)
 
 
 def plan_completion(req: CompletionRequest, facts: EngineFacts, config: ServerConfig) -> Plan:

@@ -6,7 +6,9 @@ Kinds of token, each with a relative weight:
 - forced: the first of the grammar's forced tokens (jump-forward), where it has any;
 - any: uniformly among the allowed ids;
 - rare: among the last ones in that order (UTF-8 fragments, late merges);
-- eos: end of sequence, where the grammar accepts.
+- eos: end of sequence, where the grammar accepts;
+- marker: a token that advances a switching grammar's marker (`marker_hints()`, where the matcher
+  has it): a walk would seldom spell a multi-token trigger by chance, so the switch would go untested.
 
 Draws go through hypothesis (kind first, then an index into that kind's ids), so shrinking moves
 towards the first kind listed (frequent) and the lowest id in it.
@@ -24,7 +26,7 @@ from interlock.protocol.types import TokenId
 from interlock.testing.case import GrammarCase
 
 Draw = Callable[..., Any]          # hypothesis' draw (in @composite) or data.draw (in a rule)
-KINDS = ("frequent", "forced", "any", "rare", "eos")
+KINDS = ("frequent", "forced", "any", "rare", "eos", "marker")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class TokenMix:
     any: int = 2
     rare: int = 1
     eos: int = 1
+    marker: int = 3
     share: float = 0.1
 
     def __post_init__(self) -> None:
@@ -65,6 +68,7 @@ def candidates(case: GrammarCase, matcher: GrammarMatcher, mix: TokenMix,
         "any": body,
         "rare": ranked[::-1][:k],
         "eos": [t for t in allowed if t in eos_ids] if allow_eos else [],
+        "marker": _hints(matcher, set(body)) if mix.marker else [],
     }
     weights = kinds_of(mix)
     return {kind: ids for kind, ids in by_kind.items() if ids and weights[kind]}
@@ -83,3 +87,8 @@ def draw_token(draw: Draw, case: GrammarCase, matcher: GrammarMatcher, mix: Toke
     kind = slots[draw(st.integers(0, len(slots) - 1), label="token kind")]
     ids = options[kind]
     return ids[draw(st.integers(0, len(ids) - 1), label=f"{kind} token index")]
+
+
+def _hints(matcher: GrammarMatcher, allowed: set[TokenId]) -> list[TokenId]:
+    hints = getattr(matcher, "marker_hints", None)
+    return [t for t in hints() if t in allowed] if hints is not None else []

@@ -7,7 +7,9 @@ operations; the state machine and `run_operations` both drive it.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from hypothesis import note
 from hypothesis.errors import InvalidArgument
@@ -18,6 +20,7 @@ from interlock.testing.case import GrammarCase, Tokens
 from interlock.testing.operations import Accept, FillMasks, OfferRefused, Op, Rollback, RollbackTooFar
 
 ROWS = 8                    # scratch mask rows: row 0 for checks, rows 1.. for fill_masks
+SENTINEL = 0x5A5A5A5A       # what unwritten (free) fill_masks rows must still hold
 MAX_SHOWN = 8               # differing ids listed in a failure message
 
 
@@ -83,9 +86,13 @@ class Harness:
             raise self.fail("a fresh matcher refuses the accepted prefix")
         if self.matcher.num_accepted != len(self.accepted):
             raise self.fail(f"num_accepted is {self.matcher.num_accepted}, expected {len(self.accepted)}")
-        self.matcher.fill_mask(self.mask, 0)
-        fresh.fill_mask(self.mask, 1)
+        mine_free = self.matcher.fill_mask(self.mask, 0)
+        ref_free = fresh.fill_mask(self.mask, 1)
         self._same_rows(0, 1, "the mask differs from a fresh replay")
+        if isinstance(mine_free, bool) and isinstance(ref_free, bool) and mine_free != ref_free:
+            raise self.fail(f"fill_mask says free={mine_free}, a fresh replay says {ref_free}")
+        if mine_free is True:
+            self._all_ids(0, "fill_mask reported a free state")
         for name in ("is_terminated", "is_accepting"):
             mine, ref = getattr(self.matcher, name)(), getattr(fresh, name)()
             if mine != ref:
@@ -117,17 +124,43 @@ class Harness:
         if fresh is None:
             raise self.fail("a fresh matcher refuses the accepted prefix")
         expected = 1 + fresh.validate(drafts)
-        self._prepare_rows(drafts, expected, set(op.skip))
-        rows = self.matcher.fill_masks(self.mask, 1, drafts, skip=frozenset(op.skip))
+        skip = set(op.skip)
+        self._prepare_rows(drafts, expected, skip)
+        free: list[bool | None] | None = None
+        if _takes_free(self.matcher):
+            # Rows reported free must be left unwritten: a sentinel shows any write.
+            free = [None] * ROWS
+            for j in range(expected):
+                if j not in skip:
+                    self.mask[1 + j].fill_(SENTINEL)
+            rows = self.matcher.fill_masks(self.mask, 1, drafts, skip=frozenset(skip), free=free)
+        else:
+            rows = self.matcher.fill_masks(self.mask, 1, drafts, skip=frozenset(skip))
         if rows != expected:
             raise self.fail(f"{op!r} filled {rows} rows, expected {expected} (1 + allowed drafts)")
         if self.matcher.num_accepted != len(self.accepted):
             raise self.fail(f"{op!r} changed num_accepted to {self.matcher.num_accepted}")
         for j in range(rows):
-            fresh.fill_mask(self.mask, 0)
-            self._same_rows(1 + j, 0, f"{op!r}: row {j} (after drafts {drafts[:j]}) differs from a replay")
+            ref_free = fresh.fill_mask(self.mask, 0)
+            if free is not None and j not in skip:
+                self._check_free_row(op, j, free[1 + j], ref_free)
+            else:
+                self._same_rows(1 + j, 0, f"{op!r}: row {j} (after drafts {drafts[:j]}) differs from a replay")
             if j < rows - 1 and not fresh.accept([drafts[j]]):
                 raise self.fail(f"a fresh matcher refuses draft {j} of {op!r}, which validate allowed")
+
+    def _check_free_row(self, op: FillMasks, j: int, reported: bool | None, ref_free: Any) -> None:
+        """Row 1+j against the fresh replay's mask in row 0: free rows unwritten, others equal."""
+        if reported is None:
+            raise self.fail(f"{op!r}: row {j} was neither reported free nor filled")
+        if not reported:
+            self._same_rows(1 + j, 0, f"{op!r}: row {j} (after drafts {list(op.drafts[:j])}) differs from a replay")
+            return
+        if not bool((self.mask[1 + j] == SENTINEL).all()):
+            raise self.fail(f"{op!r}: row {j} was reported free but written")
+        if ref_free is not True:
+            raise self.fail(f"{op!r}: row {j} was reported free, a fresh replay is not free there")
+        self._all_ids(0, f"{op!r}: row {j} was reported free")
 
     def _prepare_rows(self, drafts: list[TokenId], rows: int, skip: set[int]) -> None:
         """Rows 1+j: the right mask where j is skipped (as draft-side masking leaves them), empty
@@ -140,6 +173,13 @@ class Harness:
                 clear_row(self.mask, 1 + j)
             if replay is not None and j < rows - 1 and not replay.accept([drafts[j]]):
                 replay = None
+
+    def _all_ids(self, row: int, what: str) -> None:
+        """A free state allows every tokenizer id (and no padding id)."""
+        V = self.case.vocab_size
+        want = list(range(min(V, self.case.tokenizer.vocab_size)))
+        if allowed_ids(self.mask, row, V) != want:
+            raise self.fail(f"{what}, but its mask does not allow every tokenizer id")
 
     def _same_rows(self, mine: int, ref: int, what: str) -> None:
         V = self.case.vocab_size
@@ -170,3 +210,11 @@ def _note(text: str) -> None:
         note(text)
     except InvalidArgument:          # run_operations called outside @given / a state machine
         pass
+
+
+def _takes_free(matcher: Any) -> bool:
+    """Does matcher.fill_masks report free rows (the `free` buffer of the protocol)?"""
+    try:
+        return "free" in inspect.signature(matcher.fill_masks).parameters
+    except (TypeError, ValueError):
+        return False

@@ -22,10 +22,12 @@ from interlock.protocol.grammar import BackendName, GrammarBackend, GrammarSpec
 from interlock.testing.case import GrammarCase, MatcherFactory, grammar_case
 from interlock.testing.choice import TokenMix
 from interlock.testing.harness import Harness
-from interlock.testing.operations import RollbackTooFar, draw_accept, draw_fill_masks, draw_offer_refused, draw_rollback
+from interlock.testing.operations import (RollbackTooFar, draw_accept, draw_fill_masks, draw_marker, draw_offer_refused,
+                                          draw_rollback)
 from interlock.testing.strategies import DEFAULT_MIX
 
 # Mask fills on a real vocabulary take up to milliseconds; deadlines would flake on a busy machine.
+MAX_MARKER = 12            # marker tokens one spell_marker step may accept
 RELAXED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
 
@@ -60,6 +62,17 @@ class GrammarMachine(RuleBasedStateMachine):
     @rule()
     def rollback_too_far(self) -> None:
         self.harness.apply(RollbackTooFar())
+
+    @precondition(lambda self: hasattr(self.harness.matcher, "marker_hints"))
+    @rule(data=st.data())
+    def spell_marker(self, data: st.DataObject) -> None:
+        """Switching grammars: accept up to n tokens that advance a marker (a trigger, a tag's begin
+        or end), so walks cross the switch, stop inside a marker, and roll back across it."""
+        for _ in range(data.draw(st.integers(1, MAX_MARKER), label="marker tokens")):
+            op = draw_marker(data.draw, self.case, self.harness.matcher)
+            if op is None:
+                break
+            self.harness.apply(op)
 
     @rule(data=st.data())
     def fill_masks(self, data: st.DataObject) -> None:

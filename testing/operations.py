@@ -87,6 +87,19 @@ def draw_accept(draw: Draw, case: GrammarCase, matcher: GrammarMatcher, mix: Tok
     return None if token is None else Accept(token, case.text([token]))
 
 
+def draw_marker(draw: Draw, case: GrammarCase, matcher: GrammarMatcher) -> Accept | None:
+    """Accept of a token that advances a switching grammar's marker (its `marker_hints()`), or None."""
+    hints = getattr(matcher, "marker_hints", None)
+    if hints is None:
+        return None
+    allowed = set(case.allowed(matcher))
+    ids = [t for t in hints() if t in allowed]
+    if not ids:
+        return None
+    token = ids[draw(st.integers(0, len(ids) - 1), label="marker token index")]
+    return Accept(token, case.text([token]))
+
+
 def draw_offer_refused(draw: Draw, case: GrammarCase, matcher: GrammarMatcher) -> OfferRefused | None:
     """A refused id: out of range (-1, V), the last id, or every 7th id outside the mask.
 

@@ -35,11 +35,15 @@ def byte_level_alphabet() -> list[str]:
     return [chr(b) if b in keep else chr(next(shifted)) for b in range(256)]
 
 
-def byte_tokenizer(pieces: Sequence[str] = DEFAULT_PIECES) -> Tokenizer:
-    """A byte-level BPE `Tokenizer`: 256 byte ids, a token per merge needed for `pieces`, then EOS.
+MARKERS: tuple[str, ...] = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
-    Any text encodes (every byte is a token). Vocabulary size is 256 + merges + 1, about 300 for
-    the defaults; `eos_token_ids` is the last id.
+
+def byte_tokenizer(pieces: Sequence[str] = DEFAULT_PIECES, special: Sequence[str] = ()) -> Tokenizer:
+    """A byte-level BPE `Tokenizer`: 256 byte ids, a token per merge needed for `pieces`, then EOS,
+    then one special token per `special` string (e.g. `MARKERS`, for switching grammars).
+
+    Any text encodes (every byte is a token). Vocabulary size is 256 + merges + 1 + len(special),
+    about 300 for the defaults; `eos_token_ids` is the id right after the merges.
     """
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers import decoders, models, pre_tokenizers
@@ -52,9 +56,9 @@ def byte_tokenizer(pieces: Sequence[str] = DEFAULT_PIECES) -> Tokenizer:
     # No regex split: pieces such as '":' or ', "' cross the word boundaries GPT-2's regex draws.
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     raw.decoder = decoders.ByteLevel()
-    raw.add_special_tokens([EOS])
+    raw.add_special_tokens([EOS, *special])
     hf = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=EOS)
-    key = "bytes-" + hashlib.sha256(json.dumps(list(pieces)).encode()).hexdigest()[:16]
+    key = "bytes-" + hashlib.sha256(json.dumps([list(pieces), list(special)]).encode()).hexdigest()[:16]
     return Tokenizer(hf=hf, key=key, eos_token_ids=(hf.convert_tokens_to_ids(EOS),))
 
 

@@ -149,6 +149,30 @@ def test_tool_calls_are_valid(server, choice):
     assert name == call.function.name and args == call.function.arguments and len(ids) == 1
 
 
+@pytest.mark.parametrize("choice", [None, "auto"])
+def test_tool_choice_auto_answers_with_content_or_a_valid_call(server, choice):
+    """The model chooses (a StructuralTag grammar): content, or content then one call whose arguments
+    validate; streamed content and call pieces add up to the non-streamed answer."""
+    client = server.client()
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER, TIME],
+              temperature=0, max_tokens=24)
+    if choice is not None:
+        kw["tool_choice"] = choice
+    full = client.chat.completions.create(**kw).choices[0]
+    tools = {"get_weather": WEATHER, "get_time": TIME}
+    for call in full.message.tool_calls or []:
+        jsonschema.validate(json.loads(call.function.arguments), tools[call.function.name]["function"]["parameters"])
+    assert full.finish_reason == ("tool_calls" if full.message.tool_calls else full.finish_reason)
+    assert full.message.tool_calls or isinstance(full.message.content, str)
+    content, args = "", ""
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            args += "".join(d.function.arguments or "" for d in ch.delta.tool_calls or [])
+    assert content == (full.message.content or "")
+    assert args == "".join(c.function.arguments for c in full.message.tool_calls or [])
+
+
 def test_tool_choice_none_is_plain_text(server):
     out = server.client().chat.completions.create(model="tiny", messages=MESSAGES, tools=[WEATHER], tool_choice="none",
                                                   temperature=0, max_tokens=8)

@@ -30,8 +30,6 @@ BAD = [
     ({"foo": 1}, "chat", 400, "foo"),
     ({"logprobs": True}, "chat", 400, "logprobs"),
     ({"top_logprobs": 2}, "chat", 400, "top_logprobs"),
-    ({"tools": [WEATHER]}, "chat", 400, "tool_choice"),
-    ({"tools": [WEATHER], "tool_choice": "auto"}, "chat", 400, "tool_choice"),
     ({"tool_choice": {"type": "function", "function": {"name": "x"}}, "tools": [WEATHER]}, "chat", 400, "tool_choice"),
     ({"structured_outputs": {"regex": "[a-"}}, "chat", 400, "structured_outputs"),
     ({"structured_outputs": {"grammar": "root ::= ("}}, "chat", 400, "structured_outputs"),

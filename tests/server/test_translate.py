@@ -64,7 +64,7 @@ def test_penalties_map_or_are_refused_by_name():
     assert plan_chat(chat(presence_penalty=0.0), FACTS, ServerConfig()).calls   # 0 is no penalty: fine
 
 
-@pytest.mark.parametrize("field,value", [("logprobs", True), ("top_logprobs", 3), ("tool_choice", "auto"),
+@pytest.mark.parametrize("field,value", [("logprobs", True), ("top_logprobs", 3),
                                          ("speculative", False), ("grammar_backend", "llguidance"), ("metadata", {})])
 def test_unimplemented_fields_are_400_naming_them(field, value):
     extra = {"tools": [TOOL]} if field == "tool_choice" else {}
@@ -94,3 +94,85 @@ def test_shaper_falls_back_to_content_when_the_text_is_not_a_call():
     choice = shaper.full("stop")
     assert choice.message.tool_calls is None and choice.message.content == '{"other":1}'
     assert choice.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("choice", [None, "auto"])
+def test_tool_choice_auto_is_a_structural_tag(choice):
+    from interlock.protocol.grammar import StructuralTag
+    from interlock.server.tools import CALL_OPEN
+
+    plan = plan_chat(chat(tools=[TOOL], tool_choice=choice), FACTS, ServerConfig())
+    (call,) = plan.calls
+    assert isinstance(call.grammar, StructuralTag) and call.grammar.triggers == (CALL_OPEN,)
+    assert plan.auto_tools and not plan.tools and CALL_OPEN in call.prompt[0]["content"]
+
+
+SCRIPTS = [
+    ["Sure. ", "<tool", "_call>", '{"name":"get_weather",', '"arguments":{"city":"P</tool_call>"}}', "</tool_", "call>"],
+    ["No tools needed: 1 < 2 and <tool", " is not a call."],
+    ["<tool_call>", '{"name":"get_weather","arguments":{"ci'],                    # cut by max_tokens
+]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=["call", "content", "cut"])
+def test_auto_tool_stream_pieces_add_up(script):
+    """Content and call deltas streamed piece by piece add up to the non-streamed answer; a marker
+    split across pieces is held back; a close marker inside a string argument is part of the call."""
+    from interlock.server.tools import AutoToolStream
+
+    whole = AutoToolStream()
+    whole.feed("".join(script))
+    whole.finish()
+    parts = AutoToolStream()
+    content, args = "", ""
+    for piece in script:
+        c, deltas = parts.feed(piece)
+        content += c
+        args += "".join(d["function"].get("arguments", "") for d in deltas)
+    c, deltas = parts.finish()
+    content += c
+    args += "".join(d["function"].get("arguments", "") for d in deltas)
+    assert content == whole.content() == parts.content()
+    calls = whole.calls()
+    assert [c["function"]["arguments"] for c in calls] == ([args] if calls else [])
+    if script is SCRIPTS[0]:
+        assert content == "Sure. " and whole.closed
+        assert json.loads(calls[0]["function"]["arguments"]) == {"city": "P</tool_call>"}
+    elif script is SCRIPTS[1]:
+        assert content == "".join(script) and not calls
+    else:
+        assert content == "" and not whole.closed and calls[0]["function"]["name"] == "get_weather"
+
+
+def test_reasoning_server_wraps_every_chat_grammar():
+    from interlock.protocol.grammar import Reasoning
+
+    plan = plan_chat(chat(tools=[TOOL]), FACTS, ServerConfig(reasoning=True))
+    (call,) = plan.calls
+    assert isinstance(call.grammar, Reasoning) and plan.reasoning and plan.auto_tools
+    plain = plan_chat(chat(), FACTS, ServerConfig(reasoning=True)).calls[0].grammar
+    assert plain == Reasoning()
+
+
+THINK_SCRIPTS = [
+    ["<th", "ink>let me ", "see</thi", "nk>The answer", " is 4."],
+    ["no start marker, ", "then </think>", "done"],
+    ["<think>still thinking when cut"],
+]
+
+
+@pytest.mark.parametrize("script", THINK_SCRIPTS, ids=["split", "no-start", "cut"])
+def test_reasoning_shaper_streams_what_it_returns_whole(script):
+    from interlock.server.shaping import ChoiceShaper
+
+    whole = ChoiceShaper(0, chat=True, tools=False, reasoning=True)
+    whole.piece("".join(script))
+    full = whole.full("stop").message
+    streamed = ChoiceShaper(0, chat=True, tools=False, reasoning=True)
+    chunks = [c for p in script for c in streamed.piece(p)] + streamed.closing("stop")
+    thought = "".join(c.delta.get("reasoning_content", "") for c in chunks)
+    content = "".join(c.delta.get("content", "") or "" for c in chunks)
+    assert thought == full.reasoning_content and content == full.content
+    expected = {"split": ("let me see", "The answer is 4."), "no-start": ("no start marker, then ", "done"),
+                "cut": ("still thinking when cut", "")}
+    assert (full.reasoning_content, full.content) == expected[["split", "no-start", "cut"][THINK_SCRIPTS.index(script)]]
