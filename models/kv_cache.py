@@ -6,14 +6,22 @@ are one index_copy_ / index_select per layer, whatever the batch looks like.
 
 Only the owner of the cache (the KVActor in the runtime, the test in a test) calls these methods;
 every operation is O(blocks touched) and either completes or changes nothing.
+
+With `prefix_caching=True` the pool is content-addressed (models/prefix_cache.py): `commit` hands it
+each sequence's committed tokens, full blocks become shareable, and `add_sequence(seq, prompt)` starts
+a sequence on the cached blocks of its prompt's longest cached prefix. Shared blocks are full and
+committed; a sequence only ever writes at positions >= its length, so it never writes into them.
 """
 from __future__ import annotations
 
 import torch
 
+from collections.abc import Sequence
+
 from interlock.models.config import ModelConfig
+from interlock.models.prefix_cache import BlockHash, BlockPool, chain_hashes
 from interlock.protocol.errors import KVCacheExhaustedError
-from interlock.protocol.types import BlockId, SeqId
+from interlock.protocol.types import BlockId, SeqId, TokenId
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -33,7 +41,8 @@ class PagedKVCache:
     """Block pool + per-sequence block tables + the K/V storage tensors."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", *, prefix_caching: bool = False,
+                 namespace: bytes = b"") -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         self.config = config
@@ -42,15 +51,28 @@ class PagedKVCache:
         shape = (config.n_layers, num_blocks * block_size, config.n_kv_heads, config.head_dim)
         self.k = torch.zeros(shape, dtype=_DTYPES[config.dtype], device=device)   # [L, N*S, Hkv, D]
         self.v = torch.zeros_like(self.k)
-        self._free: list[BlockId] = list(range(num_blocks - 1, -1, -1))   # a stack: pop() is O(1)
+        self.prefix_caching = prefix_caching
+        self.namespace = namespace              # the model (and adapter) the cached K/V belong to
+        self._pool = BlockPool(num_blocks)
         self._tables: dict[SeqId, list[BlockId]] = {}
         self._lengths: dict[SeqId, int] = {}
+        self._tokens: dict[SeqId, list[TokenId]] = {}      # committed tokens (prefix caching only)
+        self._hashes: dict[SeqId, list[BlockHash]] = {}    # hashes of its full committed blocks
 
     # --- queries -----------------------------------------------------------------------------
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks a reservation can still take: free ones and cached ones no sequence holds."""
+        return self._pool.num_free
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks no sequence holds that keep their content for a later prefix hit."""
+        return self._pool.num_cached
+
+    def refcount(self, block: BlockId) -> int:
+        return self._pool.refcount(block)
 
     @property
     def sequences(self) -> frozenset[SeqId]:
@@ -76,11 +98,48 @@ class PagedKVCache:
 
     # --- changes -----------------------------------------------------------------------------
 
-    def add_sequence(self, seq: SeqId) -> None:
+    def cached_prefix(self, prompt: Sequence[TokenId]) -> int:
+        """Positions of `prompt` that `add_sequence` would find cached (takes nothing)."""
+        if not self.prefix_caching:
+            return 0
+        return self._pool.peek(self._prompt_hashes(prompt)) * self.block_size
+
+    def add_sequence(self, seq: SeqId, prompt: Sequence[TokenId] = ()) -> int:
+        """Start `seq`; with prefix caching, on the cached blocks of `prompt`'s longest cached prefix.
+
+        Returns how many positions are already computed (a multiple of the block size, and never the
+        prompt's last token, which the first sampling step feeds).
+        """
         if seq in self._tables:
             raise ValueError(f"sequence {seq} already exists")
-        self._tables[seq] = []
-        self._lengths[seq] = 0
+        blocks = self._pool.lookup(self._prompt_hashes(prompt)) if self.prefix_caching else []
+        n = len(blocks) * self.block_size
+        self._tables[seq] = blocks
+        self._lengths[seq] = n
+        if self.prefix_caching:
+            self._tokens[seq] = list(prompt[:n])
+            self._hashes[seq] = chain_hashes(prompt[:n], self.block_size, self.namespace)
+        return n
+
+    def commit(self, seq: SeqId, tokens: Sequence[TokenId]) -> None:
+        """The next committed tokens of `seq` (their K/V are written): blocks they fill become shareable."""
+        if not self.prefix_caching:
+            return
+        done = self._tokens[seq]
+        if len(done) + len(tokens) > self._lengths[seq]:
+            raise ValueError(f"sequence {seq}: committing past its {self._lengths[seq]} reserved positions")
+        done.extend(tokens)
+        hashes, s = self._hashes[seq], self.block_size
+        full = len(done) // s
+        if full > len(hashes):
+            parent = hashes[-1] if hashes else None
+            new = chain_hashes(done[len(hashes) * s: full * s], s, self.namespace, parent)
+            for i, h in enumerate(new, start=len(hashes)):
+                self._pool.register(self._tables[seq][i], h)
+            hashes.extend(new)
+
+    def _prompt_hashes(self, prompt: Sequence[TokenId]) -> list[BlockHash]:
+        return chain_hashes(prompt[: len(prompt) - 1], self.block_size, self.namespace) if prompt else []
 
     def reserve(self, seq: SeqId, n: int) -> int:
         """Grow `seq` by n positions (allocating blocks as needed); returns the first new position.
@@ -90,14 +149,14 @@ class PagedKVCache:
         if n < 0:
             raise ValueError(f"cannot reserve {n} positions")
         need = self.blocks_needed(seq, n)
-        if need > len(self._free):
+        if need > self._pool.num_free:
             raise KVCacheExhaustedError(
                 f"KV cache full: sequence {seq} needs {need} more blocks of {self.block_size} tokens, "
-                f"{len(self._free)} free of {self.num_blocks}; lower the batch size or max_tokens, "
+                f"{self._pool.num_free} free of {self.num_blocks}; lower the batch size or max_tokens, "
                 "or give the engine more KV blocks (num_kv_blocks=...)")
         table = self._tables[seq]
         for _ in range(need):
-            table.append(self._free.pop())
+            table.append(self._pool.allocate())
         start = self._lengths[seq]
         self._lengths[seq] = start + n
         return start
@@ -107,23 +166,34 @@ class PagedKVCache:
         length = self._lengths[seq]
         if not 0 <= n <= length:
             raise ValueError(f"cannot rewind {n} positions of sequence {seq} with length {length}")
+        if self.prefix_caching and length - n < len(self._tokens[seq]):
+            raise ValueError(f"cannot rewind sequence {seq} below its {len(self._tokens[seq])} committed positions")
         self._lengths[seq] = length - n
         keep = -(-(length - n) // self.block_size)
         table = self._tables[seq]
         while len(table) > keep:
-            self._free.append(table.pop())
+            self._pool.release(table.pop())
 
     def release(self) -> None:
         """Drop the storage now (the engine calls this on close): a closed engine's pool may sit in
         a reference cycle until the garbage collector runs, and pools are the largest thing we own."""
         self.k = self.v = torch.empty(0)
-        self._free.clear()
+        self._pool = BlockPool(0)
         self._tables.clear()
         self._lengths.clear()
+        self._tokens.clear()
+        self._hashes.clear()
 
     def free(self, seq: SeqId) -> None:
-        """Return every block of `seq` to the pool and forget it. Freeing an unknown seq is a no-op."""
+        """Return every block of `seq` to the pool and forget it. Freeing an unknown seq is a no-op.
+
+        Last block first: cached blocks are evicted oldest first, and a prefix's tail is the part
+        least likely to be shared again.
+        """
         table = self._tables.pop(seq, None)
         if table is not None:
-            self._free.extend(reversed(table))
+            for block in reversed(table):
+                self._pool.release(block)
             del self._lengths[seq]
+            self._tokens.pop(seq, None)
+            self._hashes.pop(seq, None)

@@ -1,0 +1,116 @@
+"""Workloads beyond JSONSchemaBench's one-instance rows.
+
+`repeated_schema(row, n)` is the job structured output exists for: extract a record from each of
+many texts, all with one schema. JSONSchemaBench rows carry one or two valid instances, so the n
+documents are made from the row's first valid instance by varying its scalar leaves — digits and
+letters of strings replaced in kind (so IDs keep their shape), ISO dates moved by days, numbers
+scaled, booleans flipped — leaf by leaf, keeping a change only when the schema still accepts the
+document (jsonschema). Everything is a deterministic function of (row, n, seed); prompts come from
+`prompts.build_messages`, so each document's facts are in the user message, in prose.
+
+    rows = repeated_schema(row_by_id(DATASETS / "JME.jsonl", REPEATED_ROW), 50)
+"""
+from __future__ import annotations
+
+import datetime
+import random
+import re
+import string
+from pathlib import Path
+from typing import Any
+
+from interlock.benchmarks.prompts import Instance, Row, load_rows
+
+# JME_29, a purchase order (order ID, date, line items with product IDs, quantities and prices, a
+# total): the extraction schema with the most varied leaves among JME rows of moderate length.
+REPEATED_ROW = "JME_29"
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def row_by_id(path: Path | str, row_id: str) -> Row:
+    for row in load_rows(path):
+        if row.id == row_id:
+            return row
+    raise KeyError(f"no row {row_id!r} in {path}")
+
+
+def repeated_schema(row: Row, n: int, *, seed: int = 0) -> list[Row]:
+    """n rows with `row`'s schema, each with one valid instance; the first is the row's own."""
+    import jsonschema
+
+    if not row.valid_instances:
+        raise ValueError(f"row {row.id} has no valid instance to vary")
+    base = row.valid_instances[0].data
+    validator = jsonschema.validators.validator_for(row.schema)(row.schema)
+    out, seen = [], set()
+    rng = random.Random(f"{row.id}:{seed}")
+    for _ in range(50 * n):
+        doc = base if not out else _vary(base, rng, lambda d: validator.is_valid(d))
+        key = repr(doc)
+        if key not in seen:
+            seen.add(key)
+            out.append(Row(f"{row.id}#{len(out)}", row.schema, (Instance(True, doc),)))
+            if len(out) == n:
+                return out
+    raise ValueError(f"could not make {n} distinct valid documents for {row.id} (made {len(out)})")
+
+
+def _vary(doc: Any, rng: random.Random, valid: Any) -> Any:
+    """A copy of doc with each scalar leaf changed where the schema still accepts the result."""
+    current = doc
+    for path in list(_leaf_paths(doc)):
+        candidate = _replace(current, path, _new_value(_get(current, path), rng))
+        if valid(candidate):
+            current = candidate
+    return current
+
+
+def _new_value(value: Any, rng: random.Random) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return max(1, round(value * rng.uniform(0.5, 1.5))) if value > 0 else value - rng.randint(0, 9)
+    if isinstance(value, float):
+        return round(value * rng.uniform(0.5, 1.5), 2)
+    if isinstance(value, str):
+        if _DATE.fullmatch(value):
+            try:
+                day = datetime.date.fromisoformat(value) + datetime.timedelta(days=rng.randint(1, 900))
+                return day.isoformat()
+            except ValueError:
+                return value
+        return "".join(_same_kind(c, rng) for c in value)
+    return value
+
+
+def _same_kind(c: str, rng: random.Random) -> str:
+    for alphabet in (string.digits, string.ascii_lowercase, string.ascii_uppercase):
+        if c in alphabet:
+            return rng.choice(alphabet)
+    return c
+
+
+def _leaf_paths(value: Any, path: tuple = ()) -> Any:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaf_paths(v, path + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaf_paths(v, path + (i,))
+    else:
+        yield path
+
+
+def _get(value: Any, path: tuple) -> Any:
+    for p in path:
+        value = value[p]
+    return value
+
+
+def _replace(value: Any, path: tuple, new: Any) -> Any:
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        return {k: (_replace(v, rest, new) if k == head else v) for k, v in value.items()}
+    return [(_replace(v, rest, new) if i == head else v) for i, v in enumerate(value)]

@@ -1,0 +1,268 @@
+"""Suffix drafting (SuffixDecoding, arXiv 2411.04975): drafts from everything the engine has seen.
+
+Terms used below:
+  D        = config.max_depth: the longest substring a trie indexes (so the longest suffix matched)
+  seq      = one live request's prompt + committed output; it only grows
+  context  = seq followed by tokens assumed to come next (grammar-forced tokens), not indexed
+  node(s)  = the trie node of substring s (the path from the root); count(s) = occurrences of s
+  m        = match length: the longest suffix of the context found in a trie (m <= D - 1)
+  p(t | s) = count(s + t) / sum over u of count(s + u): how often t followed s, among the
+             occurrences of s that something followed (the request's own latest one has no
+             continuation yet and is no evidence either way)
+  score    = sum over a draft's tokens of the product of p along its path, i.e. the expected
+             number of accepted tokens if the trie's frequencies were the target's
+
+Two tries of one kind (`SuffixTrie`, every substring of up to D tokens with its count):
+- one per live request over its prompt + output, grown as tokens are committed;
+- one global trie over the outputs of finished requests, bounded by config.max_global_tokens and
+  evicted oldest first. Structured-output workloads repeat the same keys, shapes and values across
+  requests; that is what the global trie remembers and prompt lookup (one request) cannot.
+
+A proposal walks from the longest match greedily to the most frequent child (ties: the most recently
+seen), while the path probability stays >= config.min_token_prob, for at most
+min(k, ceil(config.max_spec_factor * m)) tokens: a long match earns a long draft, a 1-token match a
+short one. The request's trie and the global trie each propose; the higher score wins (the request's
+own on a tie). Drafts are point masses: verification stays exact whatever they are.
+
+Costs: appending a token touches D nodes (the suffixes ending at it); a proposal does O(D^2) dict
+lookups to find the match and O(k) to draft. Memory: at most D nodes per indexed token, usually far
+fewer (repeated substrings share nodes).
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from interlock.protocol.errors import RequestError
+from interlock.protocol.types import RequestId, TokenId
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """max_depth D: longest indexed substring. max_spec_factor: draft at most ceil(factor * m) tokens
+    after an m-token match. min_token_prob: stop drafting once the path probability falls below it.
+    max_global_tokens: output tokens the global trie keeps (oldest finished outputs evicted first;
+    0 turns the global trie off)."""
+
+    max_depth: int = 24
+    max_spec_factor: float = 1.0
+    min_token_prob: float = 0.1
+    max_global_tokens: int = 50_000
+
+    def __post_init__(self) -> None:
+        if self.max_depth < 2:
+            raise ValueError(f"max_depth must be >= 2, got {self.max_depth}")
+        if not self.max_spec_factor > 0:
+            raise ValueError(f"max_spec_factor must be > 0, got {self.max_spec_factor}")
+        if not 0 <= self.min_token_prob <= 1:
+            raise ValueError(f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
+        if self.max_global_tokens < 0:
+            raise ValueError(f"max_global_tokens must be >= 0, got {self.max_global_tokens}")
+
+
+class _Node:
+    __slots__ = ("count", "last", "children")
+
+    def __init__(self) -> None:
+        self.count = 0          # occurrences of this node's substring
+        self.last = 0           # insertion clock of the latest occurrence (tie-break: recency)
+        self.children: dict[TokenId, _Node] = {}
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: tuple[TokenId, ...]
+    score: float
+    match: int                  # m: how many context tokens matched
+
+
+class SuffixTrie:
+    """Every substring of up to `max_depth` tokens of the sequences added, with occurrence counts.
+
+    `open_ends()` / `append()` grow a sequence token by token; `add()` / `remove()` take a whole one
+    (remove undoes add exactly and prunes nodes whose count drops to 0, so nothing is left behind).
+    """
+
+    def __init__(self, max_depth: int) -> None:
+        self.max_depth = max_depth
+        self.root = _Node()
+        self.nodes = 0          # excluding the root
+        self.clock = 0
+
+    def append(self, ends: list[_Node], token: TokenId) -> list[_Node]:
+        """Index `token` after the substrings `ends` (the nodes of the suffixes ending before it, longest
+        first, at most D - 1 of them); return the nodes of the suffixes ending at it (longest first)."""
+        self.clock += 1
+        out = []
+        for node in ends[-(self.max_depth - 1):] + [self.root]:   # the longest (D tokens) cannot grow
+            child = node.children.get(token)
+            if child is None:
+                child = node.children[token] = _Node()
+                self.nodes += 1
+            child.count += 1
+            child.last = self.clock
+            out.append(child)
+        return out
+
+    def add(self, tokens: Iterable[TokenId]) -> None:
+        ends: list[_Node] = []
+        for t in tokens:
+            ends = self.append(ends, t)
+
+    def remove(self, tokens: Sequence[TokenId]) -> None:
+        """Undo `add(tokens)`: decrement every substring occurrence it counted, prune empty nodes.
+
+        Latest end first: an occurrence of s + t ends one token after its s, so every child's count is
+        down before its parent's, and a node that reaches 0 has no children left.
+        """
+        d = self.max_depth
+        for end in range(len(tokens), 0, -1):
+            for start in range(max(0, end - d), end):
+                self._decrement(tokens[start:end])
+
+    def _decrement(self, path: Sequence[TokenId]) -> None:
+        node, parents = self.root, []
+        for t in path:
+            parents.append(node)
+            node = node.children[t]
+        node.count -= 1
+        if node.count == 0:
+            assert not node.children, "suffix trie counts out of order"
+            del parents[-1].children[path[-1]]
+            self.nodes -= 1
+
+    def count(self, path: Sequence[TokenId]) -> int:
+        node = self._find(path)
+        return node.count if node is not None else 0
+
+    def _find(self, path: Sequence[TokenId]) -> _Node | None:
+        node = self.root
+        for t in path:
+            node = node.children.get(t)
+            if node is None:
+                return None
+        return node
+
+    def match(self, context: Sequence[TokenId]) -> tuple[int, _Node | None]:
+        """The longest suffix of `context` (at most D - 1 tokens, so one more can follow) in the trie."""
+        n = len(context)
+        for start in range(max(0, n - self.max_depth + 1), n):
+            node = self._find(context[start:])
+            if node is not None and node.children:
+                return n - start, node
+        return 0, None
+
+    def propose(self, context: Sequence[TokenId], k: int, factor: float, min_prob: float) -> Draft:
+        m, node = self.match(context)
+        if node is None or k <= 0:
+            return Draft((), 0.0, m)
+        budget = min(k, math.ceil(factor * m), self.max_depth - m)
+        tokens: list[TokenId] = []
+        prob, score = 1.0, 0.0
+        while len(tokens) < budget and node.children:
+            token, child = max(node.children.items(), key=lambda kv: (kv[1].count, kv[1].last))
+            p = prob * child.count / sum(c.count for c in node.children.values())
+            if p < min_prob:
+                break
+            tokens.append(token)
+            prob, score, node = p, score + p, child
+        return Draft(tuple(tokens), score, m)
+
+
+class SuffixDrafter:
+    """Drafts from each request's own tokens and from the outputs of finished requests.
+
+    Same lifecycle as NGramDrafter: add_request(prompt), extend(committed tokens), propose(k,
+    after=forced), remove() (which hands the request's output to the global trie). Not thread-safe;
+    one owner (the DraftActor) calls it between steps.
+    """
+
+    def __init__(self, config: SuffixConfig, max_draft_len: int) -> None:
+        if max_draft_len < 1:
+            raise ValueError(f"max_draft_len must be >= 1, got {max_draft_len}")
+        self.config = config
+        self.max_draft_len = max_draft_len
+        self._seqs: dict[RequestId, list[TokenId]] = {}
+        self._prompt_len: dict[RequestId, int] = {}
+        self._tries: dict[RequestId, SuffixTrie] = {}
+        self._ends: dict[RequestId, list[_Node]] = {}
+        self.global_trie = SuffixTrie(config.max_depth)
+        self._global: OrderedDict[int, tuple[TokenId, ...]] = OrderedDict()   # finished outputs, oldest first
+        self._global_tokens = 0
+        self._next_output = 0
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def add_request(self, request_id: RequestId, prompt_tokens: Sequence[TokenId]) -> None:
+        if request_id in self._seqs:
+            raise RequestError(f"suffix drafter already holds request {request_id!r}")
+        self._seqs[request_id] = []
+        self._prompt_len[request_id] = len(prompt_tokens)
+        self._tries[request_id] = SuffixTrie(self.config.max_depth)
+        self._ends[request_id] = []
+        self.extend(request_id, prompt_tokens)
+
+    def extend(self, request_id: RequestId, accepted_tokens: Iterable[TokenId]) -> None:
+        seq, trie = self._seq(request_id), self._tries[request_id]
+        ends = self._ends[request_id]
+        for t in accepted_tokens:
+            seq.append(t)
+            ends = trie.append(ends, t)
+        self._ends[request_id] = ends
+
+    def remove(self, request_id: RequestId) -> None:
+        """Forget a request (idempotent); its output (not its prompt) joins the global trie."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return
+        output = tuple(seq[self._prompt_len.pop(request_id):])
+        del self._tries[request_id], self._ends[request_id]
+        if 0 < len(output) <= self.config.max_global_tokens:
+            self.global_trie.add(output)
+            self._global[self._next_output] = output
+            self._next_output += 1
+            self._global_tokens += len(output)
+            while self._global_tokens > self.config.max_global_tokens:
+                _, old = self._global.popitem(last=False)
+                self.global_trie.remove(old)
+                self._global_tokens -= len(old)
+
+    # --- drafting ---------------------------------------------------------------------------
+
+    def propose(self, request_id: RequestId, k: int, *, after: Sequence[TokenId] = ()) -> list[TokenId]:
+        """Up to k draft tokens continuing the request's sequence followed by `after`; [] on no match."""
+        if not 0 <= k <= self.max_draft_len:
+            raise ValueError(f"k must be in 0..{self.max_draft_len}, got {k}")
+        seq = self._seq(request_id)
+        if k == 0:
+            return []
+        d = self.config.max_depth
+        context = seq[-d:] + list(after[-d:]) if after else seq[-d:]
+        c = self.config
+        own = self._tries[request_id].propose(context, k, c.max_spec_factor, c.min_token_prob)
+        shared = self.global_trie.propose(context, k, c.max_spec_factor, c.min_token_prob)
+        return list(shared.tokens if shared.score > own.score else own.tokens)
+
+    def stats(self) -> SuffixStats:
+        return SuffixStats(requests=len(self._seqs), request_nodes=sum(t.nodes for t in self._tries.values()),
+                           global_outputs=len(self._global), global_tokens=self._global_tokens,
+                           global_nodes=self.global_trie.nodes)
+
+    def _seq(self, request_id: RequestId) -> list[TokenId]:
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            raise RequestError(f"suffix drafter holds no request {request_id!r}")
+        return seq
+
+
+@dataclass(frozen=True)
+class SuffixStats:
+    """Sizes of the drafter's state (for metrics and leak checks)."""
+
+    requests: int            # live requests (per-request tries)
+    request_nodes: int       # nodes over all per-request tries
+    global_outputs: int      # finished outputs the global trie holds
+    global_tokens: int
+    global_nodes: int

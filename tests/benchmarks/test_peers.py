@@ -1,0 +1,64 @@
+"""The peers benchmark's own parts: the repeated-schema workload and the HF grammar processor that
+rolls back (the part that makes HF + xgrammar + prompt lookup possible at all)."""
+from __future__ import annotations
+
+import random
+
+import jsonschema
+import pytest
+import torch
+
+from interlock.benchmarks.prompts import DATASETS, build_messages
+from interlock.benchmarks.workloads import REPEATED_ROW, repeated_schema, row_by_id
+
+
+def test_repeated_schema_makes_distinct_valid_documents_deterministically():
+    row = row_by_id(DATASETS / "JME.jsonl", REPEATED_ROW)
+    rows = repeated_schema(row, 50)
+    docs = [r.tests[0].data for r in rows]
+    assert len({repr(d) for d in docs}) == 50
+    assert docs[0] == row.valid_instances[0].data
+    for r in rows:
+        assert r.schema == row.schema
+        jsonschema.validate(r.tests[0].data, r.schema)
+    assert [r.tests[0].data for r in repeated_schema(row, 50)] == docs
+    assert [r.tests[0].data for r in repeated_schema(row, 50, seed=1)] != docs
+    assert build_messages(rows[1])[1]["content"] != build_messages(rows[2])[1]["content"]
+
+
+def test_repeated_schema_refuses_what_it_cannot_make():
+    row = row_by_id(DATASETS / "JME.jsonl", REPEATED_ROW)
+    with pytest.raises(ValueError):
+        repeated_schema(row.__class__(row.id, row.schema, ()), 3)
+
+
+def test_rollback_processor_masks_like_a_fresh_matcher_after_any_prefixes():
+    xgr = pytest.importorskip("xgrammar")
+    from interlock.benchmarks.peers import RollbackGrammarProcessor
+    from interlock.models.loader import load_tokenizer
+
+    tok = load_tokenizer("smollm2-135m-instruct")
+    vocab = tok.vocab_size
+    info = xgr.TokenizerInfo.from_huggingface(tok.hf, vocab_size=vocab, stop_token_ids=list(tok.eos_token_ids))
+    compiled = xgr.GrammarCompiler(info).compile_json_schema(
+        '{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"integer"}},"required":["a","b"]}',
+        any_whitespace=False, separators=(",", ":"))
+    text = tok.encode('{"a":"xyz","b":12}')
+    prompt = [1, 2, 3]
+    proc = RollbackGrammarProcessor(compiled, len(prompt), vocab)
+    rng = random.Random(0)
+    for _ in range(30):                  # prefixes that grow, shrink and diverge, as assisted decoding's do
+        n = rng.randint(0, len(text) - 1)
+        prefix = text[:n]
+        scores = proc(torch.tensor([prompt + prefix]), torch.zeros(1, vocab))
+        fresh = xgr.GrammarMatcher(compiled)
+        for t in prefix:
+            assert fresh.accept_token(t)
+        mask = xgr.allocate_token_bitmask(1, vocab)
+        fresh.fill_next_token_bitmask(mask)
+        expected = torch.zeros(1, vocab)
+        xgr.apply_token_bitmask_inplace(expected, mask)
+        assert torch.equal(scores, expected)
+    refused = tok.encode("]")[0]         # a rejected candidate: its row is left alone
+    scores = proc(torch.tensor([prompt + [refused]]), torch.zeros(1, vocab))
+    assert torch.equal(scores, torch.zeros(1, vocab))
