@@ -61,6 +61,9 @@ class EngineConfig:
     output_buffer: int = 16                 # deltas a slow consumer may leave unread before its request pauses
     capture_steps: bool = True              # replay one captured lane program per step shape (else eager)
     max_context: int | None = None          # None: the model's context window
+    # Share the K/V of full prompt blocks between requests (models/prefix_cache.py): a request whose
+    # prompt starts with a cached prefix skips prefilling it. Outputs are the same either way.
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.output_buffer < 1 or self.block_size < 1 or self.kv_cache_bytes < 1:
@@ -135,7 +138,8 @@ class Engine:
         c = self._sched_config
         loaded = self.model
         timeline = self._timeline = CpuTimeline()
-        kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size)
+        kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size,
+                                      prefix_caching=self.config.prefix_caching)
         buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)
         step = StepBuffers.allocate(c.max_batch_size)
         eos = self.tokenizer.eos_token_ids
@@ -295,12 +299,13 @@ class Engine:
 
     async def resources(self) -> dict[str, int]:
         """Every per-request thing any actor holds right now (each returns to 0 / to its total when
-        the engine is idle): KV blocks and sequences, slots, matchers, n-gram entries, adaptive
+        the engine is idle): KV blocks and sequences (free blocks include the prefix cache's, which
+        are reclaimable; kv_cached_blocks counts those, and the global suffix trie is kept too), slots, matchers, n-gram entries, adaptive
         budgets, user-drafter contexts, draft-model sequences and blocks, seeded generators (target
         and draft), compiled grammars kept for unadmitted requests, output streams, requests."""
         kv_actor, verifier, grammar, draft, scheduler = self._actors
-        free, total, seqs = await kv_actor.ask(lambda r: KVUsage(r))
-        res = {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs,
+        free, total, seqs, cached = await kv_actor.ask(lambda r: KVUsage(r))
+        res = {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs, "kv_cached_blocks": cached,
                "matchers": await grammar.ask(lambda r: Count(r)),
                "verify_generators": await verifier.ask(lambda r: Count(r))}
         res.update(await draft.ask(lambda r: Count(r)))

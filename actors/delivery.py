@@ -49,6 +49,7 @@ class Output:
     exposed_s: float = 0.0
     compile_ms: float = 0.0
     first_token: float = 0.0
+    cached_prompt_tokens: int = 0       # prompt positions found in the prefix cache (CFG companion's too)
 
     @classmethod
     def new(cls, spec: RequestSpec, stream: OutputStream[Delta], tokenizer: Tokenizer) -> Output:

@@ -32,7 +32,8 @@ async def alone_outputs(tiny, n: int) -> dict[int, tuple[int, ...]]:
     return out
 
 
-PER_REQUEST = ("kv_sequences", "matchers", "ngram_requests", "adaptive_budgets", "user_contexts",
+PER_REQUEST = ("kv_sequences", "matchers", "ngram_requests", "suffix_requests", "suffix_request_nodes",
+               "adaptive_budgets", "user_contexts",
                "draft_requests", "draft_generators", "verify_generators", "compiled_grammars",
                "output_streams", "engine_streams", "requests")
 
