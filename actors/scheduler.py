@@ -132,7 +132,7 @@ class Scheduler(Actor[object]):
             else:
                 req.grammar = "ready"
                 if req.slot >= 0:
-                    await self.grammar.send(BindGrammar(req.slot, msg.compiled))
+                    await self._bind(req.slot, msg.compiled)
                 else:
                     req.compiled = msg.compiled
         await self._advance()
@@ -262,10 +262,17 @@ class Scheduler(Actor[object]):
             req.slot, req.phase = self.free_slots.pop(), Phase.RUNNING
             self.running[req.slot] = req
             log.debug("request_admitted", request_id=req.spec.request_id, slot=req.slot, kv_blocks=req.blocks)
-            await self.draft.send(AddRequest(req.spec.request_id, req.spec.prompt))
+            # Asked, not just sent: the add (and bind) must be on the lanes before the next step is.
+            # A sent message could still sit in an inbox whose actor is busy (a Count waiting for
+            # its lane), and a fully cached prompt decodes in its first step.
+            rid, prompt = req.spec.request_id, req.spec.prompt
+            await self.draft.ask(lambda reply: AddRequest(rid, prompt, reply))
             if req.compiled is not None:
-                await self.grammar.send(BindGrammar(req.slot, req.compiled))
+                await self._bind(req.slot, req.compiled)
                 req.compiled = None
+
+    async def _bind(self, slot: SlotId, compiled: object) -> None:
+        await self.grammar.ask(lambda reply: BindGrammar(slot, compiled, reply))
 
     # --- the finish path ----------------------------------------------------------------------
 

@@ -183,18 +183,22 @@ class KVUsage:
 
 @dataclass(frozen=True)
 class BindGrammar:
-    """GrammarActor: create the matcher of `slot` from a compiled grammar."""
+    """GrammarActor: create the matcher of `slot` from a compiled grammar. Replies (None) once the
+    bind is enqueued on the grammar lane: a step launched after the reply finds the matcher."""
 
     slot: SlotId
     compiled: Any
+    reply: Any = None
 
 
 @dataclass(frozen=True)
 class AddRequest:
-    """DraftActor: start indexing a request (its prompt)."""
+    """DraftActor: start indexing a request (its prompt). Replies (None) once the add is enqueued on
+    the model lane: a step launched after the reply finds the request in every drafter."""
 
     request_id: RequestId
     prompt: tuple[TokenId, ...]
+    reply: Any = None
 
 
 @dataclass(frozen=True)
