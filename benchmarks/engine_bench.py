@@ -34,6 +34,7 @@ class BenchConfig:
     concurrency: int = 1
     max_tokens: int = 256
     temperature: float = 0.0
+    prefix_caching: bool = True
 
 
 def valid(completion: Completion, row: Row) -> bool:
@@ -49,7 +50,8 @@ def valid(completion: Completion, row: Row) -> bool:
 async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True) -> dict:
     rows = load_rows(cfg.dataset, limit=cfg.limit)
     config = EngineConfig(speculative=SpeculativeConfig.parse(cfg.speculative, max_draft_len=cfg.draft_len),
-                          grammar=GrammarConfig(backend=cfg.backend), max_batch_size=cfg.concurrency)
+                          grammar=GrammarConfig(backend=cfg.backend), max_batch_size=cfg.concurrency,
+                          prefix_caching=cfg.prefix_caching)
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=0)
     results: list[tuple[Row, Completion | None]] = []
     async with Engine(loaded, config) as engine:
@@ -79,7 +81,9 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     steps = sum(c.stats.steps for _, c in done)
     step_tokens = sum(c.stats.step_tokens for _, c in done)
     return {
-        "mode": cfg.speculative, "backend": cfg.backend, "concurrency": cfg.concurrency,
+        "mode": cfg.speculative + ("" if cfg.prefix_caching else " (no prefix cache)"),
+        "prefix_caching": cfg.prefix_caching, "prompt_tokens": metrics.prompt_tokens,
+        "cached_prompt_tokens": metrics.cached_prompt_tokens, "backend": cfg.backend, "concurrency": cfg.concurrency,
         "requests": len(rows), "completed": len(done), "valid": sum(valid(c, r) for r, c in done),
         "output_tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2),
         "mean_acceptance_length": round(step_tokens / steps, 3) if steps else 0.0,
@@ -94,18 +98,21 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     }
 
 
-async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], progress: bool = True) -> list[dict]:
-    """run_bench for each mode in turn; each result gets its tokens/s ratio to the first mode's."""
+async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], progress: bool = True,
+                    prefix_caching: tuple[bool, ...] | None = None) -> list[dict]:
+    """run_bench for each mode (and each prefix-caching setting) in turn; each result gets its
+    tokens/s ratio to the first one's."""
     results = []
     for mode in modes:
-        results.append(await run_bench(loaded, replace(cfg, speculative=mode), progress))
+        for caching in prefix_caching or (cfg.prefix_caching,):
+            results.append(await run_bench(loaded, replace(cfg, speculative=mode, prefix_caching=caching), progress))
         results[-1]["ratio"] = round(results[-1]["tokens_per_s"] / max(results[0]["tokens_per_s"], 1e-9), 3)
     return results
 
 
 def report(results: list[dict]) -> None:
     keys = ["mode", "completed", "valid", "output_tokens", "tokens_per_s", "ratio",
-            "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s",
+            "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s", "cached_prompt_tokens",
             "messages_per_step", "wakeups_per_step", "host_ms_per_step"]
     first = results[0]
     title = (f"interlock bench: {first['dataset']}, {first['requests']} rows, T={first['temperature']}, "
