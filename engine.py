@@ -299,10 +299,12 @@ class Engine:
 
     async def resources(self) -> dict[str, int]:
         """Every per-request thing any actor holds right now (each returns to 0 / to its total when
-        the engine is idle): KV blocks and sequences (free blocks include the prefix cache's, which
-        are reclaimable; kv_cached_blocks counts those, and the global suffix trie is kept too), slots, matchers, n-gram entries, adaptive
-        budgets, user-drafter contexts, draft-model sequences and blocks, seeded generators (target
-        and draft), compiled grammars kept for unadmitted requests, output streams, requests."""
+        the engine is idle): KV blocks and sequences, slots, matchers, n-gram entries, suffix tries,
+        adaptive budgets, user-drafter contexts, draft-model sequences and blocks, seeded generators
+        (target and draft), compiled grammars kept for unadmitted requests, output streams, requests.
+        Kept across requests, bounded: the prefix cache's blocks (kv_cached_blocks; they count as
+        free, since eviction reclaims them) and the global suffix trie (suffix_global_*). The KV
+        pool's invariants (refcounts = block-table references) are checked on every call."""
         kv_actor, verifier, grammar, draft, scheduler = self._actors
         free, total, seqs, cached = await kv_actor.ask(lambda r: KVUsage(r))
         res = {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs, "kv_cached_blocks": cached,

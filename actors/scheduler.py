@@ -245,10 +245,7 @@ class Scheduler(Actor[object]):
     async def _admit(self) -> None:
         while self.waiting and self.free_slots:
             req = self.waiting[0]
-            seqs = ((req.seq, req.spec.prompt),)
-            if req.guide_seq is not None:
-                assert req.spec.uncond_prompt is not None
-                seqs += ((req.guide_seq, req.spec.uncond_prompt),)
+            seqs = req.seq_prompts
             cached = await self.kv.ask(lambda reply: Promise(req.blocks, reply, seqs))
             if cached is None:
                 return                        # FIFO: wait for blocks rather than starve big requests
@@ -262,9 +259,8 @@ class Scheduler(Actor[object]):
             req.slot, req.phase = self.free_slots.pop(), Phase.RUNNING
             self.running[req.slot] = req
             log.debug("request_admitted", request_id=req.spec.request_id, slot=req.slot, kv_blocks=req.blocks)
-            # Asked, not just sent: the add (and bind) must be on the lanes before the next step is.
-            # A sent message could still sit in an inbox whose actor is busy (a Count waiting for
-            # its lane), and a fully cached prompt decodes in its first step.
+            # Asked, not sent: the add (and bind) must be on the lanes before the next step (a sent one
+            # may wait in a busy actor's inbox, and a fully cached prompt decodes in its first step).
             rid, prompt = req.spec.request_id, req.spec.prompt
             await self.draft.ask(lambda reply: AddRequest(rid, prompt, reply))
             if req.compiled is not None:

@@ -2,8 +2,8 @@
 
 Per request and step: grammar-forced tokens come first (free drafts), then the n-gram and/or
 suffix-trie continuation past them (the longer one; the suffix drafter's length is set by its match
-length, and its global trie learns every finished request's output in `remove`), then a user drafter's proposal where the grammar forces nothing (the
-longer of the two is kept); a draft model is asked only where these fall short of the request's
+length, and its global trie learns every finished request's output in `remove`), then a user
+drafter's proposal where the grammar forces nothing (the longer of the two is kept); a draft model is asked only where these fall short of the request's
 budget k (`wants_model`), and continues after the forced tokens (its draft replaces the others
 whatever its length, see DraftActor). The chain holds every per-request thing these drafters
 keep: n-gram entries, suffix tries, adaptive budgets, user-drafter contexts.

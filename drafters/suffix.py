@@ -36,7 +36,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from interlock.protocol.errors import RequestError
-from interlock.protocol.speculative import SuffixConfig  # noqa: F401 - its home is the protocol (a SpeculativeConfig field)
+# SuffixConfig lives in the protocol (it is a SpeculativeConfig field); re-exported here.
+from interlock.protocol.speculative import SuffixConfig  # noqa: F401
 from interlock.protocol.types import RequestId, TokenId
 
 
