@@ -106,7 +106,7 @@ async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], pro
     for mode in modes:
         for caching in prefix_caching or (cfg.prefix_caching,):
             results.append(await run_bench(loaded, replace(cfg, speculative=mode, prefix_caching=caching), progress))
-        results[-1]["ratio"] = round(results[-1]["tokens_per_s"] / max(results[0]["tokens_per_s"], 1e-9), 3)
+            results[-1]["ratio"] = round(results[-1]["tokens_per_s"] / max(results[0]["tokens_per_s"], 1e-9), 3)
     return results
 
 
