@@ -132,7 +132,8 @@ async def _bench(args: argparse.Namespace) -> None:
                       presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
                       repetition_penalty=args.repetition_penalty)
     modes = [m.strip() for m in args.speculative.split(",") if m.strip()]
-    results = await run_modes(load_model(args.model), cfg, modes)
+    caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
+    results = await run_modes(load_model(args.model), cfg, modes, prefix_caching=caching)
     report(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")
@@ -191,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:
         p.add_argument("--model", default="smollm2-135m-instruct")
-        p.add_argument("--speculative", default="ngram+forced", help="none, or drafters joined by +: ngram, forced, self-draft[:N], draft:PATH; options: adaptive, nomask (no draft-side grammar masking), e.g. ngram+forced+adaptive or self-draft+forced")
+        p.add_argument("--speculative", default="ngram+forced", help="none, or drafters joined by +: ngram, suffix, forced, self-draft[:N], draft:PATH; options: adaptive, nomask (no draft-side grammar masking), e.g. ngram+forced+adaptive or self-draft+forced")
         p.add_argument("--draft-len", type=int, default=3)
         p.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
         p.add_argument("--temperature", type=float, default=0.0)
@@ -228,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int)
     bench.add_argument("--concurrency", type=int, default=1)
     bench.add_argument("--json", help="also write the result JSON here")
+    bench.add_argument("--prefix-caching", choices=["on", "off", "both"], default="on",
+                       help="share cached prompt blocks between requests; both: run each mode with, then without")
     common(bench, 256)
     srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat/completions, structured outputs, "
                                        "tools, SSE, /metrics)")

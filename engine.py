@@ -67,6 +67,10 @@ class EngineConfig:
     capture_steps: bool = True              # replay one captured lane program per step shape (else eager)
     max_context: int | None = None          # None: the model's context window
     tp_step_timeout_s: float = 60.0         # tensor parallel: a step taking longer means a hung worker
+    # Share the K/V of full prompt blocks between requests (models/prefix_cache.py): a request whose
+    # prompt starts with a cached prefix skips prefilling it. Outputs are the same either way.
+    # Not yet under tensor parallelism (untested there): off when tensor_parallel > 1.
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.output_buffer < 1 or self.block_size < 1 or self.kv_cache_bytes < 1:
@@ -160,8 +164,10 @@ class Engine:
         if isinstance(loaded.model, TensorParallelModel):
             await self._start_workers(loaded.model)
         timeline = self._timeline = CpuTimeline()
-        kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size)
-        if isinstance(loaded.model, TensorParallelModel):
+        tp = isinstance(loaded.model, TensorParallelModel)
+        kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size,
+                                      prefix_caching=self.config.prefix_caching and not tp)
+        if tp:
             kv.k = kv.v = torch.empty(0)    # the ranks hold the K/V; here only the block tables matter
         buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)
         step = StepBuffers.allocate(c.max_batch_size)
@@ -369,13 +375,16 @@ class Engine:
 
     async def resources(self) -> dict[str, int]:
         """Every per-request thing any actor holds right now (each returns to 0 / to its total when
-        the engine is idle): KV blocks and sequences, slots, matchers, n-gram entries, adaptive
-        budgets, user-drafter contexts, draft-model sequences and blocks, seeded generators (target
-        and draft), penalty counts, compiled grammars kept for unadmitted requests, output streams, requests."""
+        the engine is idle): KV blocks and sequences, slots, matchers, n-gram entries, suffix tries,
+        adaptive budgets, user-drafter contexts, draft-model sequences and blocks, seeded generators
+        (target and draft), penalty counts, compiled grammars kept for unadmitted requests, output
+        streams, requests. Kept across requests, bounded: the prefix cache's blocks (kv_cached_blocks;
+        they count as free, since eviction reclaims them) and the global suffix trie (suffix_global_*).
+        The KV pool's invariants (refcounts = block-table references) are checked on every call."""
         kv_actor, verifier, grammar, draft, scheduler = self._actors
-        free, total, seqs = await kv_actor.ask(lambda r: KVUsage(r))
+        free, total, seqs, cached = await kv_actor.ask(lambda r: KVUsage(r))
         generators, penalties = await verifier.ask(lambda r: Count(r))
-        res = {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs,
+        res = {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs, "kv_cached_blocks": cached,
                "matchers": await grammar.ask(lambda r: Count(r)),
                "verify_generators": generators, "penalty_entries": penalties}
         res.update(await draft.ask(lambda r: Count(r)))

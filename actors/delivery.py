@@ -61,6 +61,7 @@ class Output:
     first_token: float = 0.0
     invalid: GrammarError | None = None          # the end-of-request check refused the output
     thinking: ReasoningStream | None = None      # a Reasoning grammar: splits thinking from answer
+    cached_prompt_tokens: int = 0       # prompt positions found in the prefix cache (CFG companion's too)
 
     @classmethod
     def new(cls, spec: RequestSpec, stream: OutputStream[Delta], tokenizer: Tokenizer) -> Output:
@@ -125,4 +126,5 @@ class Output:
             prompt_tokens=len(self.spec.prompt), output_tokens=len(self.output), steps=self.steps,
             step_tokens=self.step_tokens, drafted=self.drafted, accepted=self.accepted,
             ttft_s=(self.first_token or now) - self.submitted, elapsed_s=now - self.submitted,
-            exposed_grammar_ms=self.exposed_s * 1e3, grammar_compile_ms=self.compile_ms)
+            exposed_grammar_ms=self.exposed_s * 1e3, grammar_compile_ms=self.compile_ms,
+            cached_prompt_tokens=self.cached_prompt_tokens)

@@ -75,6 +75,8 @@ class DraftActor(Actor[object]):
 
     async def on_add(self, msg: AddRequest) -> None:
         self.timeline.model.launch_host(self._add, msg.request_id, msg.prompt)
+        if msg.reply is not None:
+            msg.reply.set_result(None)
 
     async def on_release(self, msg: Release) -> None:
         self.timeline.model.launch_host(self._remove, msg.request_id)

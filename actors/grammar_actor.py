@@ -72,6 +72,8 @@ class GrammarActor(Actor[object]):
 
     async def on_bind(self, msg: BindGrammar) -> None:
         self.timeline.grammar.launch_host(self._bind, msg.slot, msg.compiled)
+        if msg.reply is not None:
+            msg.reply.set_result(None)
 
     async def on_release(self, msg: Release) -> None:
         self.timeline.grammar.launch_host(self._release, msg.slot)

@@ -4,6 +4,13 @@ A request is admitted only with a promise of every block it can ever hold (`Prom
 promise is returned when it is freed (`Free.blocks`). The count of promised blocks lives only
 here, beside the pool it promises from.
 
+With prefix caching, a request's sequences start at admission on the cached blocks of their prompts
+(`Promise.seqs`), and `Rewind.commits` hands the pool each step's committed tokens so the blocks they fill
+become shareable. A promise still counts every block the request can hold, the shared ones
+included: a shared block outlives whichever holder frees first, so discounting it could over-promise.
+Cached blocks that no sequence holds count as free (eviction reclaims them), so the pool keeps every
+promise: blocks in use <= blocks held (summed per request) <= blocks promised.
+
 The K/V *storage* tensors are written only by the model forward (VerifierActor), which gets a
 reference to them at wiring time; positions and blocks are granted only here.
 """
@@ -55,13 +62,18 @@ class KVActor(Actor[object]):
         for seq, n in msg.items:
             if n:
                 self.kv.rewind(seq, n)
+        for seq, tokens in msg.commits:
+            self.kv.commit(seq, tokens)
 
     async def on_promise(self, msg: Promise) -> None:
-        """Promise msg.blocks blocks if the pool can still keep every promise; reply True if so."""
-        ok = self.promised + msg.blocks <= self.kv.num_blocks
-        if ok:
-            self.promised += msg.blocks
-        msg.reply.set_result(ok)
+        """Promise msg.blocks blocks if the pool can still keep every promise, then start msg.seqs
+        on their cached prefixes; reply their cached positions, or None when refused."""
+        if self.promised + msg.blocks > self.kv.num_blocks:
+            msg.reply.set_result(None)
+            return
+        self.promised += msg.blocks
+        msg.reply.set_result(tuple(self.kv.add_sequence(seq, prompt) for seq, prompt in msg.seqs))
+
 
     async def on_free(self, msg: Free) -> None:
         for seq in msg.seqs:
@@ -69,4 +81,6 @@ class KVActor(Actor[object]):
         self.promised -= msg.blocks
 
     async def on_usage(self, msg: KVUsage) -> None:
-        msg.reply.set_result((self.kv.num_free_blocks, self.kv.num_blocks, len(self.kv.sequences)))
+        self.kv.check()
+        msg.reply.set_result((self.kv.num_free_blocks, self.kv.num_blocks, len(self.kv.sequences),
+                              self.kv.num_cached_blocks))

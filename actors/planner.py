@@ -4,7 +4,9 @@ request is promised at admission. The Scheduler owns the `Request` objects; noth
 Prompt chunks sit at fixed boundaries (multiples of `prefill_chunk`) so a request's prefill is
 computed the same way whatever else shares its steps: with the batch-invariant forward, a request
 produces exactly the tokens it produces alone. A CFG request's companion prefills side by side and
-the pair samples only when both prefills are done.
+the pair samples only when both prefills are done. A prompt whose start is in the prefix cache
+begins prefilling at the cached count (a multiple of the block size): its first chunk runs to the
+next boundary, so the chunks it computes are the ones it would compute without the cache.
 """
 from __future__ import annotations
 
@@ -74,6 +76,13 @@ class Request:
     @property
     def seqs(self) -> tuple[int, ...]:
         return (self.seq,) if self.guide_seq is None else (self.seq, self.guide_seq)
+
+    @property
+    def seq_prompts(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """Each KV sequence with the prompt it starts from (the CFG companion's second)."""
+        if self.guide_seq is None or self.spec.uncond_prompt is None:
+            return ((self.seq, self.spec.prompt),)
+        return ((self.seq, self.spec.prompt), (self.guide_seq, self.spec.uncond_prompt))
 
 
 def plan_step(running: dict[SlotId, Request], config: SchedulerConfig) -> tuple[RequestSnapshot, ...]:

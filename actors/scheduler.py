@@ -7,6 +7,11 @@ every part's queue and enqueues the whole step on the lanes (one event-loop entr
 token event reaches the loop (the second entry) it updates each request, launches the next step at
 once, and only then delivers the finished step's outputs, which the next step's lanes hide.
 
+With prefix caching, admission starts a request's sequences on the cached blocks of their prompts and
+its prefill begins at the cached count (the chunks keep their fixed boundaries); after each step the
+KVActor is told the committed tokens (prefill chunks; the fed token and the accepted drafts), which
+makes the blocks they fill shareable.
+
 What a step holds, and what a request is promised, is planned in actors/planner.py. A request
 with classifier-free guidance owns a second KV sequence (its companion): admitted with the blocks
 both can ever need, fed the same tokens, rewound by the same amount and freed together.
@@ -55,7 +60,7 @@ class Scheduler(Actor[object]):
         self._failure: BaseException | None = None
         self._launched = 0.0
         self._totals = {"steps": 0, "step_s": 0.0, "forward_s": 0.0, "exposed_grammar_s": 0.0, "output_tokens": 0,
-                        "host_s": 0.0}
+                        "host_s": 0.0, "prompt_tokens": 0, "cached_prompt_tokens": 0}
         self._next_seq = 0
         super().__init__("scheduler", inbox_size=max(64, 4 * config.max_batch_size))
 
@@ -127,7 +132,7 @@ class Scheduler(Actor[object]):
             else:
                 req.grammar = "ready"
                 if req.slot >= 0:
-                    await self.grammar.send(BindGrammar(req.slot, msg.compiled))
+                    await self._bind(req.slot, msg.compiled)
                 else:
                     req.compiled = msg.compiled
         await self._advance()
@@ -150,6 +155,7 @@ class Scheduler(Actor[object]):
         t["exposed_grammar_s"] += event.exposed_grammar_s
         t["output_tokens"] += sum(len(r.new_tokens) for r in event.results)
         rewinds, emits, failed = [], [], []
+        commits: list[tuple[int, tuple[int, ...]]] = []
         by_id = {r.request_id: r for r in event.results}
         for s in plan.snapshots:
             req = self.requests.get(s.request_id)
@@ -159,6 +165,9 @@ class Scheduler(Actor[object]):
             if result is None:                                    # a prefill chunk
                 req.computed += len(s.chunk)
                 req.guide_computed += len(s.guide.chunk) if s.guide is not None else 0
+                commits.append((s.seq, s.chunk))
+                if s.guide is not None:
+                    commits.append((s.guide.seq, s.guide.chunk))
             elif result.error is not None:
                 failed.append((req, result.error))
             else:
@@ -167,13 +176,16 @@ class Scheduler(Actor[object]):
                 rewinds.extend((seq, 1 + plan.max_draft_len - used) for seq in req.seqs)
                 req.computed += used
                 req.guide_computed += used if req.guide_seq is not None else 0
+                commits.append((s.seq, (s.chunk + result.new_tokens)[:used]))    # fed + accepted
+                if s.guide is not None:
+                    commits.append((s.guide.seq, (s.guide.chunk + result.new_tokens)[:used]))
                 o = req.out
                 o.steps, o.step_tokens = o.steps + 1, o.step_tokens + used
                 o.drafted, o.accepted = o.drafted + result.drafted, o.accepted + result.accepted
                 o.exposed_s += event.exposed_grammar_s
                 emits.append((req, list(result.new_tokens)))
-        if rewinds:                                                # before any Free
-            await self.kv.send(Rewind(tuple(rewinds)))
+        if rewinds or commits:                                     # before any Free
+            await self.kv.send(Rewind(tuple(rewinds), tuple(commits)))
         for req, error in failed:
             await self._finish(req, "error", error)
         finished = [(req, self._emit(req, tokens)) for req, tokens in emits]
@@ -236,16 +248,30 @@ class Scheduler(Actor[object]):
     async def _admit(self) -> None:
         while self.waiting and self.free_slots:
             req = self.waiting[0]
-            if not await self.kv.ask(lambda reply: Promise(req.blocks, reply)):
+            seqs = req.seq_prompts
+            cached = await self.kv.ask(lambda reply: Promise(req.blocks, reply, seqs))
+            if cached is None:
                 return                        # FIFO: wait for blocks rather than starve big requests
             self.waiting.popleft()
+            # Prefill starts after the cached prefix (never past the prompt's last token).
+            req.computed = cached[0]
+            req.guide_computed = cached[1] if len(cached) > 1 else 0
+            req.out.cached_prompt_tokens = sum(cached)
+            self._totals["prompt_tokens"] += sum(len(p) for _, p in seqs)
+            self._totals["cached_prompt_tokens"] += sum(cached)
             req.slot, req.phase = self.free_slots.pop(), Phase.RUNNING
             self.running[req.slot] = req
             log.debug("request_admitted", request_id=req.spec.request_id, slot=req.slot, kv_blocks=req.blocks)
-            await self.draft.send(AddRequest(req.spec.request_id, req.spec.prompt))
+            # Asked, not sent: the add (and bind) must be on the lanes before the next step (a sent one
+            # may wait in a busy actor's inbox, and a fully cached prompt decodes in its first step).
+            rid, prompt = req.spec.request_id, req.spec.prompt
+            await self.draft.ask(lambda reply: AddRequest(rid, prompt, reply))
             if req.compiled is not None:
-                await self.grammar.send(BindGrammar(req.slot, req.compiled))
+                await self._bind(req.slot, req.compiled)
                 req.compiled = None
+
+    async def _bind(self, slot: SlotId, compiled: object) -> None:
+        await self.grammar.ask(lambda reply: BindGrammar(slot, compiled, reply))
 
     # --- the finish path ----------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ class BenchConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    prefix_caching: bool = True
 
 
 def valid(completion: Completion, row: Row) -> bool:
@@ -55,7 +56,8 @@ def valid(completion: Completion, row: Row) -> bool:
 async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True) -> dict:
     rows = load_rows(cfg.dataset, limit=cfg.limit)
     config = EngineConfig(speculative=SpeculativeConfig.parse(cfg.speculative, max_draft_len=cfg.draft_len),
-                          grammar=GrammarConfig(backend=cfg.backend), max_batch_size=cfg.concurrency)
+                          grammar=GrammarConfig(backend=cfg.backend), max_batch_size=cfg.concurrency,
+                          prefix_caching=cfg.prefix_caching)
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=0,
                               presence_penalty=cfg.presence_penalty, frequency_penalty=cfg.frequency_penalty,
                               repetition_penalty=cfg.repetition_penalty)
@@ -88,7 +90,9 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     steps = sum(c.stats.steps for _, c in done)
     step_tokens = sum(c.stats.step_tokens for _, c in done)
     return {
-        "mode": cfg.speculative, "backend": cfg.backend, "concurrency": cfg.concurrency,
+        "mode": cfg.speculative + ("" if cfg.prefix_caching else " (no prefix cache)"),
+        "prefix_caching": cfg.prefix_caching, "prompt_tokens": metrics.prompt_tokens,
+        "cached_prompt_tokens": metrics.cached_prompt_tokens, "backend": cfg.backend, "concurrency": cfg.concurrency,
         "requests": len(rows), "completed": len(done), "valid": sum(valid(c, r) for r, c in done),
         "finish_reasons": {k: reasons.get(k, 0) for k in ("stop", "length", "error")},
         # Outputs that ended with "stop" yet fail their schema: the engine's end-of-request check
@@ -111,18 +115,21 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     }
 
 
-async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], progress: bool = True) -> list[dict]:
-    """run_bench for each mode in turn; each result gets its tokens/s ratio to the first mode's."""
+async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], progress: bool = True,
+                    prefix_caching: tuple[bool, ...] | None = None) -> list[dict]:
+    """run_bench for each mode (and each prefix-caching setting) in turn; each result gets its
+    tokens/s ratio to the first one's."""
     results = []
     for mode in modes:
-        results.append(await run_bench(loaded, replace(cfg, speculative=mode), progress))
-        results[-1]["ratio"] = round(results[-1]["tokens_per_s"] / max(results[0]["tokens_per_s"], 1e-9), 3)
+        for caching in prefix_caching or (cfg.prefix_caching,):
+            results.append(await run_bench(loaded, replace(cfg, speculative=mode, prefix_caching=caching), progress))
+            results[-1]["ratio"] = round(results[-1]["tokens_per_s"] / max(results[0]["tokens_per_s"], 1e-9), 3)
     return results
 
 
 def report(results: list[dict]) -> None:
     keys = ["mode", "completed", "valid", "stop/length/error", "invalid_stop", "output_tokens", "tokens_per_s",
-            "ratio", "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s"]
+            "ratio", "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s", "cached_prompt_tokens"]
     runtime = ["mode", "engine_steps", "messages_per_step", "wakeups_per_step", "host_ms_per_step"]
     first = results[0]
     title = (f"interlock bench: {first['dataset']}, {first['requests']} rows, T={first['temperature']}, "

@@ -192,7 +192,8 @@ def llama_cpp_runner(max_tokens: int, lookup: int, threads: int) -> Runner | Non
 
 # --- interlock -----------------------------------------------------------------------------------
 
-def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: int) -> dict[str, Any]:
+def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: int,
+                      prefix_caching: bool = True) -> dict[str, Any]:
     """Like `measure`, inside one event loop: an engine is entered and left by one task."""
     import anyio
 
@@ -214,11 +215,13 @@ def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: 
         return Sample(tuple(ids), out, (first or end) - start, end - start, is_valid(out, row.schema))
 
     async def collect() -> list[list[Sample]]:
-        async with Engine.from_pretrained("smollm2-135m-instruct", speculative=mode) as engine:
+        async with Engine.from_pretrained("smollm2-135m-instruct", speculative=mode,
+                                          prefix_caching=prefix_caching) as engine:
             await one(engine, rows[0])                  # warm-up
             return [[await one(engine, row) for _ in range(repeats)] for row in rows]
 
-    return summarize(f"interlock {mode}", rows, anyio.run(collect))
+    label = f"interlock {mode}" + ("" if prefix_caching else " (no prefix cache)")
+    return summarize(label, rows, anyio.run(collect))
 
 
 # --- driver ----------------------------------------------------------------------------------------
@@ -251,6 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--modes", default="none,ngram+forced", help="interlock modes, comma-separated")
     p.add_argument("--peers", default="hf,hf+lookup,llama.cpp,llama.cpp+lookup")
+    p.add_argument("--prefix-caching", choices=["on", "off", "both"], default="on",
+                   help="interlock's prefix cache; both: each mode with, then without")
     p.add_argument("--json", help="where to save the raw results (default benchmarks/results/peers-...)")
     args = p.parse_args(argv)
     configure_logging(level="warning")
@@ -258,8 +263,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = (load_rows(DATASETS / "JME.jsonl", args.limit) if args.workload == "jme" else
             repeated_schema(row_by_id(DATASETS / "JME.jsonl", REPEATED_ROW), args.limit))
     results = []
+    caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
     for mode in args.modes.split(","):
-        results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens))
+        for on in caching:
+            results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens, on))
     for peer in args.peers.split(","):
         lookup = 3 if peer.endswith("+lookup") else 0
         runner = (hf_runner(args.max_tokens, lookup) if peer.startswith("hf") else

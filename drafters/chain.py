@@ -1,11 +1,12 @@
 """DraftChain: the one place that decides each request's drafts from every drafter it has.
 
-Per request and step: grammar-forced tokens come first (free drafts), then the n-gram
-continuation past them, then a user drafter's proposal where the grammar forces nothing (the
-longer of the two is kept); a draft model is asked only where these fall short of the request's
+Per request and step: grammar-forced tokens come first (free drafts), then the n-gram and/or
+suffix-trie continuation past them (the longer one; the suffix drafter's length is set by its match
+length, and its global trie learns every finished request's output in `remove`), then a user
+drafter's proposal where the grammar forces nothing (the longer of the two is kept); a draft model is asked only where these fall short of the request's
 budget k (`wants_model`), and continues after the forced tokens (its draft replaces the others
 whatever its length, see DraftActor). The chain holds every per-request thing these drafters
-keep: n-gram entries, adaptive budgets, user-drafter contexts.
+keep: n-gram entries, suffix tries, adaptive budgets, user-drafter contexts.
 
 Adaptive draft length: each request has a lookup budget k (1..K). A step that accepts every draft
 raises it by one; a rejection sets it to accepted + 1. Forced tokens are accepted whatever the
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from interlock.drafters.combine import combine_drafts, forced_then_ngram
 from interlock.drafters.ngram import NGramDrafter
+from interlock.drafters.suffix import SuffixDrafter
 from interlock.protocol.errors import DrafterError
 from interlock.protocol.speculative import DraftRequest, SpeculativeConfig
 from interlock.protocol.types import RequestId, TokenId
@@ -50,7 +52,7 @@ class ChainDraft:
 
 
 class DraftChain:
-    """Forced -> n-gram -> user drafter, with adaptive budgets (see the module docstring)."""
+    """Forced -> n-gram / suffix -> user drafter, with adaptive budgets (see the module docstring)."""
 
     def __init__(self, config: SpeculativeConfig | None, vocab_size: int) -> None:
         self.config = config
@@ -58,6 +60,8 @@ class DraftChain:
         self.max_draft_len = config.max_draft_len if config is not None else 0
         use_ngram = config is not None and "ngram" in config.drafters
         self.ngram = NGramDrafter(config.ngram, config.max_draft_len) if use_ngram else None
+        use_suffix = config is not None and "suffix" in config.drafters
+        self.suffix = SuffixDrafter(config.suffix, config.max_draft_len) if use_suffix else None
         self.use_forced = config is not None and "forced" in config.drafters
         self.user = config.user_drafter if config is not None else None
         self.budget: dict[RequestId, int] = {}
@@ -68,12 +72,16 @@ class DraftChain:
     def add(self, request_id: RequestId, prompt: tuple[TokenId, ...]) -> None:
         if self.ngram is not None:
             self.ngram.add_request(request_id, prompt)
+        if self.suffix is not None:
+            self.suffix.add_request(request_id, prompt)
         if self.user is not None:
             self.contexts[request_id] = list(prompt)
 
     def remove(self, request_id: RequestId) -> None:
         if self.ngram is not None:
             self.ngram.remove(request_id)
+        if self.suffix is not None:
+            self.suffix.remove(request_id)      # its output joins the global trie
         self.budget.pop(request_id, None)
         self.contexts.pop(request_id, None)
 
@@ -85,13 +93,21 @@ class DraftChain:
             return
         if self.ngram is not None:
             self.ngram.extend(request_id, new_tokens)
+        if self.suffix is not None:
+            self.suffix.extend(request_id, new_tokens)
         if self.config.adaptive and drafted:
             k = self.max_draft_len
             budget = self.budget.get(request_id, k)
             self.budget[request_id] = min(k, budget + 1) if accepted == drafted else max(1, accepted + 1)
 
     def counts(self) -> dict[str, int]:
+        """Per-request state (0 when idle), and the bounded global suffix trie (kept across requests)."""
+        suffix = self.suffix.stats() if self.suffix is not None else None
         return {"ngram_requests": self.ngram.stats().requests if self.ngram is not None else 0,
+                "suffix_requests": suffix.requests if suffix else 0,
+                "suffix_request_nodes": suffix.request_nodes if suffix else 0,
+                "suffix_global_tokens": suffix.global_tokens if suffix else 0,
+                "suffix_global_nodes": suffix.global_nodes if suffix else 0,
                 "adaptive_budgets": len(self.budget), "user_contexts": len(self.contexts)}
 
     # --- drafting -------------------------------------------------------------------------------
@@ -111,14 +127,22 @@ class DraftChain:
             forced = self.forced(r.forced)
             if self.config.adaptive:
                 k = min(k, len(forced) + self.budget.get(r.request_id, k))
-            if self.ngram is not None:
-                drafts = tuple(forced_then_ngram(forced, self.ngram, r.request_id, k))
-            else:
-                drafts = tuple(forced[:k])
+            drafts = tuple(forced[:k])
+            if len(drafts) < k and (self.ngram is not None or self.suffix is not None):
+                drafts = tuple(self._continue(r.request_id, forced[:k], k))
             out.append(ChainDraft(drafts, k))
         if self.user is not None:
             out = self._with_user_drafts(requests, out)
         return out
+
+    def _continue(self, request_id: RequestId, head: tuple[TokenId, ...], k: int) -> list[TokenId]:
+        """head (the forced tokens), then the longer of the n-gram and suffix continuations past it."""
+        cands = []
+        if self.ngram is not None:
+            cands.append(forced_then_ngram(head, self.ngram, request_id, k))
+        if self.suffix is not None:
+            cands.append(list(head) + self.suffix.propose(request_id, k - len(head), after=head))
+        return combine_drafts(cands, k)
 
     def _with_user_drafts(self, requests: Sequence[ChainRequest], drafts: list[ChainDraft]) -> list[ChainDraft]:
         """Ask the user drafter for requests the grammar forces nothing on; keep the longer draft."""

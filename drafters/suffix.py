@@ -36,30 +36,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from interlock.protocol.errors import RequestError
+# SuffixConfig lives in the protocol (it is a SpeculativeConfig field); re-exported here.
+from interlock.protocol.speculative import SuffixConfig  # noqa: F401
 from interlock.protocol.types import RequestId, TokenId
-
-
-@dataclass(frozen=True)
-class SuffixConfig:
-    """max_depth D: longest indexed substring. max_spec_factor: draft at most ceil(factor * m) tokens
-    after an m-token match. min_token_prob: stop drafting once the path probability falls below it.
-    max_global_tokens: output tokens the global trie keeps (oldest finished outputs evicted first;
-    0 turns the global trie off)."""
-
-    max_depth: int = 24
-    max_spec_factor: float = 1.0
-    min_token_prob: float = 0.1
-    max_global_tokens: int = 50_000
-
-    def __post_init__(self) -> None:
-        if self.max_depth < 2:
-            raise ValueError(f"max_depth must be >= 2, got {self.max_depth}")
-        if not self.max_spec_factor > 0:
-            raise ValueError(f"max_spec_factor must be > 0, got {self.max_spec_factor}")
-        if not 0 <= self.min_token_prob <= 1:
-            raise ValueError(f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
-        if self.max_global_tokens < 0:
-            raise ValueError(f"max_global_tokens must be >= 0, got {self.max_global_tokens}")
 
 
 class _Node:

@@ -74,6 +74,16 @@ class PagedKVCache:
     def refcount(self, block: BlockId) -> int:
         return self._pool.refcount(block)
 
+    def check(self) -> None:
+        """Invariants (tests, resource checks): the pool's states, and each block held as often as
+        the block tables name it."""
+        self._pool.check()
+        held: dict[BlockId, int] = {}
+        for table in self._tables.values():
+            for b in table:
+                held[b] = held.get(b, 0) + 1
+        assert all(self._pool.refcount(b) == held.get(b, 0) for b in range(self._pool.num_blocks)), "refcounts disagree"
+
     @property
     def sequences(self) -> frozenset[SeqId]:
         return frozenset(self._tables)

@@ -145,7 +145,12 @@ class Reserve:
 
 @dataclass(frozen=True)
 class Rewind:
+    """A step's outcome (one message per step): drop each (seq, n)'s last n positions, then take
+    each (seq, tokens) in `commits` as seq's next committed tokens, their K/V written (with prefix
+    caching the blocks they fill become shareable by later requests)."""
+
     items: tuple[tuple[SeqId, int], ...]
+    commits: tuple[tuple[SeqId, tuple[TokenId, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,14 +163,19 @@ class Free:
 
 @dataclass(frozen=True)
 class Promise:
-    """Admission: promise `blocks` blocks to a request if every promise can still be kept; replies a bool."""
+    """Admission: promise `blocks` blocks to a request if every promise can still be kept, and start
+    its sequences (seq, prompt) on their cached prefixes. Replies None when refused, else the cached
+    positions of each sequence (0 without prefix caching), in order."""
 
     blocks: int
     reply: Any
+    seqs: tuple[tuple[SeqId, tuple[TokenId, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
 class KVUsage:
+    """Replies (free blocks (cached ones included), total blocks, sequences, cached blocks)."""
+
     reply: Any
 
 
@@ -173,18 +183,22 @@ class KVUsage:
 
 @dataclass(frozen=True)
 class BindGrammar:
-    """GrammarActor: create the matcher of `slot` from a compiled grammar."""
+    """GrammarActor: create the matcher of `slot` from a compiled grammar. Replies (None) once the
+    bind is enqueued on the grammar lane: a step launched after the reply finds the matcher."""
 
     slot: SlotId
     compiled: Any
+    reply: Any = None
 
 
 @dataclass(frozen=True)
 class AddRequest:
-    """DraftActor: start indexing a request (its prompt)."""
+    """DraftActor: start indexing a request (its prompt). Replies (None) once the add is enqueued on
+    the model lane: a step launched after the reply finds the request in every drafter."""
 
     request_id: RequestId
     prompt: tuple[TokenId, ...]
+    reply: Any = None
 
 
 @dataclass(frozen=True)
@@ -208,6 +222,8 @@ class EngineMetrics:
     loop_wakeups: int = 0         # event-loop entries for steps: one launch + one token event each
     host_s: float = 0.0           # Scheduler time on the event loop handling token events and launching
     replayed_steps: int = 0       # steps enqueued by replaying a captured program
+    prompt_tokens: int = 0        # prompt tokens of admitted requests (CFG companions included)
+    cached_prompt_tokens: int = 0  # of those, found in the prefix cache (not prefilled)
 
     @property
     def messages_per_step(self) -> float:

@@ -156,6 +156,7 @@ class RequestStats:
     elapsed_s: float               # submit -> finish
     exposed_grammar_ms: float      # time the model lane waited for this request's masks
     grammar_compile_ms: float
+    cached_prompt_tokens: int = 0  # prompt positions the prefix cache already held (not prefilled)
 
     @property
     def mean_acceptance_length(self) -> float:

@@ -1,7 +1,7 @@
 """Speculative-decoding configuration: which drafters, how far ahead.
 
 Strings as on the CLI: "none", or a "+"-joined set of drafters and options, e.g. "ngram+forced",
-"self-draft+forced", "draft:/path/to/model+forced+adaptive", "self-draft:6+nomask".
+"suffix+forced", "self-draft+forced", "draft:/path/to/model+forced+adaptive", "self-draft:6+nomask".
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from interlock.protocol.types import RequestId, TokenId
 
-DRAFTERS = ("ngram", "forced", "self-draft", "draft")
+DRAFTERS = ("ngram", "suffix", "forced", "self-draft", "draft")
 OPTIONS = ("adaptive", "nomask")
 # Layers of the target the self-draft runs when none are named, chosen from data: on JME (10 rows,
 # greedy, K=3, self-draft:N+forced) SmolLM2-135M's acceptance length is flat from N=4 to N=16
@@ -40,6 +40,29 @@ class NGramConfig:
 
 
 @dataclass(frozen=True)
+class SuffixConfig:
+    """max_depth D: longest indexed substring. max_spec_factor: draft at most ceil(factor * m) tokens
+    after an m-token match. min_token_prob: stop drafting once the path probability falls below it.
+    max_global_tokens: output tokens the global trie keeps (oldest finished outputs evicted first;
+    0 turns the global trie off)."""
+
+    max_depth: int = 24
+    max_spec_factor: float = 1.0
+    min_token_prob: float = 0.1
+    max_global_tokens: int = 50_000
+
+    def __post_init__(self) -> None:
+        if self.max_depth < 2:
+            raise ValueError(f"max_depth must be >= 2, got {self.max_depth}")
+        if not self.max_spec_factor > 0:
+            raise ValueError(f"max_spec_factor must be > 0, got {self.max_spec_factor}")
+        if not 0 <= self.min_token_prob <= 1:
+            raise ValueError(f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
+        if self.max_global_tokens < 0:
+            raise ValueError(f"max_global_tokens must be >= 0, got {self.max_global_tokens}")
+
+
+@dataclass(frozen=True)
 class DraftRequest:
     """What a user-provided drafter sees of one request: its id and prompt + committed output."""
 
@@ -54,6 +77,7 @@ class SpeculativeConfig:
     drafters: tuple[str, ...] = ("ngram", "forced")
     max_draft_len: int = 3
     ngram: NGramConfig = NGramConfig()
+    suffix: SuffixConfig = SuffixConfig()
     adaptive: bool = False          # per request, draft fewer lookup tokens after rejections
     # A user-provided drafter (drafters.base.Drafter): asked for drafts when the grammar forces none;
     # the longer of its draft and the n-gram draft is verified.

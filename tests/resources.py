@@ -2,7 +2,8 @@
 is 0 and every pool is back to its total. The engine and the server tests both check it."""
 from __future__ import annotations
 
-PER_REQUEST = ("kv_sequences", "matchers", "ngram_requests", "adaptive_budgets", "user_contexts",
+PER_REQUEST = ("kv_sequences", "matchers", "ngram_requests", "suffix_requests", "suffix_request_nodes",
+               "adaptive_budgets", "user_contexts",
                "draft_requests", "draft_generators", "verify_generators", "penalty_entries", "compiled_grammars",
                "output_streams", "engine_streams", "requests")
 

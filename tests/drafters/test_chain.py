@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from interlock.drafters.chain import ChainRequest, DraftChain
 from interlock.protocol.errors import DrafterError
-from interlock.protocol.speculative import SpeculativeConfig
+from interlock.protocol.speculative import SpeculativeConfig, SuffixConfig
 
 
 def test_forced_tokens_come_first_and_the_ngram_continues_past_them() -> None:
@@ -13,6 +13,21 @@ def test_forced_tokens_come_first_and_the_ngram_continues_past_them() -> None:
     (only_ngram, forced) = chain.propose([ChainRequest("a", ()), ChainRequest("a", (9, 3))])
     assert only_ngram.drafts == (3, 4, 5, 6) and only_ngram.k == 4
     assert forced.drafts == (9, 3, 4, 5)        # forced first; the lookup continues after (..., 9, 3)
+
+
+def test_suffix_drafts_follow_the_forced_tokens_and_finished_outputs_feed_the_global_trie() -> None:
+    spec = SpeculativeConfig(("suffix", "forced"), max_draft_len=4,
+                             suffix=SuffixConfig(max_depth=8, max_spec_factor=4.0, min_token_prob=0.0))
+    chain = DraftChain(spec, vocab_size=100)
+    chain.add("a", (1, 2))
+    chain.commit("a", (7, 8, 9, 10, 11), drafted=0, accepted=0)
+    assert chain.propose([ChainRequest("a", (7, 8))])[0].drafts == (7, 8, 9, 10)   # forced, then the trie
+    chain.remove("a")                                   # its output (7 8 9 10 11) joins the global trie
+    counts = chain.counts()
+    assert counts["suffix_requests"] == counts["suffix_request_nodes"] == 0 and counts["suffix_global_tokens"] == 5
+    chain.add("b", (3, 7, 8))                           # never saw 9 after 8 itself: the global trie did
+    assert chain.propose([ChainRequest("b", ())])[0].drafts == (9, 10, 11)
+    assert chain.propose([ChainRequest("b", (9,))])[0].drafts == (9, 10, 11)
 
 
 def test_forced_tokens_are_ignored_unless_forced_is_a_drafter() -> None:
@@ -28,9 +43,10 @@ def test_adaptive_budget_grows_on_full_acceptance_and_shrinks_on_rejection() -> 
     assert chain.propose([ChainRequest("a", ())])[0].k == 1
     chain.commit("a", (4, 5), drafted=1, accepted=1)
     assert chain.propose([ChainRequest("a", ())])[0].k == 2
-    assert chain.counts() == {"ngram_requests": 1, "adaptive_budgets": 1, "user_contexts": 0}
+    no_suffix = {"suffix_requests": 0, "suffix_request_nodes": 0, "suffix_global_tokens": 0, "suffix_global_nodes": 0}
+    assert chain.counts() == {"ngram_requests": 1, "adaptive_budgets": 1, "user_contexts": 0} | no_suffix
     chain.remove("a")
-    assert chain.counts() == {"ngram_requests": 0, "adaptive_budgets": 0, "user_contexts": 0}
+    assert chain.counts() == {"ngram_requests": 0, "adaptive_budgets": 0, "user_contexts": 0} | no_suffix
 
 
 class Picky:

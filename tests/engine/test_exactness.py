@@ -13,7 +13,7 @@ from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
 ROWS = 10
-MODES = ["none", "ngram", "forced", "ngram+forced", "ngram+forced+adaptive", "self-draft+forced"]
+MODES = ["none", "ngram", "forced", "ngram+forced", "ngram+forced+adaptive", "suffix+forced", "self-draft+forced"]
 
 
 async def run_rows(loaded, rows, mode: str, backend: str) -> list:

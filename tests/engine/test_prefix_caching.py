@@ -1,0 +1,187 @@
+"""Prefix caching and the suffix drafter through the engine (tiny preset).
+
+The cache changes what is prefilled, never what is emitted: greedy outputs are the same token for
+token with and without it, in every speculative mode, grammar on and off, with CFG; a repeated
+prompt reports its cached tokens; after any mix of finishes, cancels and failures every block is
+free or cached (never held), and eviction under pressure corrupts nothing in use (outputs stay the
+same). Small blocks and prefill chunks make short prompts share blocks and start mid-chunk.
+"""
+from __future__ import annotations
+
+import random
+from contextlib import aclosing
+
+import anyio
+import pytest
+
+from interlock.engine import Engine, EngineConfig
+from interlock.protocol.errors import GrammarError
+from interlock.protocol.grammar import JsonSchema
+from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.speculative import SpeculativeConfig
+
+from helpers import GRAMMARS, SCHEMA, aenumerate, assert_all_free, wait_idle
+
+BLOCK, CHUNK = 4, 8
+HEAD = "You extract one record from the text below and answer with JSON only. Text: "
+TEXTS = ["Ann is 31.", "Bob, aged 40, lives here.", "Cy turned 7 today", "Dee is twenty."]
+MODES = {
+    "none": None,
+    "ngram+forced": SpeculativeConfig(("ngram", "forced"), max_draft_len=3),
+    "suffix+forced": SpeculativeConfig(("suffix", "forced"), max_draft_len=3),
+    "self-draft+forced": SpeculativeConfig(("self-draft", "forced"), max_draft_len=3, self_draft_layers=1),
+}
+Case = tuple[str, object, SamplingParams, object]
+
+
+def cases(cfg: bool = False) -> list[Case]:
+    """Prompts sharing a long head, each grammar on and off; with cfg, a negative prompt too."""
+    out: list[Case] = []
+    for i, text in enumerate(TEXTS):
+        for grammar in (GRAMMARS[i % len(GRAMMARS)], None):
+            scale = 1.5 if cfg else None
+            negative = HEAD + "Write badly." if cfg else None
+            out.append((HEAD + text, grammar, SamplingParams(max_tokens=16, guidance_scale=scale), negative))
+    return out
+
+
+async def run_waves(tiny, speculative, requests: list[Case], waves: int = 2, **kw):
+    """The requests side by side, `waves` times over on one engine (later waves hit the cache)."""
+    config = EngineConfig(speculative=speculative, max_batch_size=4, block_size=BLOCK, prefill_chunk=CHUNK, **kw)
+    out: list[list[tuple[int, ...]]] = []
+    async with Engine(tiny, config) as engine:
+        for _ in range(waves):
+            got: dict[int, tuple[int, ...]] = {}
+
+            async def one(i: int) -> None:
+                prompt, grammar, sampling, negative = requests[i]
+                got[i] = (await engine.complete(prompt, grammar=grammar, sampling=sampling,
+                                                negative_prompt=negative)).token_ids
+
+            with anyio.fail_after(300):
+                async with anyio.create_task_group() as tg:
+                    for i in range(len(requests)):
+                        tg.start_soon(one, i)
+            out.append([got[i] for i in range(len(requests))])
+        await wait_idle(engine)
+        await assert_all_free(engine)
+        metrics = await engine.metrics()
+        res = await engine.resources()
+    return out, metrics, res
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+async def test_outputs_identical_with_and_without_the_cache(tiny, mode: str) -> None:
+    requests = cases()
+    plain, m_off, _ = await run_waves(tiny, MODES[mode], requests, prefix_caching=False)
+    cached, m_on, res = await run_waves(tiny, MODES[mode], requests, prefix_caching=True)
+    assert plain[0] == plain[1]                   # greedy: the same requests give the same outputs
+    assert cached == plain
+    assert m_off.cached_prompt_tokens == 0 and m_on.cached_prompt_tokens > 0
+    assert m_on.prompt_tokens == m_off.prompt_tokens
+    assert res["kv_cached_blocks"] > 0 and res["kv_free_blocks"] == res["kv_total_blocks"]
+
+
+@pytest.mark.parametrize("mode", ["none", "ngram+forced"])
+async def test_cfg_outputs_identical_with_and_without_the_cache(tiny, mode: str) -> None:
+    requests = cases(cfg=True)
+    plain, _, _ = await run_waves(tiny, MODES[mode], requests, prefix_caching=False)
+    cached, m_on, _ = await run_waves(tiny, MODES[mode], requests, prefix_caching=True)
+    assert cached == plain and m_on.cached_prompt_tokens > 0
+
+
+async def test_a_repeated_prompt_reports_its_cached_tokens(tiny) -> None:
+    prompt = HEAD + TEXTS[1]
+    config = EngineConfig(speculative=MODES["ngram+forced"], block_size=BLOCK, prefill_chunk=CHUNK)
+    async with Engine(tiny, config) as engine:
+        n = len(engine._encode(prompt))
+        first = await engine.complete(prompt, grammar=JsonSchema(SCHEMA), sampling=SamplingParams(max_tokens=16))
+        m1 = await engine.metrics()
+        second = await engine.complete(prompt, grammar=JsonSchema(SCHEMA), sampling=SamplingParams(max_tokens=16))
+        m2 = await engine.metrics()
+        await assert_all_free(engine)
+    assert m1.cached_prompt_tokens == 0 and m1.prompt_tokens == n
+    # every full block before the prompt's last token was committed by the first request
+    assert m2.cached_prompt_tokens - m1.cached_prompt_tokens == (n - 1) // BLOCK * BLOCK > 0
+    assert second.token_ids == first.token_ids
+
+
+async def test_finish_cancel_and_failure_under_eviction_leave_every_block_free_or_cached(tiny) -> None:
+    """A pool of a few requests' worth: cached blocks are evicted to admit new prompts while
+    others are in use; outputs match the cache-off run, and refcounts agree with the block tables
+    (checked by every engine.resources() call, polled throughout)."""
+    rng = random.Random(7)
+    prompts = [HEAD[: 30 + 7 * j] + t for j in range(3) for t in TEXTS]
+    plan = [(rng.randrange(len(prompts)), rng.choice([None, None, 0, 2]), rng.random() < 0.1) for _ in range(60)]
+    bad = JsonSchema({"type": "object", "properties": {"a": {"type": "no-such-type"}}})
+
+    async def run(prefix_caching: bool):
+        config = EngineConfig(speculative=MODES["ngram+forced"], max_batch_size=4, block_size=BLOCK,
+                              prefill_chunk=CHUNK, num_kv_blocks=48, prefix_caching=prefix_caching)
+        done: dict[int, tuple[int, ...]] = {}
+        failed: list[BaseException] = []
+        checks = 0
+        async with Engine(tiny, config) as engine:
+            finished = anyio.Event()
+
+            async def one(i: int) -> None:
+                p, cancel_after, fail = plan[i]
+                grammar = bad if fail else GRAMMARS[p % len(GRAMMARS)]
+                ids: list[int] = []
+                try:
+                    async with aclosing(engine.generate(prompts[p], grammar=grammar,
+                                                        sampling=SamplingParams(max_tokens=12))) as stream:
+                        async for n, delta in aenumerate(stream):
+                            if cancel_after is not None and n >= cancel_after:
+                                return
+                            ids.extend(delta.token_ids)
+                except GrammarError as exc:
+                    failed.append(exc)
+                    return
+                done[i] = tuple(ids)
+
+            async def poll() -> None:
+                nonlocal checks
+                while not finished.is_set():
+                    res = await engine.resources()          # the KVActor checks its invariants here
+                    assert res["kv_free_blocks"] <= res["kv_total_blocks"]
+                    checks += 1
+                    await anyio.sleep(0.005)
+
+            with anyio.fail_after(300):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(poll)
+                    async with anyio.create_task_group() as reqs:
+                        for i in range(len(plan)):
+                            reqs.start_soon(one, i)
+                    finished.set()
+            await wait_idle(engine)
+            await assert_all_free(engine)
+            res, metrics = await engine.resources(), await engine.metrics()
+        assert checks > 0
+        return done, failed, res, metrics
+
+    plain, plain_failed, _, _ = await run(False)
+    cached, cached_failed, res, metrics = await run(True)
+    assert len(cached_failed) == len(plain_failed) == sum(f for _, _, f in plan) > 0
+    finished_both = set(plain) & set(cached)
+    assert len(finished_both) > 20
+    assert [i for i in sorted(finished_both) if cached[i] != plain[i]] == []
+    assert metrics.cached_prompt_tokens > 0
+    assert 0 < res["kv_cached_blocks"] <= res["kv_total_blocks"] == 48
+
+
+async def test_suffix_drafts_change_nothing_and_only_the_bounded_global_trie_remains(tiny) -> None:
+    requests = [(HEAD + t, g, SamplingParams(max_tokens=24), None) for t in TEXTS for g in (JsonSchema(SCHEMA), None)]
+    spec = SpeculativeConfig(("suffix", "forced"), max_draft_len=3)
+    plain, m_plain, _ = await run_waves(tiny, None, requests, waves=2)
+    drafted, m_suffix, res = await run_waves(tiny, spec, requests, waves=2)
+    assert drafted == plain
+    assert m_suffix.steps < m_plain.steps                     # it did speculate
+    assert res["suffix_requests"] == res["suffix_request_nodes"] == 0
+    assert 0 < res["suffix_global_tokens"] <= spec.suffix.max_global_tokens and res["suffix_global_nodes"] > 0
+
+
+def test_suffix_parses_as_a_drafter() -> None:
+    spec = SpeculativeConfig.parse("suffix+forced", max_draft_len=4)
+    assert spec is not None and spec.drafters == ("suffix", "forced") and spec.label == "suffix+forced"
