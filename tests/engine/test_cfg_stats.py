@@ -17,13 +17,12 @@ from interlock.engine import Engine, EngineConfig
 from interlock.grammars.bitmask import allocate_bitmask
 from interlock.kernels import apply_token_bitmask_, probs_from_logits
 from interlock.kernels.cfg import cfg_combine
-from interlock.models.batch import SeqChunk, build_batch
-from interlock.models.kv_cache import PagedKVCache
 from interlock.protocol.grammar import Regex
 from interlock.protocol.sampling import Completion, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
+from laws import logits_after
 from helpers import assert_all_free
 
 PROMPT = "Once upon a time"
@@ -33,16 +32,6 @@ DRAWS = 1000
 ALPHA = 1e-3
 
 
-def _logits_after(tiny, prompt: list[int], nexts: list[int]) -> torch.Tensor:
-    """Target logits [1 + len(nexts), V] after prompt and after each prefix of nexts, computed the way
-    the engine does: prefill prompt[:-1], then one row-path chunk [prompt[-1], *nexts]."""
-    kv = PagedKVCache(tiny.config, num_blocks=16, block_size=16)
-    kv.add_sequence(0)
-    kv.reserve(0, len(prompt) - 1)
-    tiny.model(build_batch([SeqChunk(0, tuple(prompt[:-1]), 0, ())], kv), kv)
-    tail = (prompt[-1], *nexts)
-    start = kv.reserve(0, len(tail))
-    return tiny.model(build_batch([SeqChunk(0, tail, start, tuple(range(len(tail))))], kv), kv)
 
 
 def _law(tiny, engine: Engine, scale: float) -> dict[tuple[int, int], float]:
@@ -62,10 +51,10 @@ def _law(tiny, engine: Engine, scale: float) -> dict[tuple[int, int], float]:
         apply_token_bitmask_(guided, bitmask)
         return probs_from_logits(guided.float(), torch.tensor([TEMPERATURE]), torch.tensor([TOP_K]), None)[0]
 
-    first = probs(_logits_after(tiny, cond_prompt, [])[0], _logits_after(tiny, uncond_prompt, [])[0], [])
+    first = probs(logits_after(tiny, cond_prompt, [])[0], logits_after(tiny, uncond_prompt, [])[0], [])
     law = {}
     for t0 in first.nonzero().flatten().tolist():
-        cond, uncond = _logits_after(tiny, cond_prompt, [t0]), _logits_after(tiny, uncond_prompt, [t0])
+        cond, uncond = logits_after(tiny, cond_prompt, [t0]), logits_after(tiny, uncond_prompt, [t0])
         second = probs(cond[1], uncond[1], [t0])
         for t1 in second.nonzero().flatten().tolist():
             law[(t0, t1)] = float(first[t0]) * float(second[t1])

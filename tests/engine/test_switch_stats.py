@@ -19,14 +19,13 @@ from interlock.engine import Engine, EngineConfig
 from interlock.grammars import make_backend
 from interlock.grammars.bitmask import allocate_bitmask
 from interlock.kernels import apply_token_bitmask_, probs_from_logits
-from interlock.models.batch import SeqChunk, build_batch
-from interlock.models.kv_cache import PagedKVCache
 from interlock.models.loader import load_model
 from interlock.protocol.grammar import Choice, GrammarConfig, StructuralTag, Tag
 from interlock.protocol.sampling import Completion, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
+from laws import logits_after
 from helpers import assert_all_free
 
 PROMPT = "abc abc abc abc"
@@ -34,15 +33,6 @@ TOP_K, TEMPERATURE = 3, 1.0
 ALPHA = 1e-3
 
 
-def _logits_after(tiny, prompt: list[int], nexts: list[int]) -> torch.Tensor:
-    """Target logits [1 + len(nexts), V] after prompt and each prefix of nexts, as the engine computes them."""
-    kv = PagedKVCache(tiny.config, num_blocks=16, block_size=16)
-    kv.add_sequence(0)
-    kv.reserve(0, len(prompt) - 1)
-    tiny.model(build_batch([SeqChunk(0, tuple(prompt[:-1]), 0, ())], kv), kv)
-    tail = (prompt[-1], *nexts)
-    start = kv.reserve(0, len(tail))
-    return tiny.model(build_batch([SeqChunk(0, tail, start, tuple(range(len(tail))))], kv), kv)
 
 
 def _probs(tiny, logits: torch.Tensor, matcher=None) -> torch.Tensor:
@@ -60,7 +50,7 @@ def _spec_and_law(tiny) -> tuple[StructuralTag, dict, dict]:
     switch, and without it."""
     tok = tiny.tokenizer
     prompt = tok.encode_prompt(PROMPT)
-    first_logits = _logits_after(tiny, prompt, [])[0]
+    first_logits = logits_after(tiny, prompt, [])[0]
     trigger = int(first_logits[: tok.vocab_size].argmax())
     marker = tok.decode([trigger])
     spec = StructuralTag([marker], [Tag(marker, Choice(["yes", "no", "maybe"]), ";")])
@@ -69,7 +59,7 @@ def _spec_and_law(tiny) -> tuple[StructuralTag, dict, dict]:
     first = _probs(tiny, first_logits)
     law, no_switch = {}, {}
     for t0 in first.nonzero().flatten().tolist():
-        after = _logits_after(tiny, prompt, [t0])[1]
+        after = logits_after(tiny, prompt, [t0])[1]
         matcher = backend.matcher(compiled)
         assert matcher.accept([t0])
         switched = _probs(tiny, after, matcher)
