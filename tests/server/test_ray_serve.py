@@ -119,7 +119,7 @@ async def open_stream(client: httpx.AsyncClient, prompt: str, go: asyncio.Event,
 
 def test_killing_a_replica_loses_only_its_streams_and_ray_restarts_it(ray_url: str, reference: dict[str, str]) -> None:
     async def run() -> tuple[list[StreamResult], int]:
-        go, opened = asyncio.Event(), asyncio.Queue()
+        go, opened = asyncio.Event(), asyncio.Queue(maxsize=len(PROMPTS))   # one entry per stream
         async with httpx.AsyncClient(base_url=ray_url, timeout=httpx.Timeout(60, read=30)) as client:
             tasks = [asyncio.ensure_future(open_stream(client, p, go, opened)) for p in PROMPTS]
             try:
