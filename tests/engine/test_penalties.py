@@ -19,7 +19,7 @@ from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
 from helpers import SCHEMA, assert_all_free, wait_idle
-from test_cfg_stats import _logits_after
+from laws import logits_after
 
 PENALTIES = dict(presence_penalty=0.5, frequency_penalty=1.5, repetition_penalty=1.3)
 PROMPTS = ["abc abc abc abc", "Once upon a time", "JSON please", "one two one two one two"]
@@ -34,7 +34,7 @@ def _reference(tiny, prompt: str, max_tokens: int) -> list[int]:
     out: list[int] = []
     v = tiny.config.vocab_size
     for _ in range(max_tokens):
-        logits = _logits_after(tiny, ids, out)[-1:].float()
+        logits = logits_after(tiny, ids, out)[-1:].float()
         counts = torch.zeros(1, v, dtype=torch.long)
         for t in out:
             counts[0, t] += 1
@@ -135,10 +135,10 @@ def _penalized_law(tiny, engine: Engine, penalties: dict) -> dict[tuple[int, int
         apply_token_bitmask_(x, bitmask)
         return probs_from_logits(x, torch.tensor([1.0]), torch.tensor([3]), None)[0]
 
-    first = probs(_logits_after(tiny, prompt, [])[0], [])
+    first = probs(logits_after(tiny, prompt, [])[0], [])
     law = {}
     for t0 in first.nonzero().flatten().tolist():
-        second = probs(_logits_after(tiny, prompt, [t0])[1], [t0])
+        second = probs(logits_after(tiny, prompt, [t0])[1], [t0])
         for t1 in second.nonzero().flatten().tolist():
             law[(t0, t1)] = float(first[t0]) * float(second[t1])
     return law
