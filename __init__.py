@@ -3,7 +3,7 @@
 The public API, re-exported:
 
     Engine, EngineConfig                          the runtime (engine.py)
-    SamplingParams, Delta, Completion, RequestStats
+    SamplingParams, Delta, Completion, RequestStats, TokenLogprob
     JsonSchema, JsonObject, Regex, Ebnf, Lark, Choice, GrammarConfig
     Reasoning, StructuralTag, Tag                 grammars that switch on mid-output
     SpeculativeConfig, NGramConfig                drafters ("ngram+forced" strings work too)
@@ -28,6 +28,7 @@ _EXPORTS = {
     "StructuralTag": "interlock.protocol.grammar", "Tag": "interlock.protocol.grammar",
     "Completion": "interlock.protocol.sampling", "Delta": "interlock.protocol.sampling",
     "RequestStats": "interlock.protocol.sampling", "SamplingParams": "interlock.protocol.sampling",
+    "TokenLogprob": "interlock.protocol.sampling",
     "NGramConfig": "interlock.protocol.speculative", "SpeculativeConfig": "interlock.protocol.speculative",
 }
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from interlock.protocol import errors
     from interlock.protocol.grammar import (Choice, Ebnf, GrammarConfig, JsonObject, JsonSchema, Lark, Reasoning,
                                             Regex, StructuralTag, Tag)
-    from interlock.protocol.sampling import Completion, Delta, RequestStats, SamplingParams
+    from interlock.protocol.sampling import Completion, Delta, RequestStats, SamplingParams, TokenLogprob
     from interlock.protocol.speculative import NGramConfig, SpeculativeConfig
 
 
@@ -52,6 +53,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Choice", "Completion", "Delta", "Ebnf", "Engine", "EngineConfig", "GrammarConfig", "JsonObject",
     "JsonSchema", "Lark", "LoadedModel", "NGramConfig", "Reasoning", "Regex", "RequestStats", "SamplingParams",
-    "SpeculativeConfig", "StructuralTag", "Tag", "errors", "load_model", "load_tokenizer",
+    "SpeculativeConfig", "StructuralTag", "Tag", "TokenLogprob", "errors", "load_model", "load_tokenizer",
 ]
 __version__ = "0.1.0"

@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +24,8 @@ from interlock.actors.runtime import Runtime
 from interlock.actors.scheduler import Scheduler, SchedulerConfig
 from interlock.actors.step import StepBuffers, StepProgram
 from interlock.actors.verifier_actor import VerifierActor
-from interlock.grammars.layer import GrammarLayer
+from interlock.actors.grammar_layer import GrammarLayer
+from interlock.grammars.backends import BACKENDS
 from interlock.models.generate import check_prompt_fits
 from interlock.drafters.model import DraftLM, ModelDrafter
 from interlock.models.kv_cache import PagedKVCache, block_bytes
@@ -49,6 +52,8 @@ from interlock.streams.output import OutputStream
 from interlock.logs import get_logger
 
 log = get_logger(__name__)
+
+Prompt = str | Sequence[Message] | Sequence[int]   # text, chat messages, or token ids
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,8 @@ class Engine:
         timeline = self._timeline = CpuTimeline()
         tp = isinstance(loaded.model, TensorParallelModel)
         kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size,
-                                      prefix_caching=self.config.prefix_caching and not tp)
+                                      prefix_caching=self.config.prefix_caching and not tp,
+                                      prefix_granularity=math.lcm(c.prefill_chunk, c.block_size))
         if tp:
             kv.k = kv.v = torch.empty(0)    # the ranks hold the K/V; here only the block tables matter
         buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)
@@ -176,13 +182,13 @@ class Engine:
         # the step buffers; the Scheduler alone sends to the others.
         kv_actor = KVActor(kv)
         verifier = VerifierActor(loaded.model, kv, timeline, buffers, step, self.tokenizer.vocab_size, eos)
-        drafter = self._drafter = (ModelDrafter(self._draft_lm, c.num_blocks, c.block_size)
+        drafter = self._drafter = (ModelDrafter(self._draft_lm, c.num_blocks, c.block_size, eos)
                                    if self._draft_lm is not None else None)
         if drafter is not None and isinstance(drafter.lm.model, TensorParallelModel):
             drafter.kv.k = drafter.kv.v = torch.empty(0)        # a self-draft's K/V live on the ranks too
         draft = DraftActor(self.config.speculative, self.tokenizer.vocab_size, timeline, step, model=drafter,
-                           bitmask=buffers.bitmask, free_rows=buffers.free, eos_token_ids=eos)
-        grammar = GrammarActor(self.grammars.backend, timeline, buffers, step)
+                           bitmask=buffers.bitmask, free_rows=buffers.free)
+        grammar = GrammarActor(self.grammars.router, timeline, buffers, step)  # type: ignore[arg-type]
         program = self._program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=c.max_draft_len,
                                               draft_model=drafter is not None, capture=self.config.capture_steps)
         scheduler = Scheduler(c, self.tokenizer, kv_actor, grammar, draft, verifier, program, self._forget)
@@ -255,9 +261,9 @@ class Engine:
 
     # --- requests ----------------------------------------------------------------------------
 
-    def generate(self, prompt: str | Sequence[Message], *, grammar: GrammarSpec | None = None,
-                 sampling: SamplingParams = SamplingParams(),
-                 negative_prompt: str | Sequence[Message] | None = None) -> AsyncIterator[Delta]:
+    def generate(self, prompt: Prompt, *, grammar: GrammarSpec | None = None,
+                 sampling: SamplingParams = SamplingParams(), negative_prompt: Prompt | None = None,
+                 grammar_backend: BackendName | None = None) -> AsyncIterator[Delta]:
         """Stream the output as Deltas; the last one has finish_reason and stats.
 
         With sampling.guidance_scale set (classifier-free guidance), negative_prompt is the
@@ -265,28 +271,35 @@ class Engine:
         template around an empty user message. The request then holds two KV sequences (twice
         the blocks) and each step forwards both in one packed batch.
 
+        prompt: a string (encoded as is), chat messages (through the chat template), or token ids
+        (a sequence of ints, each in [0, tokenizer vocabulary), used as they are).
+        grammar_backend: "xgrammar", "llguidance" or "auto" compiles this request's grammar with
+        that backend; None: the engine's (EngineConfig.grammar.backend).
+
         Leaving the loop early, closing the iterator or cancelling the consuming task cancels the
         request and frees everything it held. Raises a RequestError subclass (bad prompt, grammar,
         capacity) for this request only, EngineError if the engine fails or is closed.
         """
-        return self._generate(prompt, grammar, sampling, negative_prompt)
+        return self._generate(prompt, grammar, sampling, negative_prompt, grammar_backend)
 
-    async def complete(self, prompt: str | Sequence[Message], *, grammar: GrammarSpec | None = None,
-                       sampling: SamplingParams = SamplingParams(),
-                       negative_prompt: str | Sequence[Message] | None = None) -> Completion:
+    async def complete(self, prompt: Prompt, *, grammar: GrammarSpec | None = None,
+                       sampling: SamplingParams = SamplingParams(), negative_prompt: Prompt | None = None,
+                       grammar_backend: BackendName | None = None) -> Completion:
         """The whole output at once."""
-        text, thought, ids, last = [], [], [], None
-        async for delta in self.generate(prompt, grammar=grammar, sampling=sampling, negative_prompt=negative_prompt):
+        text, thought, ids, logprobs, last = [], [], [], [], None
+        async for delta in self.generate(prompt, grammar=grammar, sampling=sampling, negative_prompt=negative_prompt,
+                                         grammar_backend=grammar_backend):
             text.append(delta.text)
             thought.append(delta.reasoning_text)
             ids.extend(delta.token_ids)
+            logprobs.extend(delta.logprobs or ())
             last = delta
         assert last is not None and last.finish_reason is not None and last.stats is not None
-        return Completion("".join(text), tuple(ids), last.finish_reason, last.stats, "".join(thought))
+        return Completion("".join(text), tuple(ids), last.finish_reason, last.stats, "".join(thought),
+                          tuple(logprobs) if sampling.logprobs is not None else None)
 
-    async def _generate(self, prompt: str | Sequence[Message], grammar: GrammarSpec | None,
-                        sampling: SamplingParams, negative_prompt: str | Sequence[Message] | None
-                        ) -> AsyncIterator[Delta]:
+    async def _generate(self, prompt: Prompt, grammar: GrammarSpec | None, sampling: SamplingParams,
+                        negative_prompt: Prompt | None, grammar_backend: BackendName | None) -> AsyncIterator[Delta]:
         if self._closed or self._runtime is None:
             raise self._failure or EngineClosedError("the engine is not running (use `async with engine:`)")
         if not isinstance(sampling, SamplingParams):
@@ -295,6 +308,9 @@ class Engine:
             # Once the grammar completes, the stop token is the only one it allows: there is no going on.
             raise InvalidParameterError("ignore_eos", "cannot be combined with a grammar (a complete document "
                                                       "ends the request); use max_tokens or drop ignore_eos")
+        if grammar_backend is not None and grammar_backend not in BACKENDS:
+            raise InvalidParameterError("grammar_backend", f"must be one of {', '.join(BACKENDS)}, "
+                                                           f"got {grammar_backend!r}")
         tokens = self._encode(prompt)
         uncond = None
         if sampling.guidance_scale is not None:
@@ -311,7 +327,7 @@ class Engine:
             await self._scheduler.send(Submit(spec, stream))
             submitted = True
             if grammar is not None:
-                await self._compile(rid, grammar)
+                await self._compile(rid, grammar, grammar_backend)
             async for delta in stream:
                 yield delta
         except ChannelClosedError as exc:
@@ -321,19 +337,34 @@ class Engine:
             if not submitted:               # cancelled before the scheduler got it: nobody else forgets it
                 self._streams.pop(rid, None)
 
-    def _encode(self, prompt: str | Sequence[Message]) -> list[int]:
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, Sequence) and not isinstance(prompt, str) and len(prompt) > 0 and \
+                all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
+            return self._check_length(self._token_ids(prompt))      # type: ignore[arg-type]
         if not isinstance(prompt, str) and not (isinstance(prompt, Sequence) and
                                                 all(isinstance(m, Mapping) for m in prompt)):
-            raise InvalidParameterError("prompt", f"must be a str or a list of chat messages (dicts), got "
-                                                  f"{type(prompt).__name__}")
+            raise InvalidParameterError("prompt", f"must be a str, a list of chat messages (dicts) or a list of "
+                                                  f"token ids (ints), got {type(prompt).__name__}")
         if len(prompt) == 0:
             raise EmptyPromptError("the prompt is empty (an empty string or message list): give at least one token")
         try:
-            tokens = self.tokenizer.encode_prompt(prompt)
+            tokens = self.tokenizer.encode_prompt(prompt)  # type: ignore[arg-type]
         except InterlockError:
             raise
         except Exception as exc:        # jinja2 / transformers errors: how a chat template refuses bad messages
             raise InvalidParameterError("prompt", f"the chat template refused the messages: {exc}") from exc
+        return self._check_length(tokens)
+
+    def _token_ids(self, ids: Sequence[int]) -> list[int]:
+        """A prompt given as token ids: each must be a tokenizer id (the model's padding ids are not)."""
+        vocab = self.tokenizer.vocab_size
+        for i, t in enumerate(ids):
+            if not 0 <= t < vocab:
+                raise InvalidParameterError("prompt", f"token id {int(t)} at position {i} is outside the "
+                                                      f"vocabulary [0, {vocab})")
+        return [int(t) for t in ids]
+
+    def _check_length(self, tokens: list[int]) -> list[int]:
         if not tokens:
             raise EmptyPromptError("the prompt encodes to no tokens: give at least one token")
         check_prompt_fits(self.model.config, len(tokens))
@@ -342,11 +373,11 @@ class Engine:
                                      "(prompt + at least 1 generated token must fit): shorten the prompt")
         return tokens
 
-    async def _compile(self, rid: RequestId, spec: GrammarSpec) -> None:
+    async def _compile(self, rid: RequestId, spec: GrammarSpec, backend: BackendName | None) -> None:
         """Compile in this request's own task (a worker thread underneath), while its prompt prefills."""
         start = time.perf_counter()
         try:
-            compiled = await self.grammars.compile(spec)
+            compiled = await self.grammars.compile(spec, backend)
         except GrammarError as exc:
             await self._scheduler.send(GrammarReady(rid, error=exc))
             return

@@ -5,6 +5,9 @@ step.py      one speculative step as one lane program: per-part bounded StepQueu
              buffers, the host order of every part's lane ops, capture once per shape and replay
 planner.py   the Scheduler's request view (its Phase) and the step plan, as pure functions
 delivery.py  output delivery: stop rules (the end-of-sequence rule, once), detokenizing, deltas
+grammar_layer.py / compile_cache.py
+             the async compile front the engine and the GrammarActor use: backends built on first
+             use, one compile cache per backend (worker threads, timeouts, dedup, LRU)
 
 Actors plan, lanes run: the Scheduler stages a step's plan in each part's queue and enqueues the
 whole step; inside a step the parts meet only through timeline events and the step buffers.

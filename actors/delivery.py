@@ -22,7 +22,7 @@ from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import DEFAULT_THINK_END, DEFAULT_THINK_START, Reasoning
 from interlock.protocol.messages import RequestSpec
-from interlock.protocol.sampling import Delta, RequestStats, SamplingParams
+from interlock.protocol.sampling import Delta, RequestStats, SamplingParams, TokenLogprob
 from interlock.protocol.types import FinishReason, TokenId
 from interlock.streams.output import OutputStream
 
@@ -71,8 +71,10 @@ class Output:
                                            spec.grammar.end or DEFAULT_THINK_END)
         return out
 
-    def emit(self, tokens: list[TokenId], eos: tuple[TokenId, ...], at_context_limit: bool) -> FinishReason | None:
-        """Queue a step's new tokens as a delta; the finish reason if the request ends here."""
+    def emit(self, tokens: list[TokenId], eos: tuple[TokenId, ...], at_context_limit: bool,
+             logprobs: tuple[TokenLogprob, ...] | None = None) -> FinishReason | None:
+        """Queue a step's new tokens as a delta; the finish reason if the request ends here.
+        logprobs (one per token, when the request asked) are cut with the tokens."""
         if not self.output and tokens:
             self.first_token = time.perf_counter()
         sampling = self.spec.sampling
@@ -84,6 +86,8 @@ class Output:
         elif len(tokens) == room and reason is None:
             reason = "length"
         self.output.extend(tokens)
+        if logprobs is not None:
+            logprobs = logprobs[: len(tokens)]      # tokens only ever lose a tail above
         if reason is None and at_context_limit:
             reason = "length"
         text = self.text.push(tokens, final=reason is not None)
@@ -95,7 +99,7 @@ class Output:
         if self.thinking is not None:
             thought, text = self.thinking.feed(tokens, text, final=reason is not None)
         self.pending.append(Delta(text, tuple(tokens), reason, self.stats() if reason is not None else None,
-                                  reasoning_text=thought))
+                                  reasoning_text=thought, logprobs=logprobs))
         return reason
 
     def _refused(self) -> bool:

@@ -1,9 +1,10 @@
 """PenaltyBook: the VerifierActor's per-request token counts for repetition remedies.
 
-Only requests whose SamplingParams ask for a penalty get an entry: their prompt ids (a bool row,
-filled from the chunks the verifier forwards, which cover every prompt position) and their
-output counts (an int row, updated from the verifier's own results, which are exactly the tokens
-the request commits). The book belongs to the VerifierActor and is used only on its model lane;
+Only requests whose SamplingParams ask for a penalty get an entry (`add`, when the Scheduler admits
+them): their prompt ids (a bool row, from the whole prompt: with prefix caching the verifier never
+forwards the cached part, so the chunks it sees are not the prompt) and their output counts (an
+int row, updated from the verifier's own results, which are exactly the tokens the request
+commits). The book belongs to the VerifierActor and is used only on its model lane;
 its entries go on Release.
 """
 from __future__ import annotations
@@ -32,17 +33,12 @@ class PenaltyBook:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def see(self, snapshots: Sequence[RequestSnapshot]) -> None:
-        """Record the tokens a step feeds (prompt chunks; a sampling step's last token) as prompt ids."""
-        for s in snapshots:
-            if not s.sampling.penalized:
-                continue
-            e = self.entries.get(s.request_id)
-            if e is None:
-                e = self.entries[s.request_id] = _Entry(torch.zeros(self.vocab, dtype=torch.bool),
-                                                        torch.zeros(self.vocab, dtype=torch.int32))
-            if s.chunk and (not s.sample or not e.counts.any()):   # later last tokens are output, counted below
-                e.prompt[torch.tensor(s.chunk, dtype=torch.long).clamp(0, self.vocab - 1)] = True
+    def add(self, request_id: RequestId, prompt: Sequence[TokenId]) -> None:
+        """A penalized request and its whole prompt (ids past the vocabulary are clamped: never sampled)."""
+        e = self.entries[request_id] = _Entry(torch.zeros(self.vocab, dtype=torch.bool),
+                                              torch.zeros(self.vocab, dtype=torch.int32))
+        if prompt:
+            e.prompt[torch.tensor(prompt, dtype=torch.long).clamp(0, self.vocab - 1)] = True
 
     def apply_(self, logits: torch.Tensor, snaps: Sequence[RequestSnapshot], drafts: Sequence[tuple[TokenId, ...]],
                num_drafts: torch.Tensor) -> None:

@@ -1,5 +1,7 @@
-"""Planning, as pure functions of the Scheduler's request views: what one step holds, what a
-request is promised at admission. The Scheduler owns the `Request` objects; nothing else sees them.
+"""Planning, as functions of the Scheduler's request views: what one step holds, what a request is
+promised at admission, what the KV cache reserves for a step, and (`account`, the one function
+here that updates the views) what a finished step changes. The Scheduler owns the `Request`
+objects; nothing else sees them.
 
 Prompt chunks sit at fixed boundaries (multiples of `prefill_chunk`) so a request's prefill is
 computed the same way whatever else shares its steps: with the batch-invariant forward, a request
@@ -15,10 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from interlock.actors.delivery import Output
-from interlock.protocol.messages import GuideChunk, RequestSnapshot, RequestSpec
-from interlock.protocol.types import SlotId
-
-
+from interlock.protocol.messages import GuideChunk, RequestSnapshot, RequestSpec, SlotResult, StepPlan, TokenEvent
+from interlock.protocol.types import RequestId, SlotId, TokenId
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -138,3 +138,59 @@ def blocks_for(spec: RequestSpec, config: SchedulerConfig) -> int:
                         config.max_position + config.max_draft_len + 1)
         total += -(-positions // config.block_size)
     return total
+
+
+def reservations(plan: StepPlan) -> tuple[tuple[int, int], ...]:
+    """(KV sequence, positions) the step writes: each chunk, plus K draft rows where it samples.
+    Admission promised every request its blocks, so this reservation cannot run out."""
+    items = []
+    for s in plan.snapshots:
+        drafts = plan.max_draft_len if s.sample else 0
+        items.append((s.seq, len(s.chunk) + drafts))
+        if s.guide is not None:
+            items.append((s.guide.seq, len(s.guide.chunk) + drafts))
+    return tuple(items)
+
+
+@dataclass
+class StepOutcome:
+    """What a finished step asks of the Scheduler."""
+
+    rewinds: list[tuple[int, int]]                       # (seq, positions) of rejected draft rows
+    commits: list[tuple[int, tuple[TokenId, ...]]]      # (seq, tokens) whose K/V is now committed
+    emits: list[tuple[Request, SlotResult]]              # each request's step result (new tokens, logprobs)
+    failed: list[tuple[Request, BaseException]]          # per-request faults of the step
+
+
+def account(plan: StepPlan, event: TokenEvent, requests: dict[RequestId, Request]) -> StepOutcome:
+    """Apply a finished step to the requests it held: positions computed and per-request counts."""
+    out = StepOutcome([], [], [], [])
+    by_id = {r.request_id: r for r in event.results}
+    for s in plan.snapshots:
+        req = requests.get(s.request_id)
+        result = by_id.get(s.request_id)
+        if req is None or req.phase is not Phase.RUNNING:
+            continue                                          # failed (its grammar) while in flight
+        if result is None:                                    # a prefill chunk
+            req.computed += len(s.chunk)
+            req.guide_computed += len(s.guide.chunk) if s.guide is not None else 0
+            out.commits.append((s.seq, s.chunk))
+            if s.guide is not None:
+                out.commits.append((s.guide.seq, s.guide.chunk))
+        elif result.error is not None:
+            out.failed.append((req, result.error))
+        else:
+            # KV kept: the last token + accepted drafts (the final new token is fed next step).
+            used = len(result.new_tokens)
+            out.rewinds.extend((seq, 1 + plan.max_draft_len - used) for seq in req.seqs)
+            req.computed += used
+            req.guide_computed += used if req.guide_seq is not None else 0
+            out.commits.append((s.seq, (s.chunk + result.new_tokens)[:used]))    # fed + accepted
+            if s.guide is not None:
+                out.commits.append((s.guide.seq, (s.guide.chunk + result.new_tokens)[:used]))
+            o = req.out
+            o.steps, o.step_tokens = o.steps + 1, o.step_tokens + used
+            o.drafted, o.accepted = o.drafted + result.drafted, o.accepted + result.accepted
+            o.exposed_s += event.exposed_grammar_s
+            out.emits.append((req, result))
+    return out

@@ -23,17 +23,16 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Callable
 
-
 from interlock.actors.base import Actor, Handler
 from interlock.actors.delivery import Output
-from interlock.actors.planner import Phase, SchedulerConfig, blocks_for, plan_step
+from interlock.actors.planner import Phase, SchedulerConfig, account, blocks_for, plan_step, reservations
 from interlock.actors.planner import Request as _Request
 from interlock.actors.step import StepProgram
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import EngineClosedError, KVCacheExhaustedError
 from interlock.protocol.messages import (
     AddRequest, BindGrammar, BlockTables, Cancel, Count, EngineMetrics, Free, GetMetrics, GrammarReady, Promise,
-    Release, Reserve, Rewind, StepPlan, Submit, TokenEvent, Wake,
+    Release, Reserve, Rewind, SlotResult, StepPlan, Submit, TokenEvent, Wake,
 )
 from interlock.protocol.types import FinishReason, RequestId, SlotId
 from interlock.logs import get_logger
@@ -154,41 +153,12 @@ class Scheduler(Actor[object]):
         t["forward_s"] += event.forward_s
         t["exposed_grammar_s"] += event.exposed_grammar_s
         t["output_tokens"] += sum(len(r.new_tokens) for r in event.results)
-        rewinds, emits, failed = [], [], []
-        commits: list[tuple[int, tuple[int, ...]]] = []
-        by_id = {r.request_id: r for r in event.results}
-        for s in plan.snapshots:
-            req = self.requests.get(s.request_id)
-            result = by_id.get(s.request_id)
-            if req is None or req.phase is not Phase.RUNNING:
-                continue                                          # failed (its grammar) while in flight
-            if result is None:                                    # a prefill chunk
-                req.computed += len(s.chunk)
-                req.guide_computed += len(s.guide.chunk) if s.guide is not None else 0
-                commits.append((s.seq, s.chunk))
-                if s.guide is not None:
-                    commits.append((s.guide.seq, s.guide.chunk))
-            elif result.error is not None:
-                failed.append((req, result.error))
-            else:
-                # KV kept: the last token + accepted drafts (the final new token is fed next step).
-                used = len(result.new_tokens)
-                rewinds.extend((seq, 1 + plan.max_draft_len - used) for seq in req.seqs)
-                req.computed += used
-                req.guide_computed += used if req.guide_seq is not None else 0
-                commits.append((s.seq, (s.chunk + result.new_tokens)[:used]))    # fed + accepted
-                if s.guide is not None:
-                    commits.append((s.guide.seq, (s.guide.chunk + result.new_tokens)[:used]))
-                o = req.out
-                o.steps, o.step_tokens = o.steps + 1, o.step_tokens + used
-                o.drafted, o.accepted = o.drafted + result.drafted, o.accepted + result.accepted
-                o.exposed_s += event.exposed_grammar_s
-                emits.append((req, list(result.new_tokens)))
-        if rewinds or commits:                                     # before any Free
-            await self.kv.send(Rewind(tuple(rewinds), tuple(commits)))
-        for req, error in failed:
+        done = account(plan, event, self.requests)
+        if done.rewinds or done.commits:                           # before any Free
+            await self.kv.send(Rewind(tuple(done.rewinds), tuple(done.commits)))
+        for req, error in done.failed:
             await self._finish(req, "error", error)
-        finished = [(req, self._emit(req, tokens)) for req, tokens in emits]
+        finished = [(req, self._emit(req, result)) for req, result in done.emits]
         for req, reason in finished:
             if req.out.invalid is not None:
                 await self._finish(req, "error", req.out.invalid)
@@ -199,9 +169,9 @@ class Scheduler(Actor[object]):
         for req, _ in finished:
             req.out.flush()
 
-    def _emit(self, req: _Request, tokens: list[int]) -> FinishReason | None:
+    def _emit(self, req: _Request, result: SlotResult) -> FinishReason | None:
         at_limit = max(req.computed, req.guide_computed) + 1 + self.config.max_draft_len >= self.config.max_position
-        reason = req.out.emit(tokens, self.tokenizer.eos_token_ids, at_limit)
+        reason = req.out.emit(list(result.new_tokens), self.tokenizer.eos_token_ids, at_limit, result.logprobs)
         if reason is not None:
             log.debug("request_finished", request_id=req.spec.request_id, step=self.step, reason=reason,
                       output_tokens=len(req.out.output))
@@ -231,14 +201,7 @@ class Scheduler(Actor[object]):
             return
         self.step += 1
         plan = StepPlan(self.step, snaps, self.config.max_draft_len)
-        # Admission promised every request its blocks, so this reservation cannot run out.
-        items = []
-        for s in plan.snapshots:
-            drafts = plan.max_draft_len if s.sample else 0
-            items.append((s.seq, len(s.chunk) + drafts))
-            if s.guide is not None:
-                items.append((s.guide.seq, len(s.guide.chunk) + drafts))
-        tables: BlockTables = await self.kv.ask(lambda reply: Reserve(tuple(items), reply))
+        tables: BlockTables = await self.kv.ask(lambda reply: Reserve(reservations(plan), reply))
         self.in_flight = StepPlan(plan.step, plan.snapshots, plan.max_draft_len, tables)
         self._launched = time.perf_counter()
         self.program.launch(self.in_flight)
@@ -266,6 +229,8 @@ class Scheduler(Actor[object]):
             # may wait in a busy actor's inbox, and a fully cached prompt decodes in its first step).
             rid, prompt = req.spec.request_id, req.spec.prompt
             await self.draft.ask(lambda reply: AddRequest(rid, prompt, reply))
+            if req.spec.sampling.penalized:     # repetition penalties read the whole prompt, cached or not
+                await self.verifier.ask(lambda reply: AddRequest(rid, prompt, reply))
             if req.compiled is not None:
                 await self._bind(req.slot, req.compiled)
                 req.compiled = None

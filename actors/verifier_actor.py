@@ -13,12 +13,16 @@ right after the request's own chunk, with the same tokens and drafts at its own 
 take the same row path, so they are what a forward of the companion alone would give. Before the
 padded-id, grammar and top-k/top-p masks and before verification, the request's K+1 rows become
 uncond + s * (cond - uncond): drafts are verified against the guided, masked distribution.
+
+Log-probabilities (SamplingParams.logprobs): for the requests that ask, and only for them, each
+emitted token's log-probability and its row's top alternatives are read from the very rows it was
+verified against (kernels/logprobs.py), so they are the same with or without speculation.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -27,14 +31,17 @@ from interlock.actors.delivery import cut_at_stop
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.actors.penalty_book import PenaltyBook
 from interlock.actors.step import StepBuffers, StepQueue
-from interlock.kernels import apply_token_bitmask_, probs_from_logits, rejection_sample, rejection_sample_greedy
+from interlock.kernels import (
+    apply_token_bitmask_, probs_from_logits, rejection_sample, rejection_sample_greedy, token_logprobs,
+)
 from interlock.kernels.cfg import cfg_combine
 from interlock.kernels.sampling import request_generator
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.llama import Transformer
 from interlock.protocol.errors import SamplingError
-from interlock.protocol.messages import Count, Release, RequestSnapshot, SlotResult, StepPlan
+from interlock.protocol.messages import AddRequest, Count, Release, RequestSnapshot, SlotResult, StepPlan
+from interlock.protocol.sampling import TokenLogprob
 from interlock.protocol.types import RequestId, TokenId
 from interlock.streams.timeline import Timeline
 from interlock.logs import get_logger
@@ -71,7 +78,13 @@ class VerifierActor(Actor[object]):
         super().__init__("verifier")
 
     def handlers(self) -> Mapping[type, Handler]:
-        return {Release: self.on_release, Count: self.on_count}
+        return {AddRequest: self.on_add, Release: self.on_release, Count: self.on_count}
+
+    async def on_add(self, msg: AddRequest) -> None:
+        """A penalized request's prompt (the Scheduler sends only those): its penalty entry."""
+        self.timeline.model.launch_host(self.penalties.add, msg.request_id, msg.prompt)
+        if msg.reply is not None:
+            msg.reply.set_result(None)
 
     async def on_release(self, msg: Release) -> None:
         self.timeline.model.launch_host(self.generators.pop, msg.request_id, None)
@@ -95,7 +108,6 @@ class VerifierActor(Actor[object]):
             s = plan.snapshots[i]
             if not s.sampling.greedy and s.request_id not in self.generators:
                 self.generators[s.request_id] = request_generator(s.sampling.seed)
-        self.penalties.see(plan.snapshots)
         slots = [plan.snapshots[i].slot for i in sampled]
         self._work = _StepWork(plan, sampled, [b.drafts[slot] for slot in slots], [b.probs[slot] for slot in slots])
 
@@ -159,6 +171,7 @@ class VerifierActor(Actor[object]):
             result = rejection_sample_greedy(logits, draft_tokens, num_drafts)
         else:
             result = self._stochastic(logits, snaps, draft_tokens, self._draft_probs(work, v, k), num_drafts, k)
+        asked: list[tuple[int, SlotResult]] = []       # (row, result) of requests that want logprobs
         for row, s in enumerate(snaps):
             n_acc = int(result.num_accepted[row])
             tokens = [int(t) for t in result.tokens[row, : n_acc + 1]]
@@ -168,8 +181,40 @@ class VerifierActor(Actor[object]):
                 continue
             # A stop token that was an accepted draft counts as accepted (tokens end at it).
             result_s = SlotResult(s.request_id, s.slot, tuple(tokens), int(num_drafts[row]), min(n_acc, len(tokens)))
+            if s.sampling.logprobs is not None:
+                asked.append((row, result_s))
             self.step.results[s.slot] = result_s
             self.penalties.commit((result_s,))
+        if asked:
+            for r in self._with_logprobs(logits, snaps, asked):
+                self.step.results[r.slot] = r
+
+    @staticmethod
+    def _with_logprobs(logits: torch.Tensor, snaps: list[RequestSnapshot],
+                       asked: list[tuple[int, SlotResult]]) -> list[SlotResult]:
+        """Each result with its tokens' log-probabilities, from the rows they were verified against
+        (masked, penalized, guided: `logits` [B, K+1, V] as verification used them). One batched
+        call for the requests that asked; nothing for the others."""
+        lengths = torch.tensor([len(r.new_tokens) for _, r in asked])
+        params = [snaps[row].sampling for row, _ in asked]
+        x = torch.cat([logits[row, : len(r.new_tokens)] for row, r in asked])            # [R, V]
+        tokens = torch.tensor([t for _, r in asked for t in r.new_tokens], dtype=torch.long)
+        per_row = lambda values, dtype: torch.tensor(values, dtype=dtype).repeat_interleave(lengths)  # noqa: E731
+        temp = per_row([p.temperature for p in params], torch.float32)
+        top_k = per_row([p.top_k or 0 for p in params], torch.long) if any(p.top_k for p in params) else None
+        top_p = per_row([p.top_p or 1.0 for p in params], torch.float32) if any(p.top_p for p in params) else None
+        n = max(p.logprobs or 0 for p in params)
+        out = token_logprobs(x, tokens, temp, top_k, top_p, n=n)
+        token, ids, top = out.token.tolist(), out.top_ids.tolist(), out.top.tolist()
+        results, i = [], 0
+        for (_, r), p in zip(asked, params):
+            entries = []
+            for t in r.new_tokens:
+                alts = tuple((a, lp) for a, lp in zip(ids[i][: p.logprobs], top[i][: p.logprobs]) if lp > float("-inf"))
+                entries.append(TokenLogprob(t, token[i], alts))
+                i += 1
+            results.append(replace(r, logprobs=tuple(entries)))
+        return results
 
     def _row_invalid(self, used: torch.Tensor, s: RequestSnapshot) -> bool:
         """True (and the request fails alone, SamplingError) when a logits row its tokens were drawn

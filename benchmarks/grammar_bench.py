@@ -26,7 +26,7 @@ from urllib.parse import unquote
 
 from interlock.grammars import make_backend
 from interlock.grammars.auto import AutoBackend
-from interlock.grammars.layer import AUTO_ORDER
+from interlock.grammars.backends import AUTO_ORDER
 from interlock.protocol.errors import GrammarError, SchemaKeywordError
 from interlock.protocol.grammar import GrammarConfig, JsonSchema
 

@@ -1,6 +1,6 @@
 """Speculation on a mixed free/constrained workload: free text that switches into a JSON tool call.
 
-    python -m interlock.benchmarks.switch_bench [--model smollm2-135m-instruct] [--out FILE]
+    python -m interlock.benchmarks.switch_bench [--model smollm2-135m-instruct] [--native] [--out FILE]
 
 Few-shot prompts show answers of the form `<sentence> CALL:{json}\\n`; the grammar is a
 StructuralTag whose trigger is `CALL:` (the JSON must satisfy the tool's schema, `\\n` closes it,
@@ -8,7 +8,9 @@ then the output ends). So each output is free text, the switch, a constrained ca
 from the examples cross the marker, forced drafts resume right after it. Every speculative mode runs
 on the same prompts and model in one process (greedy, so every mode emits the same tokens, which
 the script checks); tokens/s is shown as a ratio to "none". Prints a table, then one JSON line
-with every mode's result and every output's token ids (saved by --out).
+with every mode's result and every output's token ids (saved by --out). --native runs every mode
+a second time with the same grammar compiled natively (`native=True`: the backend's structural tag
+or Lark grammar, rows written instead of skipped), rows marked "native", ratios still to the first.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength
                                            "days": {"type": "integer", "minimum": 1, "maximum": 14}},
           "required": ["city", "days"]}
 GRAMMAR = StructuralTag(["CALL:"], [Tag("CALL:", JsonSchema(SCHEMA), "\n")], at_most=1)
+NATIVE = StructuralTag(["CALL:"], [Tag("CALL:", JsonSchema(SCHEMA), "\n")], at_most=1, native=True)
 SHOTS = ("Q: Will it rain in Oslo this week?\nA: Let me check the forecast for Oslo. CALL:{\"city\":\"Oslo\",\"days\":7}\n\n"
          "Q: Is Rome warm tomorrow?\nA: I will look up tomorrow in Rome. CALL:{\"city\":\"Rome\",\"days\":1}\n\n"
          "Q: Weather in Lima for three days?\nA: Checking three days of weather in Lima. CALL:{\"city\":\"Lima\",\"days\":3}\n\n")
@@ -40,16 +43,17 @@ QUESTIONS = ["Will it snow in Denver this weekend?", "How hot is Cairo for the n
              "Is it windy in Chicago over the next two days?", "Any sun in Dublin for the next four days?"]
 
 
-async def run_mode(loaded: LoadedModel, mode: str, max_tokens: int, backend: str) -> dict:
+async def run_mode(loaded: LoadedModel, mode: str, max_tokens: int, backend: str,
+                   grammar: StructuralTag = GRAMMAR) -> dict:
     speculative = None if mode == "none" else SpeculativeConfig.parse(mode, max_draft_len=4)
     config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=backend), max_batch_size=1)
     sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     outputs = []
     async with Engine(loaded, config) as engine:
-        await engine.complete(SHOTS + "Q: warm up\nA:", grammar=GRAMMAR, sampling=SamplingParams(max_tokens=4))
+        await engine.complete(SHOTS + "Q: warm up\nA:", grammar=grammar, sampling=SamplingParams(max_tokens=4))
         start = time.perf_counter()
         for q in QUESTIONS:
-            outputs.append(await engine.complete(f"{SHOTS}Q: {q}\nA:", grammar=GRAMMAR, sampling=sampling))
+            outputs.append(await engine.complete(f"{SHOTS}Q: {q}\nA:", grammar=grammar, sampling=sampling))
         elapsed = time.perf_counter() - start
     tokens = sum(c.stats.output_tokens for c in outputs)
     steps = sum(c.stats.steps for c in outputs)
@@ -58,9 +62,9 @@ async def run_mode(loaded: LoadedModel, mode: str, max_tokens: int, backend: str
         if "CALL:" in c.text:
             called += 1
         if c.finish_reason == "stop":
-            validate_output(GRAMMAR, c.text)          # raises on an invalid call
+            validate_output(grammar, c.text)          # raises on an invalid call
             valid += 1
-    return {"mode": mode, "tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
+    return {"mode": mode + (" native" if grammar.native else ""), "tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
             "acceptance_length": sum(c.stats.step_tokens for c in outputs) / steps if steps else 0.0,
             "drafted": sum(c.stats.drafted for c in outputs), "accepted": sum(c.stats.accepted for c in outputs),
             "called": called, "stopped_valid": valid,
@@ -70,7 +74,8 @@ async def run_mode(loaded: LoadedModel, mode: str, max_tokens: int, backend: str
 
 async def main_async(args: argparse.Namespace) -> dict:
     loaded = load_model(args.model)
-    results = [await run_mode(loaded, m, args.max_tokens, args.backend) for m in args.modes.split(",")]
+    grammars = [GRAMMAR, NATIVE] if args.native else [GRAMMAR]
+    results = [await run_mode(loaded, m, args.max_tokens, args.backend, g) for g in grammars for m in args.modes.split(",")]
     base = results[0]
     for r in results[1:]:
         same = [a["token_ids"] == b["token_ids"] for a, b in zip(base["outputs"], r["outputs"])]
@@ -80,7 +85,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     print_table(f"switching grammar (free text then CALL: json), {args.model}, greedy, batch 1",
                 ["mode", "tokens", "accept len", "tok/s", "x none", "called", "same tokens"], rows)
     return {"model": args.model, "backend": args.backend, "max_tokens": args.max_tokens, "load_average": load_average(),
-            "grammar": GRAMMAR.key, "results": results}
+            "grammar": GRAMMAR.key, "native": args.native, "results": results}
 
 
 def main() -> None:
@@ -89,6 +94,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--native", action="store_true", help="also run every mode with native=True")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     result = anyio.run(main_async, args)

@@ -1,37 +1,49 @@
 """DraftChain: the one place that decides each request's drafts from every drafter it has.
 
-Per request and step: grammar-forced tokens come first (free drafts), then the n-gram and/or
-suffix-trie continuation past them (the longer one; the suffix drafter's length is set by its match
-length, and its global trie learns every finished request's output in `remove`), then a user
-drafter's proposal where the grammar forces nothing (the longer of the two is kept); a draft model is asked only where these fall short of the request's
-budget k (`wants_model`), and continues after the forced tokens (its draft replaces the others
-whatever its length, see DraftActor). The chain holds every per-request thing these drafters
-keep: n-gram entries, suffix tries, adaptive budgets, user-drafter contexts.
+Members, in priority order: grammar-forced tokens (free drafts), the n-gram and suffix lookups
+(which continue past the forced tokens), a user drafter. Every member implements the Drafter
+protocol (drafters/base.py); the chain applies the same rules to all of their answers: an answer
+is cut where it disagrees with a forced token or leaves the vocabulary, and the longest one is
+verified (the earlier member on a tie). The draft model comes after the lookups: it is asked only
+where their best draft falls short of the request's budget k (`ChainDraft.model`), continues
+after the forced tokens, and its draft replaces the others whatever its length (see the
+DraftActor: keeping it only when longer would condition it on its own samples, and q would no
+longer be its law). The chain holds every per-request thing the drafters keep, through their
+`Tracked` hooks, plus the adaptive budgets and, for a member that keeps no state of its own, the
+request's tokens.
 
 Adaptive draft length: each request has a lookup budget k (1..K). A step that accepts every draft
 raises it by one; a rejection sets it to accepted + 1. Forced tokens are accepted whatever the
 model says, so they never count against it. It changes how much is verified, never what is
 emitted: verification is exact for any draft.
 
-A user drafter that raises (or answers with the wrong number of proposals) is retried one request
-at a time; the requests it still fails for get a DrafterError (`propose` returns it per request),
-the others keep their drafts.
+A member that raises (or answers with the wrong number of drafts) is retried one request at a
+time; the requests it still fails for get a DrafterError (`ChainDraft.error`), the others keep
+their drafts. Only user code is expected to fail, but the rule is the same for every member.
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
-from interlock.drafters.combine import combine_drafts, forced_then_ngram
+from interlock.drafters.base import Drafter, Tracked
+from interlock.drafters.combine import combine_drafts, consistent_prefix
+from interlock.drafters.forced import ForcedDrafter
+from interlock.drafters.model import ModelDrafter
 from interlock.drafters.ngram import NGramDrafter
 from interlock.drafters.suffix import SuffixDrafter
+from interlock.logs import get_logger
 from interlock.protocol.errors import DrafterError
 from interlock.protocol.speculative import DraftRequest, SpeculativeConfig
 from interlock.protocol.types import RequestId, TokenId
-from interlock.logs import get_logger
 
 log = get_logger(__name__)
+
+# engine.resources() reports each of these, 0 when the drafter is absent.
+_ZERO_COUNTS = {"ngram_requests": 0, "suffix_requests": 0, "suffix_request_nodes": 0, "suffix_global_tokens": 0,
+                "suffix_global_nodes": 0, "draft_requests": 0, "draft_generators": 0, "draft_kv_free_blocks": 0,
+                "draft_kv_total_blocks": 0}
 
 
 @dataclass(frozen=True)
@@ -44,71 +56,74 @@ class ChainRequest:
 
 @dataclass(frozen=True)
 class ChainDraft:
-    """The chain's answer for one request: drafts, the budget k, and an error if its drafter failed."""
+    """The chain's answer for one request: drafts, the budget k, whether the draft model should
+    continue after the forced tokens (replacing `drafts`), and an error if a drafter failed."""
 
     drafts: tuple[TokenId, ...]
     k: int
     error: BaseException | None = None
+    model: bool = False
 
 
 class DraftChain:
-    """Forced -> n-gram / suffix -> user drafter, with adaptive budgets (see the module docstring)."""
+    """Forced -> n-gram / suffix -> draft model -> user drafter, with adaptive budgets."""
 
-    def __init__(self, config: SpeculativeConfig | None, vocab_size: int) -> None:
+    def __init__(self, config: SpeculativeConfig | None, vocab_size: int, model: ModelDrafter | None = None) -> None:
         self.config = config
-        self.vocab_size = vocab_size            # drafts outside [0, vocab_size) are cut (no tokens)
+        self.vocab_size = vocab_size            # drafts outside [0, vocab_size) are cut
         self.max_draft_len = config.max_draft_len if config is not None else 0
-        use_ngram = config is not None and "ngram" in config.drafters
-        self.ngram = NGramDrafter(config.ngram, config.max_draft_len) if use_ngram else None
-        use_suffix = config is not None and "suffix" in config.drafters
-        self.suffix = SuffixDrafter(config.suffix, config.max_draft_len) if use_suffix else None
         self.use_forced = config is not None and "forced" in config.drafters
-        self.user = config.user_drafter if config is not None else None
+        members: list[Drafter] = []
+        if self.use_forced:
+            members.append(ForcedDrafter())
+        if config is not None and "ngram" in config.drafters:
+            members.append(NGramDrafter(config.ngram, config.max_draft_len))
+        if config is not None and "suffix" in config.drafters:
+            members.append(SuffixDrafter(config.suffix, config.max_draft_len))
+        if config is not None and config.user_drafter is not None:
+            members.append(config.user_drafter)
+        self.members = members
+        self.model = model
+        self.tracked: list[Tracked] = [m for m in [*members, model] if isinstance(m, Tracked)]
         self.budget: dict[RequestId, int] = {}
-        self.contexts: dict[RequestId, list[TokenId]] = {}    # prompt + output, kept only for a user drafter
+        # prompt + output, kept only when a member keeps no state of its own (DraftRequest.tokens)
+        self.contexts: dict[RequestId, list[TokenId]] | None = (
+            {} if any(not isinstance(m, Tracked) for m in members) else None)
 
-    # --- per-request state ----------------------------------------------------------------------
+    # --- per-request state (model lane) ---------------------------------------------------------
 
     def add(self, request_id: RequestId, prompt: tuple[TokenId, ...]) -> None:
-        if self.ngram is not None:
-            self.ngram.add_request(request_id, prompt)
-        if self.suffix is not None:
-            self.suffix.add_request(request_id, prompt)
-        if self.user is not None:
+        for m in self.tracked:
+            m.add(request_id, prompt)
+        if self.contexts is not None:
             self.contexts[request_id] = list(prompt)
 
     def remove(self, request_id: RequestId) -> None:
-        if self.ngram is not None:
-            self.ngram.remove(request_id)
-        if self.suffix is not None:
-            self.suffix.remove(request_id)      # its output joins the global trie
+        for m in self.tracked:
+            m.remove(request_id)
         self.budget.pop(request_id, None)
-        self.contexts.pop(request_id, None)
+        if self.contexts is not None:
+            self.contexts.pop(request_id, None)
 
     def commit(self, request_id: RequestId, new_tokens: tuple[TokenId, ...], drafted: int, accepted: int) -> None:
-        """A step's outcome for one request: index its tokens, adapt its budget."""
-        if request_id in self.contexts:
+        """A step's outcome for one request: every drafter learns its tokens; its budget adapts."""
+        for m in self.tracked:
+            m.commit(request_id, new_tokens)
+        if self.contexts is not None and request_id in self.contexts:
             self.contexts[request_id].extend(new_tokens)
-        if self.config is None:
-            return
-        if self.ngram is not None:
-            self.ngram.extend(request_id, new_tokens)
-        if self.suffix is not None:
-            self.suffix.extend(request_id, new_tokens)
-        if self.config.adaptive and drafted:
+        if self.config is not None and self.config.adaptive and drafted:
             k = self.max_draft_len
             budget = self.budget.get(request_id, k)
             self.budget[request_id] = min(k, budget + 1) if accepted == drafted else max(1, accepted + 1)
 
     def counts(self) -> dict[str, int]:
-        """Per-request state (0 when idle), and the bounded global suffix trie (kept across requests)."""
-        suffix = self.suffix.stats() if self.suffix is not None else None
-        return {"ngram_requests": self.ngram.stats().requests if self.ngram is not None else 0,
-                "suffix_requests": suffix.requests if suffix else 0,
-                "suffix_request_nodes": suffix.request_nodes if suffix else 0,
-                "suffix_global_tokens": suffix.global_tokens if suffix else 0,
-                "suffix_global_nodes": suffix.global_nodes if suffix else 0,
-                "adaptive_budgets": len(self.budget), "user_contexts": len(self.contexts)}
+        """Per-request state (0 when idle), the draft model's KV pool and the bounded global suffix trie."""
+        counts = dict(_ZERO_COUNTS)
+        for m in self.tracked:
+            counts.update(m.counts())
+        counts["adaptive_budgets"] = len(self.budget)
+        counts["user_contexts"] = len(self.contexts) if self.contexts is not None else 0
+        return counts
 
     # --- drafting -------------------------------------------------------------------------------
 
@@ -118,69 +133,66 @@ class DraftChain:
 
     def propose(self, requests: Sequence[ChainRequest]) -> list[ChainDraft]:
         """Drafts for each request, in order."""
-        out: list[ChainDraft] = []
-        for r in requests:
-            k = self.max_draft_len
-            if self.config is None:
-                out.append(ChainDraft((), 0))
-                continue
-            forced = self.forced(r.forced)
-            if self.config.adaptive:
-                k = min(k, len(forced) + self.budget.get(r.request_id, k))
-            drafts = tuple(forced[:k])
-            if len(drafts) < k and (self.ngram is not None or self.suffix is not None):
-                drafts = tuple(self._continue(r.request_id, forced[:k], k))
-            out.append(ChainDraft(drafts, k))
-        if self.user is not None:
-            out = self._with_user_drafts(requests, out)
+        if self.config is None:
+            return [ChainDraft((), 0) for _ in requests]
+        asks = [DraftRequest(r.request_id, (), self.forced(r.forced)[: self.max_draft_len]) for r in requests]
+        ks = [self._budget(a) for a in asks]
+        answers: list[list[Sequence[TokenId]]] = [[] for _ in requests]
+        errors: list[BaseException | None] = [None] * len(requests)
+        for member in self.members:
+            with_tokens = not isinstance(member, Tracked)
+            for k, idx in _by_budget(ks).items():
+                batch = [self._with_tokens(asks[i]) if with_tokens else asks[i] for i in idx]
+                for i, answer in zip(idx, self._ask(member, batch, k)):
+                    if isinstance(answer, BaseException):
+                        errors[i] = answer
+                    else:
+                        answers[i].append(consistent_prefix(answer, asks[i].forced, self.vocab_size))
+        out = []
+        for a, k, cands, error in zip(asks, ks, answers, errors):
+            drafts = tuple(combine_drafts(cands, k))
+            out.append(ChainDraft(drafts, k, error, model=self.model is not None and len(drafts) < k))
         return out
 
-    def _continue(self, request_id: RequestId, head: tuple[TokenId, ...], k: int) -> list[TokenId]:
-        """head (the forced tokens), then the longer of the n-gram and suffix continuations past it."""
-        cands = []
-        if self.ngram is not None:
-            cands.append(forced_then_ngram(head, self.ngram, request_id, k))
-        if self.suffix is not None:
-            cands.append(list(head) + self.suffix.propose(request_id, k - len(head), after=head))
-        return combine_drafts(cands, k)
-
-    def _with_user_drafts(self, requests: Sequence[ChainRequest], drafts: list[ChainDraft]) -> list[ChainDraft]:
-        """Ask the user drafter for requests the grammar forces nothing on; keep the longer draft."""
-        asked = [i for i, r in enumerate(requests) if not self.forced(r.forced)]
-        if not asked:
-            return drafts
+    def _budget(self, a: DraftRequest) -> int:
+        """The request's k: its lookup budget on top of its forced tokens (which are free)."""
         k = self.max_draft_len
-        answers = self._ask_user([requests[i].request_id for i in asked], k)
-        out = list(drafts)
-        for i, answer in zip(asked, answers):
-            if isinstance(answer, BaseException):
-                out[i] = ChainDraft(drafts[i].drafts, drafts[i].k, answer)
-                continue
-            ids = [int(t) for t in answer]
-            valid = next((j for j, t in enumerate(ids) if not 0 <= t < self.vocab_size), len(ids))
-            out[i] = ChainDraft(tuple(combine_drafts([drafts[i].drafts, ids[:valid]], k)), drafts[i].k)
-        return out
+        if self.config is not None and self.config.adaptive:
+            k = min(k, len(a.forced) + self.budget.get(a.request_id, k))
+        return k
 
-    def _ask_user(self, ids: list[RequestId], k: int) -> list[Sequence[TokenId] | BaseException]:
-        assert self.user is not None
+    def _with_tokens(self, a: DraftRequest) -> DraftRequest:
+        assert self.contexts is not None
+        return DraftRequest(a.request_id, tuple(self.contexts[a.request_id]), a.forced)
+
+    def _ask(self, member: Drafter, requests: list[DraftRequest], k: int) -> list[Sequence[TokenId] | BaseException]:
         try:
-            return list(self._user_call(ids, k))
+            return list(_call(member, requests, k))
         except Exception as exc:  # noqa: BLE001 - user code: find the request(s) it fails for
-            log.warning("user_drafter_failed_batch", requests=len(ids), error=repr(exc))
+            log.warning("drafter_failed_batch", drafter=type(member).__name__, requests=len(requests), error=repr(exc))
         answers: list[Sequence[TokenId] | BaseException] = []
-        for rid in ids:
+        for r in requests:
             try:
-                answers.append(self._user_call([rid], k)[0])
+                answers.append(_call(member, [r], k)[0])
             except Exception as exc:  # noqa: BLE001
-                log.error("user_drafter_failed", request_id=rid, error=repr(exc))
-                error = DrafterError(f"the user drafter failed for this request: {exc!r}")
+                log.error("drafter_failed", drafter=type(member).__name__, request_id=r.request_id, error=repr(exc))
+                error = DrafterError(f"the {type(member).__name__} drafter failed for this request: {exc!r}")
                 error.__cause__ = exc
                 answers.append(error)
         return answers
 
-    def _user_call(self, ids: list[RequestId], k: int) -> list[Sequence[TokenId]]:
-        assert self.user is not None
-        proposals = self.user.propose([DraftRequest(rid, tuple(self.contexts[rid])) for rid in ids], k)
-        if len(proposals) != len(ids):
-            raise ValueError(f"user drafter returned {len(proposals)} proposals for {len(ids)} requests")
-        return list(proposals)
+
+def _call(member: Drafter, requests: list[DraftRequest], k: int) -> list[Sequence[TokenId]]:
+    proposals = list(member.propose(requests, k))
+    if len(proposals) != len(requests):
+        raise ValueError(f"{type(member).__name__} returned {len(proposals)} drafts for {len(requests)} requests")
+    return proposals
+
+
+def _by_budget(ks: list[int]) -> dict[int, list[int]]:
+    """Request indices grouped by budget k (a member is asked once per distinct k)."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, k in enumerate(ks):
+        if k > 0:
+            groups[k].append(i)
+    return groups

@@ -1,15 +1,14 @@
-"""Combining drafters: per request and step, propose the longest useful draft among the members.
+"""Combining drafts: the pure rules the chain applies to its members' answers.
 
-Grammar-forced tokens (the matcher's jump-forward tokens) are drafts for free: the grammar allows
-nothing else, so the target accepts them whenever it would not stop there. They come first, and an
-n-gram lookup can continue past them.
+Grammar-forced tokens are the only tokens the grammar allows, so a draft that disagrees with one
+is certain to be rejected there (`consistent_prefix` cuts it); a lookup drafter continues past
+them (`after_forced`); among the answers, the longest one is verified (`combine_drafts`).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from interlock.drafters.ngram import NGramDrafter
-from interlock.protocol.types import RequestId, TokenId
+from interlock.protocol.types import TokenId
 
 
 def combine_drafts(candidates: Sequence[Sequence[TokenId]], k: int) -> list[TokenId]:
@@ -25,15 +24,27 @@ def combine_drafts(candidates: Sequence[Sequence[TokenId]], k: int) -> list[Toke
     return list(best)
 
 
-def forced_then_ngram(
-    forced: Sequence[TokenId], ngram: NGramDrafter, request_id: RequestId, k: int
-) -> list[TokenId]:
-    """The forced tokens (up to k), then the n-gram continuation of sequence + forced for the rest.
+def consistent_prefix(draft: Sequence[TokenId], forced: Sequence[TokenId], vocab_size: int) -> list[TokenId]:
+    """The longest prefix of `draft` that agrees with the forced tokens and holds only ids in
+    [0, vocab_size) (a user drafter's answer is not trusted to)."""
+    out: list[TokenId] = []
+    for j, token in enumerate(draft):
+        t = int(token)
+        if not 0 <= t < vocab_size or (j < len(forced) and t != forced[j]):
+            break
+        out.append(t)
+    return out
 
-    A plain n-gram draft is no alternative when forced tokens exist: its first token would have to
+
+def after_forced(forced: Sequence[TokenId], k: int,
+                 lookup: Callable[[int, Sequence[TokenId]], list[TokenId]]) -> list[TokenId]:
+    """The forced tokens (up to k), then `lookup(k - len(head), head)`: a continuation of the
+    sequence followed by them.
+
+    A plain lookup draft is no alternative when forced tokens exist: its first token would have to
     equal forced[0] to be accepted, and the continuation past the forced tokens covers that case.
     """
     head = list(forced[:k])
     if len(head) == k:
         return head
-    return head + ngram.propose(request_id, k - len(head), after=head)
+    return head + lookup(k - len(head), head)

@@ -12,6 +12,11 @@ drafts. Committed tokens it has not seen yet are "pending" (the whole prompt at 
 accepted tokens of each step); a step feeds pending + the head (grammar-forced tokens), then each
 draft in turn. After verification the drafts that were accepted keep their KV, the rest are
 rewound, as in the target's cache.
+
+`DraftRounds` is one step's draft loop over a ModelDrafter: it cannot be one `propose` call
+(drafters/base.py says why), so the DraftActor runs it as K rounds of `forward` (model lane),
+the draft-side mask row (grammar lane), `sample` (model lane). Per-request draft generators live
+in the ModelDrafter: same seed, same drafts.
 """
 from __future__ import annotations
 
@@ -23,7 +28,9 @@ from torch import nn
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.linear import select_rows
+from interlock.kernels.sampling import draw_draft, request_generator
 from interlock.models.llama import Transformer
+from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.types import RequestId, TokenId
 
 
@@ -75,14 +82,17 @@ class _Seq:
 
 
 class ModelDrafter:
-    """Per-request bookkeeping of a DraftLM's cache. Owned by the DraftActor; `feed` runs the model
-    (call it off the event loop), everything else is O(tokens touched)."""
+    """Per-request bookkeeping of a DraftLM's cache and draft generators (drafters.base.Tracked).
+    Owned by the DraftChain; `feed` runs the model (on the model lane), everything else is
+    O(tokens touched)."""
 
-    def __init__(self, lm: DraftLM, num_blocks: int, block_size: int) -> None:
+    def __init__(self, lm: DraftLM, num_blocks: int, block_size: int, eos_token_ids: tuple[int, ...] = ()) -> None:
         self.lm = lm
         self.kv = lm.new_cache(num_blocks, block_size)
+        self.eos = frozenset(eos_token_ids)     # a draft stops after one of these
         self._seqs: dict[RequestId, _Seq] = {}
         self._next_seq = 0
+        self._generators: dict[RequestId, torch.Generator] = {}    # sampled drafts, seeded per request
 
     def __contains__(self, request_id: RequestId) -> bool:
         return request_id in self._seqs
@@ -98,9 +108,23 @@ class ModelDrafter:
         self._next_seq += 1
 
     def remove(self, request_id: RequestId) -> None:
+        self._generators.pop(request_id, None)
         s = self._seqs.pop(request_id, None)
         if s is not None:
             self.kv.free(s.seq)
+
+    def counts(self) -> dict[str, int]:
+        return {"draft_requests": len(self._seqs), "draft_generators": len(self._generators),
+                "draft_kv_free_blocks": self.kv.num_free_blocks, "draft_kv_total_blocks": self.kv.num_blocks}
+
+    def generator(self, request_id: RequestId, sampling: SamplingParams) -> torch.Generator | None:
+        """A sampled request's own draft stream, seeded from its seed (salted: not the verifier's)."""
+        if sampling.greedy:
+            return None
+        gen = self._generators.get(request_id)
+        if gen is None:
+            gen = self._generators[request_id] = request_generator(sampling.seed, salt=0x5EED)
+        return gen
 
     def feed(self, feeds: list[tuple[RequestId, tuple[TokenId, ...]]]) -> torch.Tensor:
         """Append tokens to each request's cache (its pending tokens first, which this consumes) and
@@ -128,3 +152,68 @@ class ModelDrafter:
         self.kv.rewind(s.seq, len(s.fed) - keep)
         s.pending.extend(new_tokens[keep:])
         s.fed.clear()
+
+
+@dataclass(frozen=True)
+class ModelAsk:
+    """One request the draft model continues this step."""
+
+    request_id: RequestId
+    head: tuple[TokenId, ...]       # the forced tokens it drafts after (already cut to k)
+    k: int                          # draft tokens in all, the head included
+    sampling: SamplingParams
+
+
+class DraftRounds:
+    """One step's draft-model loop, keyed by the caller's slots.
+
+    Each round: `forward` feeds every request still drafting (its pending tokens and head first, then
+    its last draft) and leaves one row of `logits` per slot in `order`; the caller may mask those
+    rows in place (draft-side masking); `sample` draws one draft per row. A request stops at k
+    tokens, at an end-of-sequence token, or when its row allows nothing.
+    """
+
+    def __init__(self, drafter: ModelDrafter, asks: dict[int, ModelAsk], vocab_size: int) -> None:
+        self.drafter = drafter
+        self.asks = asks
+        self.vocab_size = vocab_size            # the tokenizer's: drafts never go past it
+        self.out: dict[int, list[TokenId]] = {slot: list(a.head) for slot, a in asks.items()}
+        self._q: dict[int, list[torch.Tensor]] = {slot: [] for slot in asks}
+        self._feeds = {slot: a.head for slot, a in asks.items() if len(a.head) < a.k}
+        self.order: list[int] = []              # the slots whose rows `logits` holds
+        self.logits: torch.Tensor | None = None
+
+    def forward(self) -> list[int]:
+        """One draft forward for every request still drafting; returns their slots (rows of logits)."""
+        self.order, self.logits = list(self._feeds), None
+        if self.order:
+            self.logits = self.drafter.feed([(self.asks[slot].request_id, self._feeds[slot]) for slot in self.order])
+        return self.order
+
+    def sample(self) -> None:
+        """One draft per row of `logits` (already masked where the grammar says so)."""
+        self._feeds = {}
+        if self.logits is None:
+            return
+        d, vocab = self.drafter, self.vocab_size
+        for row, slot in enumerate(self.order):
+            a = self.asks[slot]
+            token, q = draw_draft(self.logits[row], a.sampling, d.generator(a.request_id, a.sampling), vocab, d.lm.d2t)
+            if token is None:           # the grammar allows nothing more (or refused the prefix)
+                continue
+            self.out[slot].append(token)
+            if q is not None:
+                self._q[slot].append(q)
+            if len(self.out[slot]) < a.k and token not in d.eos:
+                self._feeds[slot] = (token,)
+
+    def result(self, slot: int) -> tuple[tuple[TokenId, ...], torch.Tensor | None]:
+        """The drafts and their q [len, V] (point masses for the head; None for a greedy request)."""
+        out, q_rows = self.out[slot], self._q[slot]
+        if not q_rows:
+            return tuple(out), None
+        head = len(out) - len(q_rows)
+        q = torch.zeros(len(out), self.vocab_size)
+        q[torch.arange(head), torch.tensor(out[:head], dtype=torch.long)] = 1.0
+        q[head:] = torch.stack(q_rows)
+        return tuple(out), q

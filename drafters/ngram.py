@@ -28,9 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
+from interlock.drafters.combine import after_forced
 from interlock.protocol.errors import RequestError
-from interlock.protocol.speculative import NGramConfig
+from interlock.protocol.speculative import DraftRequest, NGramConfig
 from interlock.protocol.types import RequestId, TokenId
 
 _Key = tuple[TokenId, ...]
@@ -98,7 +100,9 @@ class _Pool:
 class NGramDrafter:
     """Prompt-lookup drafts: continue the sequence the way it continued after its own suffix before.
 
-    Not thread-safe; one owner (the DraftActor) calls it between steps.
+    A Drafter and Tracked (drafters/base.py): add / commit / remove keep the index, `lookup` drafts
+    for one request, `propose` for a step's requests. Not thread-safe; the DraftChain calls it on
+    the model lane.
     """
 
     def __init__(self, config: NGramConfig, max_draft_len: int) -> None:
@@ -114,7 +118,7 @@ class NGramDrafter:
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def add_request(self, request_id: RequestId, prompt_tokens: Sequence[TokenId]) -> None:
+    def add(self, request_id: RequestId, prompt_tokens: Sequence[TokenId]) -> None:
         """Start a request's sequence with its prompt and index the prompt's n-grams."""
         if request_id in self._seqs:
             raise RequestError(f"n-gram drafter already holds request {request_id!r}")
@@ -127,7 +131,7 @@ class NGramDrafter:
         for e in range(1, len(seq)):
             pool.index(seq, e, n)
 
-    def extend(self, request_id: RequestId, accepted_tokens: Iterable[TokenId]) -> None:
+    def commit(self, request_id: RequestId, accepted_tokens: Iterable[TokenId]) -> None:
         """Append a step's committed tokens (accepted drafts + the new token) and index them."""
         seq = self._seq(request_id)
         pool = self._pool(request_id)
@@ -145,7 +149,7 @@ class NGramDrafter:
 
     # --- drafting ---------------------------------------------------------------------------
 
-    def propose(self, request_id: RequestId, k: int, *, after: Sequence[TokenId] = ()) -> list[TokenId]:
+    def lookup(self, request_id: RequestId, k: int, *, after: Sequence[TokenId] = ()) -> list[TokenId]:
         """Up to k draft tokens continuing the request's sequence (followed by `after`); [] on no match.
 
         Looks up the longest suffix (up to N tokens) first, then shorter ones; the first key found
@@ -167,6 +171,16 @@ class NGramDrafter:
             if occs:
                 return pool.choose(occs, k)
         return []
+
+    def propose(self, requests: Sequence[DraftRequest], k: int) -> list[list[TokenId]]:
+        """The Drafter protocol: each request's forced tokens, then the lookup past them."""
+        return [after_forced(r.forced, k, partial(self._lookup_after, r.request_id)) for r in requests]
+
+    def _lookup_after(self, request_id: RequestId, k: int, head: Sequence[TokenId]) -> list[TokenId]:
+        return self.lookup(request_id, k, after=head)
+
+    def counts(self) -> dict[str, int]:
+        return {"ngram_requests": len(self._seqs)}
 
     def stats(self) -> NGramStats:
         pools = list(self._pools.values()) + ([self._public] if self._public is not None else [])

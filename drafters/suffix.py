@@ -34,10 +34,12 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
+from interlock.drafters.combine import after_forced
 from interlock.protocol.errors import RequestError
 # SuffixConfig lives in the protocol (it is a SpeculativeConfig field); re-exported here.
-from interlock.protocol.speculative import SuffixConfig  # noqa: F401
+from interlock.protocol.speculative import DraftRequest, SuffixConfig
 from interlock.protocol.types import RequestId, TokenId
 
 
@@ -153,9 +155,9 @@ class SuffixTrie:
 class SuffixDrafter:
     """Drafts from each request's own tokens and from the outputs of finished requests.
 
-    Same lifecycle as NGramDrafter: add_request(prompt), extend(committed tokens), propose(k,
-    after=forced), remove() (which hands the request's output to the global trie). Not thread-safe;
-    one owner (the DraftActor) calls it between steps.
+    A Drafter and Tracked (drafters/base.py), like NGramDrafter: add(prompt), commit(tokens),
+    propose(requests, k) (the forced tokens, then `lookup` past them), remove() (which hands the
+    request's output to the global trie). Not thread-safe; the DraftChain calls it on the model lane.
     """
 
     def __init__(self, config: SuffixConfig, max_draft_len: int) -> None:
@@ -174,16 +176,16 @@ class SuffixDrafter:
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def add_request(self, request_id: RequestId, prompt_tokens: Sequence[TokenId]) -> None:
+    def add(self, request_id: RequestId, prompt_tokens: Sequence[TokenId]) -> None:
         if request_id in self._seqs:
             raise RequestError(f"suffix drafter already holds request {request_id!r}")
         self._seqs[request_id] = []
         self._prompt_len[request_id] = len(prompt_tokens)
         self._tries[request_id] = SuffixTrie(self.config.max_depth)
         self._ends[request_id] = []
-        self.extend(request_id, prompt_tokens)
+        self.commit(request_id, prompt_tokens)
 
-    def extend(self, request_id: RequestId, accepted_tokens: Iterable[TokenId]) -> None:
+    def commit(self, request_id: RequestId, accepted_tokens: Iterable[TokenId]) -> None:
         seq, trie = self._seq(request_id), self._tries[request_id]
         ends = self._ends[request_id]
         for t in accepted_tokens:
@@ -210,7 +212,7 @@ class SuffixDrafter:
 
     # --- drafting ---------------------------------------------------------------------------
 
-    def propose(self, request_id: RequestId, k: int, *, after: Sequence[TokenId] = ()) -> list[TokenId]:
+    def lookup(self, request_id: RequestId, k: int, *, after: Sequence[TokenId] = ()) -> list[TokenId]:
         """Up to k draft tokens continuing the request's sequence followed by `after`; [] on no match."""
         if not 0 <= k <= self.max_draft_len:
             raise ValueError(f"k must be in 0..{self.max_draft_len}, got {k}")
@@ -223,6 +225,17 @@ class SuffixDrafter:
         own = self._tries[request_id].propose(context, k, c.max_spec_factor, c.min_token_prob)
         shared = self.global_trie.propose(context, k, c.max_spec_factor, c.min_token_prob)
         return list(shared.tokens if shared.score > own.score else own.tokens)
+
+    def propose(self, requests: Sequence[DraftRequest], k: int) -> list[list[TokenId]]:
+        return [after_forced(r.forced, k, partial(self._lookup_after, r.request_id)) for r in requests]
+
+    def _lookup_after(self, request_id: RequestId, k: int, head: Sequence[TokenId]) -> list[TokenId]:
+        return self.lookup(request_id, k, after=head)
+
+    def counts(self) -> dict[str, int]:
+        s = self.stats()
+        return {"suffix_requests": s.requests, "suffix_request_nodes": s.request_nodes,
+                "suffix_global_tokens": s.global_tokens, "suffix_global_nodes": s.global_nodes}
 
     def stats(self) -> SuffixStats:
         return SuffixStats(requests=len(self._seqs), request_nodes=sum(t.nodes for t in self._tries.values()),

@@ -3,8 +3,11 @@
 Run: python -m interlock.examples.user_drafter
 
 Any object with `propose(requests, k) -> list[list[int]]` is a drafter (drafters/base.py). It runs
-between steps, so it must be quick. Its drafts are verified by the target model, so a drafter
-can only change speed, never the output: a wrong guess is simply rejected.
+on the model lane before each target forward, so it must be quick. Its drafts are verified by the
+target model, so a drafter can only change speed, never the output: a wrong guess is simply
+rejected. `request.forced` holds the grammar's forced next tokens (a draft that disagrees with one
+is cut there); a drafter that also has `add`/`commit`/`remove`/`counts` (drafters.base.Tracked)
+keeps its own per-request state and is handed no `tokens`.
 """
 from __future__ import annotations
 

@@ -1,19 +1,23 @@
 """Grammar backends (xgrammar, llguidance, and "auto": llguidance with xgrammar as fallback) behind one
-matcher protocol, bitmask helpers, schema caps, and the async compile cache.
+matcher protocol, switching grammars (switch.py), bitmask helpers, schema caps. Synchronous only:
+the async compile front (GrammarLayer and its CompileCache) is actors/grammar_layer.py and
+actors/compile_cache.py.
 
 `validate_output(spec, text)`: the backend-independent end-of-request check (raises GrammarError).
 grammars/keywords.py: which JSON Schema keywords each backend enforces exactly (what `auto` reads;
 the table is grammars/LENIENCY.md).
+Grammars that switch mid-output (Reasoning, StructuralTag): grammars/switch.py (the composing
+matcher), grammars/triggers.py (byte-level trigger matching), grammars/native_tags.py (`native=True`:
+the backends' own structural tags / Lark).
 
-Entry points: `make_backend(name, tokenizer, vocab_size, config)` (synchronous) and `GrammarLayer`
-(backend + `await layer.compile(spec)` / `await layer.matcher(spec)`).
+Entry points: `make_backend(name, tokenizer, vocab_size, config)` and `BackendRouter` (a matcher
+for a compiled grammar of whichever backend compiled it), in backends.py.
 """
+from interlock.grammars.backends import BackendRouter, make_backend
 from interlock.grammars.bitmask import allocate_bitmask, allowed_ids
-from interlock.grammars.cache import CompileCache
 from interlock.grammars.compiled import CompiledGrammar
-from interlock.grammars.layer import GrammarLayer, make_backend
 from interlock.grammars.matcher import BaseMatcher
 from interlock.grammars.validate import validate_output
 
-__all__ = ["BaseMatcher", "CompileCache", "CompiledGrammar", "GrammarLayer", "allocate_bitmask",
-           "allowed_ids", "make_backend", "validate_output"]
+__all__ = ["BackendRouter", "BaseMatcher", "CompiledGrammar", "allocate_bitmask", "allowed_ids", "make_backend",
+           "validate_output"]

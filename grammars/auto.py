@@ -44,9 +44,10 @@ class AutoBackend:
         self.backends = tuple(backends)
         self.vocab_size = sizes.pop()
         self._by_name = {b.name: b for b in self.backends}
+        self.token_bytes: tuple[bytes, ...] | None = getattr(self.backends[0], "token_bytes", None)
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        if is_switch(spec):
+        if is_switch(spec) and not spec.native:  # type: ignore[union-attr]
             # Each inner spec goes through auto on its own (exactness policy and fallback per tag).
             return compile_switch(self, self.backends[0].tokenizer, spec)  # type: ignore[arg-type, attr-defined]
         exact = isinstance(spec, JsonSchema) and not spec.lenient

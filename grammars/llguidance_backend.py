@@ -26,6 +26,7 @@ from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.keywords import LLGUIDANCE_FORMATS, gaps, unknown_formats, without_formats
 from interlock.grammars.matcher import BaseMatcher
+from interlock.grammars.native_tags import check_native, llguidance_grammar
 from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
@@ -48,14 +49,20 @@ class LLGuidanceBackend:
         self.config = config or GrammarConfig()
         self._tok = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=vocab_size,
                                                  eos_token=list(tokenizer.eos_token_ids))
+        # The bytes of each token: switching grammars match their triggers on them (grammars/triggers.py).
+        self.token_bytes: tuple[bytes, ...] = tuple(self._tok.decode_bytes([i]) for i in range(tokenizer.vocab_size))
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        if is_switch(spec):                      # Reasoning / StructuralTag: grammars/switch.py
+        if is_switch(spec) and not spec.native:  # type: ignore[union-attr]  # grammars/switch.py
             return compile_switch(self, self.tokenizer, spec)  # type: ignore[arg-type]
-        check_spec(spec, self.config)
         start = time.perf_counter()
         ours: list[str] = []
-        grammar = self._grammar(spec, ours)
+        if is_switch(spec):                      # native=True: one Lark grammar (grammars/native_tags.py)
+            check_native(spec, self.tokenizer, NAME)  # type: ignore[arg-type]
+            grammar = llguidance_grammar(spec, lambda inner: self._sub_grammar(inner, ours))  # type: ignore[arg-type]
+        else:
+            check_spec(spec, self.config)
+            grammar = self._grammar(spec, ours)
         try:
             template = llguidance.LLMatcher(self._tok, grammar, log_level=0)
         except Exception as exc:                 # misuse-level errors (bad grammar JSON)
@@ -81,6 +88,18 @@ class LLGuidanceBackend:
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         return bm.allocate_bitmask(rows, self.vocab_size)
+
+    def _sub_grammar(self, spec: GrammarSpec, warnings: list[str]) -> dict:
+        """A plain spec's grammar as one entry of a larger llguidance grammar."""
+        check_spec(spec, self.config)
+        text = self._grammar(spec, warnings)
+        try:
+            entries = json.loads(text)["grammars"]
+        except json.JSONDecodeError:             # some helpers hand back Lark text
+            entries = [{"lark_grammar": text}]
+        if len(entries) != 1:
+            raise GrammarError(f"llguidance: a {type(spec).__name__} part cannot be nested in a native switching grammar")
+        return entries[0]
 
     def _grammar(self, spec: GrammarSpec, warnings: list[str]) -> str:
         """The llguidance grammar text for spec (parsing errors surface when the matcher is built);

@@ -1,17 +1,19 @@
 """Grammars that switch on mid-output: `Reasoning` and `StructuralTag`, compiled for one backend,
 and the matcher that composes free text with the inner specs' own matchers.
 
-Why a composing matcher rather than xgrammar's structural tags or llguidance's lark special
-tokens: (1) a free row must be reported as free so the verifier skips it, and a native grammar
-only hands back a filled row; (2) xgrammar defines free text at the byte level (a token that
-would contain a trigger is masked), llguidance by special-token ids, so "auto" falling back from
-one to the other would change outputs; (3) here the switch is a token-level event (markers are
-the tokenizer's own token sequence), identical on both backends, and the inner specs still use
-each backend's native grammar. Rollback is exact because the matcher keeps one immutable state
-per accepted token (the inner matcher's depth included) and a rollback pops states.
+Why a composing matcher is the default rather than xgrammar's structural tags or llguidance's Lark
+grammars (which `native=True` uses instead, grammars/native_tags.py): (1) a free row must be
+reported as free so the verifier skips it, and a native grammar only hands back a filled row; (2)
+the two backends define free text differently, so "auto" falling back from one to the other would
+change outputs, while here the switch is computed by us, identically on both (triggers matched on
+the tokens' bytes, grammars/triggers.py; forced markers as the tokenizer's own token sequence), and
+the inner specs still use each backend's native grammar; (3) max_reasoning_tokens and special-token
+markers. Rollback is exact because the matcher keeps one immutable state per accepted token (the
+inner matcher's depth included) and a rollback pops states.
 
 Phases of the output:
-    FREE   free text; tracks how much of a trigger the last tokens spell
+    FREE   free text; tracks the bytes at its end that begin a trigger (a token in which a
+           trigger would end before the token does is refused: the switch is on a token boundary)
     BEGIN  after a trigger: the rest of the tag's `begin` (forced where there is one tag)
     INNER  the tag's spec (an inner matcher; EOS refused while an `end` is due)
     END    the tag's `end` marker (forced)
@@ -23,13 +25,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Container, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from interlock.grammars import bitmask as bm
 from interlock.grammars.compiled import CompiledGrammar
+from interlock.grammars.triggers import FIRE, REFUSE, TriggerScan, build_scan
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import (DEFAULT_THINK_END, DEFAULT_THINK_START, GrammarBackend, GrammarSpec,
@@ -63,6 +66,7 @@ class SwitchProgram:
     free_eos: bool                           # may the output end in free text?
     budget: int | None = None                # free tokens before the (single) trigger is forced
     reasoning: tuple[tuple[TokenId, ...], tuple[TokenId, ...]] | None = None  # (start, end) ids
+    scan: TriggerScan | None = field(default=None, compare=False)  # the triggers byte-level (compile sets it)
 
 
 def is_switch(spec: Any) -> bool:
@@ -94,6 +98,7 @@ def compile_switch(backend: GrammarBackend, tokenizer: Tokenizer, spec: Reasonin
         program, warnings = _structural(backend, tokenizer, spec, inside=None)
     else:
         raise GrammarError(f"not a switching grammar: {type(spec).__name__}")
+    program = replace(program, scan=_scan(backend, tokenizer, program, spec))
     inexact = tuple(w for tag in program.tags if tag.inner is not None for w in tag.inner.inexact)
     return CompiledGrammar(backend.name, spec.key, program, time.perf_counter() - start, warnings, inexact)
 
@@ -159,6 +164,26 @@ def _structural(backend: GrammarBackend, tokenizer: Tokenizer, spec: StructuralT
     return SwitchProgram(tuple(triggers), tuple(tags), spec.at_most, free_eos=True), tuple(warnings)
 
 
+def token_bytes(backend: GrammarBackend, tokenizer: Tokenizer) -> tuple[bytes, ...]:
+    """The bytes of each tokenizer id, as the backend's own tokenizer view has them."""
+    held = getattr(backend, "token_bytes", None)
+    if held is None:
+        raise GrammarError(f"backend {backend.name!r} cannot say its tokens' bytes: switching grammars need them")
+    return tuple(held)[: tokenizer.vocab_size]
+
+
+def _scan(backend: GrammarBackend, tokenizer: Tokenizer, program: SwitchProgram,
+          spec: Reasoning | StructuralTag) -> TriggerScan:
+    texts = [DEFAULT_THINK_END if spec.end is None else spec.end] if isinstance(spec, Reasoning) else list(spec.triggers)
+    scan = build_scan([t.encode() for t in texts], program.triggers, token_bytes(backend, tokenizer), tokenizer,
+                      backend.vocab_size)
+    missing = [tail for tail in scan.rows if not scan.continuation(tail, 0)]
+    if program.budget is not None and missing:
+        raise GrammarError(f"Reasoning: the end marker {texts[0]!r} cannot be forced after free text ending in "
+                           f"{missing[0]!r} (max_reasoning_tokens needs it)")
+    return scan
+
+
 def _compile_inner(backend: GrammarBackend, tokenizer: Tokenizer, spec: GrammarSpec, what: str) -> CompiledGrammar:
     try:
         return backend.compile(spec)
@@ -196,13 +221,15 @@ class _State:
     tag; `depth` is how far it had accepted here, so rolling back to this state rolls it back to depth."""
 
     phase: str = FREE
-    tail: tuple[TokenId, ...] = ()           # FREE: longest suffix that is a proper prefix of a trigger
+    tail: bytes = b""                        # FREE: longest suffix of its bytes that begins a trigger
     tags: tuple[int, ...] = ()               # BEGIN: tags whose begin matches so far; INNER/END: (tag,)
     pos: int = 0                             # BEGIN / END: marker tokens matched
     inner: Any = None                        # INNER: the tag's matcher (None: free)
     depth: int = 0                           # INNER: inner.num_accepted at this state
     count: int = 0                           # tags begun
     spent: int = 0                           # FREE: tokens so far (the reasoning budget)
+    forcing: tuple[TokenId, ...] = ()        # FREE over the budget: the end marker's tokens still due
+    span: int = 0                            # BEGIN / INNER entered by a trigger: the tokens it spanned
     terminated: bool = False
 
 
@@ -215,7 +242,9 @@ class SwitchMatcher:
         self._vocab_size = backend.vocab_size
         self._tokenizer_vocab = min(tokenizer.vocab_size, backend.vocab_size)
         self._eos = frozenset(tokenizer.eos_token_ids)
-        self._states: list[_State] = [_State()]
+        assert program.scan is not None, "compile_switch sets the trigger scan"
+        self._scan = program.scan
+        self._states: list[_State] = [self._initial()]
         self._ids: list[TokenId] = []               # the accepted tokens (segments())
         self._scratch = bm.allocate_bitmask(1, backend.vocab_size)
 
@@ -249,7 +278,7 @@ class SwitchMatcher:
         if s.terminated:
             return False
         if s.phase == FREE:
-            return self.program.free_eos and not self._over_budget(s)
+            return self.program.free_eos and not self._over_budget(s) and not self._scan.refused[s.tail]
         if s.phase == INNER and self._tag(s).end is None:
             return s.inner is None or (hasattr(s.inner, "is_free") and s.inner.is_free())
         return False
@@ -261,8 +290,7 @@ class SwitchMatcher:
         if s.terminated:
             return []
         if s.phase == FREE:                       # the rest of the trigger begun, else any trigger
-            hints = {t[len(s.tail)] for t in self.program.triggers if s.tail and t[:len(s.tail)] == s.tail}
-            return sorted(hints or {t[0] for t in self.program.triggers})
+            return [s.forcing[0]] if s.forcing else self._scan.hints(s.tail)
         if s.phase == BEGIN:
             return sorted({self.program.tags[i].begin[s.pos] for i in s.tags})
         if s.phase == END:
@@ -283,7 +311,7 @@ class SwitchMatcher:
                 runs.append(("eos", [t], None))
                 continue
             if before.phase == FREE and after.phase in (BEGIN, INNER):
-                k = len(self.program.tags[after.tags[0]].trigger) - 1   # its earlier tokens were free
+                k = after.span - 1                # the trigger's earlier tokens were taken as free
                 free = runs.pop()[1] if k else []
                 if len(free) > k:
                     runs.append(("free", free[:-k], None))
@@ -348,7 +376,7 @@ class SwitchMatcher:
         self._pop(n)
 
     def reset(self) -> None:
-        self._states = [_State()]
+        self._states = [self._initial()]
         self._ids = []
 
     # --- masks ------------------------------------------------------------------------------------
@@ -435,7 +463,8 @@ class SwitchMatcher:
                 return self.program.free_eos and self._push(replace(s, terminated=True))
             if self._over_budget(s) and t != self._budget_next(s):
                 return False
-            return self._push(self._free_step(s, t))
+            state = self._free_step(s, t)
+            return state is not None and self._push(state)
         if s.phase == BEGIN:
             tags = tuple(i for i in s.tags if self.program.tags[i].begin[s.pos] == t)
             if not tags or eos:
@@ -451,23 +480,37 @@ class SwitchMatcher:
             return self._push(_State(DONE if done else FREE, count=s.count))
         return self._inner_step(s, t, eos)
 
-    def _free_step(self, s: _State, t: TokenId) -> _State:
-        seq = (*s.tail, t)
-        for k in range(len(seq), 0, -1):         # a trigger ending here is a suffix of tail + t
-            fired = [i for i, tag in enumerate(self.program.tags) if tag.trigger == seq[-k:]]
-            if fired:
-                return self._after_begin(_State(BEGIN, tags=tuple(fired), pos=k, count=s.count + 1))
-        for k in range(min(len(seq), self._longest_trigger() - 1), 0, -1):
-            if any(tr[:k] == seq[-k:] for tr in self.program.triggers):
-                return _State(FREE, tail=seq[-k:], count=s.count, spent=s.spent + 1)
-        return _State(FREE, count=s.count, spent=s.spent + 1)
+    def _free_step(self, s: _State, t: TokenId) -> _State | None:
+        """The state after free token t (None: refused, a trigger would end inside it)."""
+        kind, out = self._scan.step(s.tail, t)
+        if kind == REFUSE:
+            return None
+        if kind == FIRE:
+            assert isinstance(out, int)
+            trigger = self.program.triggers[out]
+            fired = tuple(i for i, tag in enumerate(self.program.tags) if tag.trigger == trigger)
+            span = self._scan.span([*self._ids, t], out)
+            return self._after_begin(_State(BEGIN, tags=fired, pos=len(trigger), count=s.count + 1, span=span))
+        assert isinstance(out, bytes)
+        nxt = _State(FREE, tail=out, count=s.count, spent=s.spent + 1)
+        return replace(nxt, forcing=self._forcing(s, nxt)) if self._over_budget(nxt) else nxt
+
+    def _initial(self) -> _State:
+        s = _State()
+        return replace(s, forcing=self._scan.continuation(b"", 0)) if self._over_budget(s) else s
+
+    def _forcing(self, before: _State, after: _State) -> tuple[TokenId, ...]:
+        """Over the budget: the end marker's tokens still due (chosen when the budget ran out)."""
+        if self._over_budget(before):
+            return before.forcing[1:]
+        return self._scan.continuation(after.tail, 0)
 
     def _over_budget(self, s: _State) -> bool:
         return s.phase == FREE and self.program.budget is not None and s.spent >= self.program.budget
 
     def _budget_next(self, s: _State) -> TokenId:
-        """Over the budget: the next token of the end marker (the tail may already begin it)."""
-        return self.program.triggers[0][len(s.tail)]
+        """Over the budget: the next token of the end marker (compile checked one is always due)."""
+        return s.forcing[0]
 
     def _after_begin(self, s: _State) -> _State:
         """Enter the tag's spec once its begin is complete (at most one tag can be: compile checks)."""
@@ -476,7 +519,7 @@ class SwitchMatcher:
             return s
         tag = self.program.tags[done[0]]
         inner = None if tag.inner is None else self._backend.matcher(tag.inner)
-        return _State(INNER, tags=(done[0],), inner=inner, depth=0, count=s.count)
+        return _State(INNER, tags=(done[0],), inner=inner, depth=0, count=s.count, span=s.span)
 
     def _inner_step(self, s: _State, t: TokenId, eos: bool) -> bool:
         tag = self._tag(s)
@@ -499,9 +542,6 @@ class SwitchMatcher:
         done = self.program.at_most is not None and s.count >= self.program.at_most
         return self._push(_State(DONE if done else FREE, count=s.count))
 
-    def _longest_trigger(self) -> int:
-        return max(len(t) for t in self.program.triggers)
-
     def _fill(self, bitmask: torch.Tensor, row: int, *, write_free: bool) -> bool:
         """Write row for the current state (free rows only when write_free); returns freedom."""
         s = self._states[-1]
@@ -514,10 +554,9 @@ class SwitchMatcher:
             bm.clear_row(bitmask, row)
         elif self._over_budget(s):
             bm.set_only(bitmask, row, [self._budget_next(s)])
-        elif s.phase == FREE:                     # free, but the output may not end here
-            bitmask[row].fill_(-1)
-            bm.clear_ids_from(bitmask, row, self._tokenizer_vocab, self._vocab_size)
-            self._set_eos(bitmask, row, False)
+        elif s.phase == FREE:                     # free text, but a trigger may not end mid-token
+            bitmask[row].copy_(self._scan.rows[s.tail])
+            self._set_eos(bitmask, row, self.program.free_eos)
         elif s.phase == DONE:
             bm.set_only(bitmask, row, sorted(t for t in self._eos if t < self._tokenizer_vocab))
         elif s.phase == BEGIN:
@@ -548,7 +587,7 @@ class SwitchMatcher:
         if s.phase == END:
             return list(self._end(s)[s.pos:])
         if self._over_budget(s):
-            return list(self.program.triggers[0][len(s.tail):])
+            return list(s.forcing)
         if s.phase != INNER or s.inner is None:
             return []
         forced = s.inner.forced_tokens()
@@ -606,15 +645,16 @@ class ReasoningSplitter:
 
 
 class ReasoningStream:
-    """The engine's split of a Reasoning output into thinking and answer, decided on token ids
-    (where the grammar switched: the first time the output's tokens spell the end marker's), then
-    applied to the delivered text. A leading start marker is dropped from the thinking, the end
-    marker from both; the text of tokens that may begin the end marker is held back."""
+    """The engine's split of a Reasoning output into thinking and answer, where the grammar switched:
+    the first place the output's text (special tokens kept) holds the end marker, which the grammar
+    makes end on a token boundary (grammars/triggers.py); then applied to the delivered text. A
+    leading start marker is dropped from the thinking, the end marker from both; text that may
+    begin the end marker is held back."""
 
     def __init__(self, tokenizer: Tokenizer, start: str, end: str) -> None:
         self._tok = tokenizer
         self._start = start
-        self._end = tuple(tokenizer.encode(end))
+        self._end = end
         self._ids: list[TokenId] = []
         self._text = ""                  # everything delivered so far
         self._thought_at = 0             # characters of _text handed out as thinking (or skipped)
@@ -635,8 +675,7 @@ class ReasoningStream:
         if self._switch is not None:
             upto, answer_from = self._switch
         else:
-            held = 0 if final else self._partial()
-            upto = len(self._decode(len(self._ids) - held)) if held else len(self._text)
+            upto = len(self._text) - (0 if final else self._partial())
             answer_from = None
         if self._thought_at == 0 and not final and self._start.startswith(self._text[:len(self._start)]) \
                 and len(self._text) < len(self._start):
@@ -654,18 +693,18 @@ class ReasoningStream:
         return thought, answer
 
     def _find_switch(self, first_new: int) -> None:
-        n = len(self._end)
-        for j in range(max(0, first_new - n + 1), len(self._ids) - n + 1):
-            if tuple(self._ids[j:j + n]) == self._end:
-                self._switch = (len(self._decode(j)), len(self._decode(j + n)))
+        # Each token holds at least one byte, so a marker ending in the new tokens began at most
+        # len(marker) tokens before them.
+        lo = max(0, first_new - len(self._end.encode()))
+        for m in range(max(first_new, 1), len(self._ids) + 1):
+            if self._end in self._tok.decode(self._ids[lo:m]):
+                # (A native grammar may switch mid-token: the answer starts right after the marker.)
+                at = self._tok.decode(self._ids[:m]).find(self._end)
+                self._switch = (at, at + len(self._end))
                 return
 
     def _partial(self) -> int:
-        """Tokens at the end that could begin the end marker."""
-        for k in range(min(len(self._ids), len(self._end) - 1), 0, -1):
-            if tuple(self._ids[-k:]) == self._end[:k]:
-                return k
-        return 0
-
-    def _decode(self, n: int) -> str:
-        return self._tok.decode(self._ids[:n])
+        """Characters at the end of the text that could begin the end marker."""
+        tail = self._tok.decode(self._ids[-len(self._end.encode()):]) if self._ids else ""
+        return next((k for k in range(min(len(tail), len(self._end) - 1), 0, -1)
+                     if tail.endswith(self._end[:k])), 0)

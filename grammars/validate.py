@@ -15,8 +15,10 @@ output that this check passes (grammars/LENIENCY.md lists what each backend lets
   backend's acceptance (EOS allowed only when the grammar accepts) is the only guarantee.
 - Reasoning / StructuralTag: each constrained part is checked against its own spec. The exact
   split is token-level (`validate_segments` with `SwitchMatcher.segments()`: where the grammar
-  switched); `validate_output` splits the text at the markers' text instead, which agrees unless
-  the free text spelled a marker with other tokens than the tokenizer's own.
+  switched); `validate_output` splits the text at the markers' text instead, which agrees (a
+  trigger fires wherever free text holds it, on a token boundary: grammars/triggers.py) except
+  where a constrained part itself holds its end marker's text (inside a JSON string). It is also
+  the check of `native=True` grammars, which have no token-level segments.
 """
 from __future__ import annotations
 

@@ -30,10 +30,12 @@ from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.keywords import gaps
 from interlock.grammars.stderr import NATIVE_LINE, call_capturing_stderr
 from interlock.grammars.matcher import BaseMatcher
+from interlock.grammars.native_tags import check_native, xgrammar_structural_tag
 from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
-from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark, Regex
+from interlock.protocol.grammar import (Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark, Reasoning,
+                                        Regex, StructuralTag)
 from interlock.protocol.types import TokenId
 from interlock.logs import get_logger
 
@@ -55,6 +57,8 @@ class XGrammarBackend:
             tokenizer.hf, vocab_size=vocab_size, stop_token_ids=list(tokenizer.eos_token_ids))
         # xgrammar's own cache is off: CompileCache is the one cache, with one eviction policy.
         self.special_ids = frozenset(self._info.special_token_ids) - set(tokenizer.eos_token_ids)
+        # The bytes of each token: switching grammars match their triggers on them (grammars/triggers.py).
+        self.token_bytes: tuple[bytes, ...] = tuple(self._info.decoded_vocab[: tokenizer.vocab_size])
         self._compiler = xgr.GrammarCompiler(self._info, max_threads=min(8, os.cpu_count() or 1),
                                              cache_enabled=False)
         # Built here, not on first use: matcher() runs on the event loop and must stay cheap.
@@ -62,6 +66,8 @@ class XGrammarBackend:
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         if is_switch(spec):                      # Reasoning / StructuralTag: grammars/switch.py
+            if spec.native:                      # type: ignore[union-attr]
+                return self._compile_native_switch(spec)  # type: ignore[arg-type]
             return compile_switch(self, self.tokenizer, spec)  # type: ignore[arg-type]
         check_spec(spec, self.config)
         start = time.perf_counter()
@@ -115,6 +121,47 @@ class XGrammarBackend:
         if isinstance(spec, Choice):
             return self._compiler.compile_grammar(choice_ebnf(spec.options))
         raise GrammarError(f"xgrammar: unsupported spec {type(spec).__name__}")
+
+    def _compile_native_switch(self, spec: Reasoning | StructuralTag) -> CompiledGrammar:
+        """An xgrammar structural tag (grammars/native_tags.py): an ordinary grammar from here on."""
+        start = time.perf_counter()
+        check_native(spec, self.tokenizer, NAME)
+        warnings: list[str] = []
+        tag = xgrammar_structural_tag(spec, lambda inner: self._content(inner, warnings))
+        try:
+            native, said = call_capturing_stderr(lambda: self._compiler.compile_structural_tag(tag))
+        except Exception as exc:            # xgrammar raises RuntimeError/ValueError/its own types
+            raise GrammarError(f"xgrammar: {_first_line(exc)}") from exc
+        warnings += [f"xgrammar: {line}" for line in dict.fromkeys(said or [])]
+        return CompiledGrammar(NAME, spec.key, native, time.perf_counter() - start, tuple(warnings),
+                               inexact=tuple(warnings))
+
+    def _content(self, spec: GrammarSpec, warnings: list[str]) -> dict:
+        """One constrained part of a native structural tag, as the plain spec would compile."""
+        check_spec(spec, self.config)
+        try:
+            if isinstance(spec, (JsonSchema, JsonObject)):
+                schema = spec.compiled_schema if isinstance(spec, JsonSchema) else json.dumps({"type": "object"})
+                flexible = spec.whitespace == "flexible"
+                if isinstance(spec, JsonSchema):
+                    warnings += [NOT_ENFORCED + str(g) for g in gaps(json.loads(schema), NAME, compact=not flexible)]
+                grammar = (xgr.Grammar.from_json_schema(schema, any_whitespace=True, strict_mode=False) if flexible
+                           else xgr.Grammar.from_json_schema(schema, any_whitespace=False, separators=(",", ":"),
+                                                             strict_mode=False))
+                return {"type": "grammar", "grammar": str(grammar)}
+            if isinstance(spec, Regex):
+                return {"type": "regex", "pattern": spec.pattern}
+            if isinstance(spec, Ebnf):
+                if spec.root != "root":
+                    raise GrammarError(f"xgrammar: native structural tags need the EBNF start rule 'root', got {spec.root!r}")
+                return {"type": "grammar", "grammar": spec.text}
+            if isinstance(spec, Choice):
+                return {"type": "grammar", "grammar": choice_ebnf(spec.options)}
+        except GrammarError:
+            raise
+        except Exception as exc:
+            raise GrammarError(f"xgrammar: {_first_line(exc)}") from exc
+        raise GrammarError(f"xgrammar: native structural tags do not take {type(spec).__name__} parts")
 
     def _json(self, schema: str, flexible: bool) -> Any:
         # strict_mode=False: JSON Schema says additionalProperties defaults to true; xgrammar's

@@ -14,6 +14,8 @@ captured CUDA graph; the "reference" versions loop in Python and are the obvious
                  draw_uniforms (per-request seeded generators)
 - rejection.py   rejection_sample (stochastic, point-mass or probabilistic drafts) and
                  rejection_sample_greedy: speculative verification over [B, K] drafts
+- logprobs.py    token_logprobs: an emitted token's log-probability and its row's top-N, under
+                 the masked law it was verified against (greedy rows at temperature 1)
 - cfg.py         cfg_combine: classifier-free guidance per-row scale
 - penalties.py   apply_penalties (repetition / frequency / presence) and draft_counts (each verify
                  position's counts: output + the drafts before it, so penalties stay exact)
@@ -26,12 +28,14 @@ from __future__ import annotations
 
 from interlock.kernels.bitmask import apply_token_bitmask_
 from interlock.kernels.cfg import cfg_combine
+from interlock.kernels.logprobs import token_logprobs
 from interlock.kernels.penalties import apply_penalties, draft_counts
 from interlock.kernels.rejection import rejection_sample, rejection_sample_greedy
 from interlock.kernels.sampling import draw_uniforms, probs_from_logits, sample, sample_from_probs
-from interlock.kernels.types import RejectionResult
+from interlock.kernels.types import Logprobs, RejectionResult
 
 __all__ = [
+    "Logprobs",
     "RejectionResult",
     "apply_penalties",
     "apply_token_bitmask_",
@@ -43,4 +47,5 @@ __all__ = [
     "rejection_sample_greedy",
     "sample",
     "sample_from_probs",
+    "token_logprobs",
 ]

@@ -17,3 +17,16 @@ class RejectionResult:
 
     num_accepted: torch.Tensor
     tokens: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """Log-probabilities of emitted tokens (kernels/logprobs.py).
+
+    token: [R] float32, each row's token. top_ids: [R, N] int64 and top: [R, N] float32, the row's
+        N most likely ids, most likely first; top is -inf where a row allows fewer than N ids.
+    """
+
+    token: torch.Tensor
+    top_ids: torch.Tensor
+    top: torch.Tensor

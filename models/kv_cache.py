@@ -11,6 +11,12 @@ With `prefix_caching=True` the pool is content-addressed (models/prefix_cache.py
 each sequence's committed tokens, full blocks become shareable, and `add_sequence(seq, prompt)` starts
 a sequence on the cached blocks of its prompt's longest cached prefix. Shared blocks are full and
 committed; a sequence only ever writes at positions >= its length, so it never writes into them.
+
+`prefix_granularity` (positions, a multiple of the block size) rounds every hit down to a multiple
+of itself. The engine sets it to the prefill chunk: a prompt then resumes at a chunk boundary and
+computes exactly the chunks a cold prefill computes, bit for bit. A hit inside a chunk would
+compute that chunk's tail as a shorter GEMM, and the bf16 GEMM picks its kernel (so its rounding)
+by the number of rows: logits would move by a few hundredths on SmolLM2.
 """
 from __future__ import annotations
 
@@ -42,9 +48,13 @@ class PagedKVCache:
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
                  device: torch.device | str = "cpu", *, prefix_caching: bool = False,
-                 namespace: bytes = b"") -> None:
+                 namespace: bytes = b"", prefix_granularity: int | None = None) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
+        granularity = prefix_granularity or block_size
+        if granularity <= 0 or granularity % block_size:
+            raise ValueError(f"prefix_granularity must be a positive multiple of the block size {block_size}, "
+                             f"got {prefix_granularity}")
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -53,6 +63,7 @@ class PagedKVCache:
         self.v = torch.zeros_like(self.k)
         self.prefix_caching = prefix_caching
         self.namespace = namespace              # the model (and adapter) the cached K/V belong to
+        self._hit_blocks = granularity // block_size    # a hit is a multiple of this many blocks
         self._pool = BlockPool(num_blocks)
         self._tables: dict[SeqId, list[BlockId]] = {}
         self._lengths: dict[SeqId, int] = {}
@@ -112,7 +123,7 @@ class PagedKVCache:
         """Positions of `prompt` that `add_sequence` would find cached (takes nothing)."""
         if not self.prefix_caching:
             return 0
-        return self._pool.peek(self._prompt_hashes(prompt)) * self.block_size
+        return len(self._hit_hashes(prompt)) * self.block_size
 
     def add_sequence(self, seq: SeqId, prompt: Sequence[TokenId] = ()) -> int:
         """Start `seq`; with prefix caching, on the cached blocks of `prompt`'s longest cached prefix.
@@ -122,7 +133,7 @@ class PagedKVCache:
         """
         if seq in self._tables:
             raise ValueError(f"sequence {seq} already exists")
-        blocks = self._pool.lookup(self._prompt_hashes(prompt)) if self.prefix_caching else []
+        blocks = self._pool.lookup(self._hit_hashes(prompt)) if self.prefix_caching else []
         n = len(blocks) * self.block_size
         self._tables[seq] = blocks
         self._lengths[seq] = n
@@ -147,6 +158,12 @@ class PagedKVCache:
             for i, h in enumerate(new, start=len(hashes)):
                 self._pool.register(self._tables[seq][i], h)
             hashes.extend(new)
+
+    def _hit_hashes(self, prompt: Sequence[TokenId]) -> list[BlockHash]:
+        """The hashes of the prompt's cached prefix, rounded down to the prefix granularity."""
+        hashes = self._prompt_hashes(prompt)
+        n = self._pool.peek(hashes)
+        return hashes[: n - n % self._hit_blocks]
 
     def _prompt_hashes(self, prompt: Sequence[TokenId]) -> list[BlockHash]:
         return chain_hashes(prompt[: len(prompt) - 1], self.block_size, self.namespace) if prompt else []

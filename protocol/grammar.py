@@ -154,11 +154,13 @@ PlainSpec: TypeAlias = JsonSchema | JsonObject | Regex | Ebnf | Lark | Choice
 
 
 # --- grammars that switch on mid-output --------------------------------------------------------
-# Markers are text, matched as the tokenizer's own token sequence for that text (one id for a
-# special token such as "<think>" where the tokenizer has it). A model that spells a marker with
-# other tokens has not written the marker: the switch is a token-level event, so masks, forced
-# tokens and rollback depend on token ids only and agree exactly between plain and speculative
-# decoding. grammars/switch.py resolves markers per tokenizer and holds the matcher.
+# Markers are text. A trigger fires when the bytes of the free tokens end with it, however the
+# model spelled it, and a token inside which a trigger would end is refused, so the switch falls on
+# a token boundary (grammars/triggers.py); forced markers (the rest of a begin, an end) are the
+# tokenizer's own token sequence for their text, which must exist (one id for a special token such
+# as "<think>" where the tokenizer has it). Masks, forced tokens and rollback depend on token ids
+# only and agree exactly between plain and speculative decoding. grammars/switch.py holds the
+# matcher; `native=True` hands the whole spec to the backend instead (grammars/native_tags.py).
 
 DEFAULT_THINK_START = "<think>"
 DEFAULT_THINK_END = "</think>"
@@ -174,17 +176,21 @@ class Reasoning:
     While thinking, EOS is refused when `then` constrains the answer (an output must reach it).
     max_reasoning_tokens: after that many thinking tokens the end marker is forced (the rest of
     it, where the last tokens already begin it); None: no limit.
+    native: compile with the backend's own support (grammars/native_tags.py) instead of the
+    composing matcher; no max_reasoning_tokens and no special-token markers then.
     """
 
     then: GrammarSpec | None = None
     start: str | None = None
     end: str | None = None
     max_reasoning_tokens: int | None = None
+    native: bool = False
 
     @property
     def key(self) -> str:
         inner = "free" if self.then is None else self.then.key
-        return f"reasoning:{_canonical_json([self.start, self.end, self.max_reasoning_tokens])}:{inner}"
+        head = [self.start, self.end, self.max_reasoning_tokens] + ([True] if self.native else [])
+        return f"reasoning:{_canonical_json(head)}:{inner}"
 
 
 @dataclass(frozen=True)
@@ -207,22 +213,27 @@ class StructuralTag:
 
     triggers: markers; each tag's begin starts with exactly one of them (a trigger shared by two
     tags lets the tokens after it choose). at_most: tags allowed (None: any number); after that
-    many, the output must end.
+    many, the output must end. native: compile with the backend's own support (xgrammar structural
+    tags, llguidance Lark; grammars/native_tags.py) instead of the composing matcher.
     """
 
     triggers: tuple[str, ...] = field(default=())
     tags: tuple[Tag, ...] = field(default=())
     at_most: int | None = None
+    native: bool = False
 
-    def __init__(self, triggers: Sequence[str], tags: Sequence[Tag], at_most: int | None = None) -> None:
+    def __init__(self, triggers: Sequence[str], tags: Sequence[Tag], at_most: int | None = None,
+                 native: bool = False) -> None:
         object.__setattr__(self, "triggers", tuple(triggers))
         object.__setattr__(self, "tags", tuple(tags))
         object.__setattr__(self, "at_most", at_most)
+        object.__setattr__(self, "native", native)
 
     @property
     def key(self) -> str:
         tags = ",".join(t.key for t in self.tags)
-        return f"structural_tag:{_canonical_json([list(self.triggers), self.at_most])}:[{tags}]"
+        head = [list(self.triggers), self.at_most] + ([True] if self.native else [])
+        return f"structural_tag:{_canonical_json(head)}:[{tags}]"
 
 
 GrammarSpec: TypeAlias = PlainSpec | Reasoning | StructuralTag

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from interlock.protocol.grammar import GrammarSpec
-from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.sampling import SamplingParams, TokenLogprob
 from interlock.protocol.types import BlockId, RequestId, SeqId, SlotId, TokenId
 
 
@@ -121,6 +121,7 @@ class SlotResult:
     drafted: int
     accepted: int
     error: BaseException | None = None    # this request failed in this step (a RequestError); tokens ()
+    logprobs: tuple[TokenLogprob, ...] | None = None   # one per new token (sampling.logprobs set)
 
 
 @dataclass(frozen=True)
@@ -193,8 +194,9 @@ class BindGrammar:
 
 @dataclass(frozen=True)
 class AddRequest:
-    """DraftActor: start indexing a request (its prompt). Replies (None) once the add is enqueued on
-    the model lane: a step launched after the reply finds the request in every drafter."""
+    """DraftActor: start indexing a request (its prompt); VerifierActor: a penalized request's prompt
+    ids. Replies (None) once the add is enqueued on the model lane: a step launched after the reply
+    finds the request in every drafter and the penalty book."""
 
     request_id: RequestId
     prompt: tuple[TokenId, ...]

@@ -18,6 +18,7 @@ PENALTY_RANGE = (-2.0, 2.0)          # presence / frequency penalty, as OpenAI
 REPETITION_RANGE = (1e-2, 1e2)       # repetition_penalty; 1.0 is off
 MAX_STOP_STRINGS = 64                # each one is searched for in the text after every step
 MAX_STOP_CHARS = 512                 # a stop string's length is also how much text is held back
+MAX_LOGPROBS = 20                    # top alternatives per token (OpenAI's top_logprobs limit)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,18 @@ class SamplingParams:
     logit of every token that occurs in the prompt or the output is divided by it when positive
     and multiplied by it when negative. Under speculation, verify position j counts the output
     plus the drafts before j, so the result is the same as one token at a time.
+
+    logprobs: None (off, costs nothing) or N in [0, 20]: every emitted token then carries its
+    log-probability and the N most likely (token, log-probability) pairs of the same row, under
+    the distribution it was verified against (kernels/logprobs.py): the penalized, guided,
+    grammar-masked logits after temperature, top-k and top-p. A greedy request reports them at
+    temperature 1 (its top-k / top-p still apply). Exact under speculation: a token gets the
+    numbers it would get without drafts.
+
+    speculative: False gives this request no drafts at all (one token per step: no forced,
+    n-gram, suffix, draft-model or user drafts) while its neighbours keep drafting. Its output
+    is the same either way (greedy; and in law when sampled). True does nothing on an engine
+    without speculation.
     """
 
     temperature: float = 0.0
@@ -64,6 +77,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logprobs: int | None = None
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -90,6 +105,10 @@ class SamplingParams:
         put("presence_penalty", _real("presence_penalty", self.presence_penalty, *PENALTY_RANGE))
         put("frequency_penalty", _real("frequency_penalty", self.frequency_penalty, *PENALTY_RANGE))
         put("repetition_penalty", _real("repetition_penalty", self.repetition_penalty, *REPETITION_RANGE))
+        if self.logprobs is not None:
+            put("logprobs", _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS, "use None to switch them off"))
+        if not isinstance(self.speculative, bool):
+            raise InvalidParameterError("speculative", f"must be a bool, got {type(self.speculative).__name__}")
 
     @property
     def greedy(self) -> bool:
@@ -174,6 +193,17 @@ class RequestStats:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token's log-probability and the `top` most likely (token, log-probability)
+    pairs of the same distribution, most likely first (SamplingParams.logprobs says how many;
+    fewer when the grammar allows fewer tokens)."""
+
+    token_id: TokenId
+    logprob: float
+    top: tuple[tuple[TokenId, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Delta:
     """One piece of a streamed output: new text (UTF-8 safe), its token ids, and at the end why it ended.
 
@@ -185,6 +215,7 @@ class Delta:
     finish_reason: FinishReason | None = None
     stats: RequestStats | None = None
     reasoning_text: str = ""            # a Reasoning grammar's thinking (its end marker left out)
+    logprobs: tuple[TokenLogprob, ...] | None = None   # one per token id (SamplingParams.logprobs set)
 
 
 @dataclass(frozen=True)
@@ -194,3 +225,4 @@ class Completion:
     finish_reason: FinishReason
     stats: RequestStats
     reasoning_text: str = ""            # a Reasoning grammar's thinking; `text` is then the answer
+    logprobs: tuple[TokenLogprob, ...] | None = None   # one per token id (SamplingParams.logprobs set)

@@ -64,10 +64,19 @@ class SuffixConfig:
 
 @dataclass(frozen=True)
 class DraftRequest:
-    """What a user-provided drafter sees of one request: its id and prompt + committed output."""
+    """What a drafter sees of one request in a step (drafters/base.py).
+
+    tokens: the prompt + committed output, which the draft continues. Filled only for drafters that
+    keep no per-request state of their own (no `drafters.base.Tracked` hooks); () for the ones that
+    do, which learn every committed token through `add`/`commit` (copying it each step is waste).
+    forced: the grammar's forced next tokens (up to the step's K; () when none or when "forced" is
+    not a drafter). They are the only tokens the grammar allows there, so a draft that disagrees
+    with one is cut at that token; a drafter may continue past them by returning them first.
+    """
 
     request_id: RequestId
     tokens: tuple[TokenId, ...]
+    forced: tuple[TokenId, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,8 +88,8 @@ class SpeculativeConfig:
     ngram: NGramConfig = NGramConfig()
     suffix: SuffixConfig = SuffixConfig()
     adaptive: bool = False          # per request, draft fewer lookup tokens after rejections
-    # A user-provided drafter (drafters.base.Drafter): asked for drafts when the grammar forces none;
-    # the longer of its draft and the n-gram draft is verified.
+    # A user-provided drafter (drafters.base.Drafter), last in the chain: the longest draft of all
+    # the drafters is verified (drafters/chain.py).
     user_drafter: Any = field(default=None, compare=False)
     # Draft models ("self-draft" / "draft"): how many target layers the self-draft runs, which
     # checkpoint "draft" loads, and whether the grammar masks the draft's logits (draft-side masking;

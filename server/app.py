@@ -24,6 +24,7 @@ from interlock.protocol.sampling import Delta
 from interlock.server.admission import Admission
 from interlock.server.config import ServerConfig
 from interlock.server.errors import APIError
+from interlock.server.logprobs import TokenTexts
 from interlock.server.generation import (
     ClientGone, ShuttingDown, check_finished, collect_all, open_runs, unless_stopped, wait_disconnect,
 )
@@ -52,6 +53,7 @@ class Server:
         self.metrics = ServerMetrics(spec.label if spec is not None else "none")
         self.admission = Admission(engine.config.max_batch_size + config.max_queue, config.retry_after_s)
         self.created = int(time.time())
+        self.texts = TokenTexts(engine.tokenizer)             # token strings and bytes, for logprobs
         self.loop: asyncio.AbstractEventLoop | None = None    # the engine's loop (tests call into it)
         self._stopping: anyio.Event | None = None
 
@@ -82,8 +84,9 @@ class Server:
             ticket.release()
             return self._stopped(exc)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        texts = self.texts if plan.calls[0].sampling.logprobs is not None else None
         shapers = [ChoiceShaper(i, chat=chat, tools=plan.tools, auto_tools=plan.auto_tools,
-                               reasoning=plan.reasoning) for i in range(len(runs))]
+                                reasoning=plan.reasoning, texts=texts) for i in range(len(runs))]
         if plan.stream:
             return SSEResponse(runs, shapers, chunk_encoder(chat, rid, self.config.model_name),
                                Usage.of if plan.include_usage else None, plan.grammar_param,
@@ -131,7 +134,7 @@ def full_body(chat: bool, rid: str, model: str, shapers: list[ChoiceShaper], res
     choices, stats = [], []
     for shaper, deltas in zip(shapers, results):
         text, last = check_finished(deltas)
-        shaper.piece(text)
+        shaper.piece(text, [lp for d in deltas for lp in d.logprobs or ()])
         assert last.finish_reason is not None and last.stats is not None    # check_finished made sure
         choices.append(shaper.full(last.finish_reason))
         stats.append(last.stats)

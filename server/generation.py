@@ -28,7 +28,8 @@ class ChoiceRun:
 
     def __init__(self, engine: Engine, call: EngineCall, t0: float, metrics: ServerMetrics) -> None:
         self._gen: AsyncGenerator[Delta, None] = engine.generate(  # type: ignore[assignment]
-            call.prompt, grammar=call.grammar, sampling=call.sampling, negative_prompt=call.negative_prompt)
+            call.prompt, grammar=call.grammar, sampling=call.sampling, negative_prompt=call.negative_prompt,
+            grammar_backend=call.grammar_backend)
         self._t0, self._last, self._metrics = t0, 0.0, metrics
         self.first: Delta | None = None
 
@@ -62,9 +63,9 @@ async def open_runs(engine: Engine, plan: Plan, t0: float, metrics: ServerMetric
     # fails while its request's prefill step is in flight crashes the scheduler today (KeyError in
     # on_tokens; reported to the engine owners), and a bad grammar is then a 400 before anything
     # is queued. The cost: compile no longer overlaps the prefill for a grammar seen first.
-    for grammar in dict.fromkeys(c.grammar for c in plan.calls if c.grammar is not None):
+    for grammar, backend in dict.fromkeys((c.grammar, c.grammar_backend) for c in plan.calls if c.grammar is not None):
         try:
-            await engine.grammars.compile(grammar)
+            await engine.grammars.compile(grammar, backend)
         except InterlockError as exc:
             raise from_interlock(exc, plan.grammar_param) from exc
     runs = [ChoiceRun(engine, call, t0, metrics) for call in plan.calls]

@@ -52,7 +52,7 @@ class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: OpenAIFinish
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None     # server/logprobs.py: OpenAI's shape for the endpoint
 
 
 class ChatCompletion(BaseModel):
@@ -68,7 +68,7 @@ class ChunkChoice(BaseModel):
     index: int
     delta: dict[str, Any]
     finish_reason: OpenAIFinish | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None     # server/logprobs.py: OpenAI's shape for the endpoint
 
 
 class ChatCompletionChunk(BaseModel):
@@ -84,7 +84,7 @@ class TextChoice(BaseModel):
     index: int
     text: str
     finish_reason: OpenAIFinish | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None     # server/logprobs.py: OpenAI's shape for the endpoint
 
 
 class TextCompletion(BaseModel):

@@ -114,15 +114,15 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    top_logprobs: int | None = None
     user: str | None = None                                 # an end-user id for the caller's logs; no effect
     # interlock / vLLM extensions
     structured_outputs: StructuredOutputs | None = None
-    grammar_backend: Literal["auto", "xgrammar", "llguidance"] | None = None
+    grammar_backend: str | None = None                      # auto | xgrammar | llguidance (checked in translate)
     guidance_scale: float | None = None
     negative_prompt: str | list[ChatMessage] | None = None
     speculative: bool | None = None
     repetition_penalty: float | None = Field(default=None, gt=0)   # vLLM's extension; 1 is off
+    ignore_eos: bool | None = None                          # vLLM's extension: run to max_tokens (benchmarks, tests)
 
     def refuse_unknown(self) -> None:
         """400 naming the first field this server does not know, unless it was sent as null."""
@@ -139,12 +139,16 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = None                         # needs logprobs: true
+    # interlock extension: with a server started with --reasoning, the end-of-thinking marker is forced
+    # after this many thinking tokens (Reasoning.max_reasoning_tokens); an error otherwise.
+    max_reasoning_tokens: int | None = Field(default=None, ge=0)
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]   # text(s), or token ids (one prompt or several)
     response_format: ResponseFormat | None = None          # extension on /v1/completions (vLLM has it too)
-    logprobs: int | None = None
+    logprobs: int | None = None                             # N: each token's logprob and N alternatives
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None

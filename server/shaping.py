@@ -3,10 +3,13 @@ without tool calls). The streamed pieces concatenate to exactly the non-streamed
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from interlock.grammars.switch import ReasoningSplitter
+from interlock.protocol.sampling import TokenLogprob
 from interlock.protocol.types import FinishReason
+from interlock.server.logprobs import TextLogprobs, TokenTexts, chat_logprobs
 from interlock.server.responses import (
     AssistantMessage, ChatChoice, ChunkChoice, OpenAIFinish, TextChoice,
 )
@@ -23,15 +26,21 @@ def is_json(text: str) -> bool:
 
 class ChoiceShaper:
     """One choice of one request. Chat choices open with a role delta; tool-call choices stream
-    tool-call deltas instead of content."""
+    tool-call deltas instead of content. With `texts` (the request asked for logprobs) each
+    delta's logprobs ride on the first chunk its text makes, or on a later one when its text is
+    held back; the streamed logprobs concatenate to the non-streamed ones."""
 
     def __init__(self, index: int, *, chat: bool, tools: bool, auto_tools: bool = False,
-                 reasoning: bool = False) -> None:
+                 reasoning: bool = False, texts: TokenTexts | None = None) -> None:
         self.index, self.chat = index, chat
         self.tools = ToolCallStream() if tools else None
         self.auto = AutoToolStream() if auto_tools and chat else None
         self.think = ReasoningSplitter() if reasoning and chat else None
         self.parts: list[str] = []
+        self.texts = texts
+        self.logprobs: list[TokenLogprob] = []       # every token's, for the whole answer
+        self._unsent: list[TokenLogprob] = []        # not on a chunk yet
+        self._text_lp = TextLogprobs(texts) if texts is not None and not chat else None
 
     @property
     def text(self) -> str:
@@ -42,12 +51,28 @@ class ChoiceShaper:
             return []
         return [ChunkChoice(index=self.index, delta={"role": "assistant", "content": None if self.tools else ""})]
 
-    def piece(self, text: str) -> list[Any]:
+    def piece(self, text: str, logprobs: Sequence[TokenLogprob] | None = None) -> list[Any]:
+        if self.texts is not None:
+            self.logprobs.extend(logprobs or ())
+            self._unsent.extend(logprobs or ())
         if self.think is not None and not self.think.done:
             thought, text = self.think.feed(text)
             out = [ChunkChoice(index=self.index, delta={"reasoning_content": thought})] if thought else []
-            return out + (self._answer(text) if text else [])
-        return self._answer(text)
+            return self._with_logprobs(out + (self._answer(text) if text else []))
+        return self._with_logprobs(self._answer(text))
+
+    def _with_logprobs(self, chunks: list[Any]) -> list[Any]:
+        """The unsent logprobs on the first of these chunks."""
+        if chunks and self._unsent:
+            chunks[0].logprobs = self._format(self._unsent)
+            self._unsent = []
+        return chunks
+
+    def _format(self, entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+        assert self.texts is not None
+        if self._text_lp is not None:
+            return self._text_lp.piece(entries)
+        return chat_logprobs(entries, self.texts)
 
     def _answer(self, text: str) -> list[Any]:
         self.parts.append(text)
@@ -71,7 +96,7 @@ class ChoiceShaper:
     def closing(self, reason: FinishReason) -> list[Any]:
         finish = self.finish_reason(reason)
         if not self.chat:
-            return [TextChoice(index=self.index, text="", finish_reason=finish)]
+            return self._with_logprobs([TextChoice(index=self.index, text="", finish_reason=finish)])
         out = []
         if self.think is not None and not self.think.done:
             thought = self.think.finish()
@@ -81,10 +106,14 @@ class ChoiceShaper:
         if self.tools is not None:
             out = [ChunkChoice(index=self.index, delta={"tool_calls": [d]})
                    for d in self.tools.finish(is_json(self.text))]
-        return out + [ChunkChoice(index=self.index, delta={}, finish_reason=finish)]
+        return self._with_logprobs(out + [ChunkChoice(index=self.index, delta={}, finish_reason=finish)])
 
     def full(self, reason: FinishReason) -> ChatChoice | TextChoice:
         choice = self._full(reason)
+        if self.texts is not None:
+            if self._text_lp is not None:
+                self._text_lp = TextLogprobs(self.texts)          # offsets from the start of the text
+            choice.logprobs = self._format(self.logprobs)
         if self.think is not None and isinstance(choice, ChatChoice):
             if not self.think.done:
                 self.think.finish()

@@ -95,7 +95,7 @@ class SSEResponse(Response):
             await self._emit(tx, shaper.opening())
             delta = run.first
             while delta is not None:
-                await self._emit(tx, shaper.piece(delta.text))
+                await self._emit(tx, shaper.piece(delta.text, delta.logprobs))
                 if delta.finish_reason is not None:
                     await self._emit(tx, shaper.closing(delta.finish_reason))
                     if delta.stats is not None:

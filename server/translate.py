@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from interlock.protocol.errors import InterlockError
 from interlock.protocol.grammar import BackendName, Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Reasoning, Regex
-from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.sampling import MAX_LOGPROBS, SamplingParams
 from interlock.server.config import ServerConfig
 from interlock.server.errors import APIError, from_interlock, unsupported
 from interlock.server.schemas import (
@@ -21,7 +21,8 @@ from interlock.server.schemas import (
 from interlock.server.tools import auto_tools_grammar, call_text, tools_grammar, with_auto_tools, with_tools
 
 Message = dict[str, str]
-Prompt = str | list[Message]
+Prompt = str | list[Message] | list[int]
+BACKENDS = ("auto", "xgrammar", "llguidance")
 # Penalties exist in the engine only once SamplingParams has them (added by the reliability work).
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
@@ -42,6 +43,7 @@ class EngineCall:
     grammar: GrammarSpec | None
     sampling: SamplingParams
     negative_prompt: Prompt | None
+    grammar_backend: BackendName | None = None     # None: the engine's
 
 
 @dataclass(frozen=True)
@@ -80,14 +82,12 @@ def derived_seed(seed: int | None, i: int) -> int | None:
 
 def check_common(req: SamplingFields, facts: EngineFacts, config: ServerConfig) -> None:
     req.refuse_unknown()
-    if req.top_logprobs:
-        raise unsupported("top_logprobs", "not supported yet (log-probabilities need engine support)")
-    if req.speculative is not None and req.speculative != facts.speculative:
-        raise unsupported("speculative", f"fixed per server: this engine runs {'with' if facts.speculative else 'without'} "
-                                         "speculation for every request (start another server for the other mode)")
-    if req.grammar_backend not in (None, "auto", facts.grammar_backend):
-        raise unsupported("grammar_backend", f"fixed per server: this engine compiles every grammar with "
-                                             f"{facts.grammar_backend!r}")
+    if req.speculative and not facts.speculative:
+        raise unsupported("speculative", "this engine runs without speculation (start the server with --speculative "
+                                         "MODE); speculative: false is always accepted")
+    if req.grammar_backend is not None and req.grammar_backend not in BACKENDS:
+        raise APIError(400, f"grammar_backend {req.grammar_backend!r} is not a grammar backend: use one of "
+                            f"{', '.join(BACKENDS)}", param="grammar_backend", code="invalid_value")
     if req.n is not None and req.n > config.max_n:
         raise APIError(400, f"n must be <= {config.max_n}, got {req.n}", param="n", code="invalid_value")
     if req.stream_options is not None and not req.stream:
@@ -96,7 +96,8 @@ def check_common(req: SamplingFields, facts: EngineFacts, config: ServerConfig) 
         raise APIError(400, "negative_prompt needs guidance_scale", param="negative_prompt")
 
 
-def sampling_params(req: SamplingFields, max_tokens: int | None, seed: int | None, config: ServerConfig) -> SamplingParams:
+def sampling_params(req: SamplingFields, max_tokens: int | None, seed: int | None, config: ServerConfig,
+                    logprobs: int | None = None) -> SamplingParams:
     extra: dict[str, Any] = {}
     for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
         value = getattr(req, name)
@@ -111,7 +112,8 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, seed: int | Non
             top_p=None if req.top_p in (None, 1.0) else req.top_p,
             top_k=None if req.top_k in (None, 0, -1) else req.top_k,
             max_tokens=max_tokens or config.default_max_tokens, stop=stop, seed=seed,
-            guidance_scale=req.guidance_scale, **extra)
+            guidance_scale=req.guidance_scale, logprobs=logprobs, ignore_eos=bool(req.ignore_eos),
+            speculative=req.speculative is not False, **extra)
     except InterlockError as exc:
         raise from_interlock(exc) from exc
 
@@ -174,8 +176,7 @@ def tool_mode(req: ChatCompletionRequest) -> Literal["none", "call", "auto"]:
 
 def plan_chat(req: ChatCompletionRequest, facts: EngineFacts, config: ServerConfig) -> Plan:
     check_common(req, facts, config)
-    if req.logprobs:
-        raise unsupported("logprobs", "not supported yet (log-probabilities need engine support)")
+    logprobs = chat_logprobs(req)
     messages = chat_messages(req.messages)
     tools_spec: GrammarSpec | None = None
     mode = tool_mode(req)
@@ -209,18 +210,23 @@ def plan_chat(req: ChatCompletionRequest, facts: EngineFacts, config: ServerConf
     elif req.negative_prompt is not None:
         negative = chat_messages(req.negative_prompt)
     if config.reasoning:
-        grammar = Reasoning(then=grammar)
+        grammar = Reasoning(then=grammar, max_reasoning_tokens=req.max_reasoning_tokens)
+    elif req.max_reasoning_tokens is not None:
+        raise APIError(400, "max_reasoning_tokens needs a server that reasons (interlock serve --reasoning)",
+                       param="max_reasoning_tokens")
     max_tokens = req.max_completion_tokens or req.max_tokens
-    calls = tuple(EngineCall(messages, grammar, sampling_params(req, max_tokens, derived_seed(req.seed, i), config),
-                             negative) for i in range(req.n or 1))
+    calls = tuple(EngineCall(messages, grammar, sampling_params(req, max_tokens, derived_seed(req.seed, i), config,
+                                                                logprobs), negative, req.grammar_backend)  # type: ignore[arg-type]
+                  for i in range(req.n or 1))
     return Plan(calls, bool(req.stream), bool(req.stream_options and req.stream_options.include_usage),
                 mode == "call", param, "messages", auto_tools=mode == "auto", reasoning=config.reasoning)
 
 
 def plan_completion(req: CompletionRequest, facts: EngineFacts, config: ServerConfig) -> Plan:
     check_common(req, facts, config)
-    if req.logprobs is not None:
-        raise unsupported("logprobs", "not supported yet (log-probabilities need engine support)")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
+        raise APIError(400, f"logprobs must be in [0, {MAX_LOGPROBS}], got {req.logprobs}", param="logprobs",
+                       code="invalid_value")
     if req.echo:
         raise unsupported("echo")
     if req.suffix:
@@ -229,15 +235,39 @@ def plan_completion(req: CompletionRequest, facts: EngineFacts, config: ServerCo
         raise unsupported("best_of")
     if isinstance(req.negative_prompt, list):
         raise APIError(400, "negative_prompt must be a string on /v1/completions", param="negative_prompt")
-    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-    if not prompts:
-        raise APIError(400, "prompt must not be empty", param="prompt")
+    prompts = completion_prompts(req.prompt)
     try:
         grammar, param = choose_grammar(req, None)
     except InterlockError as exc:
         raise from_interlock(exc, "response_format") from exc
     n = req.n or 1
-    calls = tuple(EngineCall(p, grammar, sampling_params(req, req.max_tokens, derived_seed(req.seed, i), config),
-                             req.negative_prompt) for p in prompts for i in range(n))
+    calls = tuple(EngineCall(p, grammar, sampling_params(req, req.max_tokens, derived_seed(req.seed, i), config,
+                                                         req.logprobs), req.negative_prompt,
+                             req.grammar_backend)  # type: ignore[arg-type]
+                  for p in prompts for i in range(n))
     return Plan(calls, bool(req.stream), bool(req.stream_options and req.stream_options.include_usage), False, param,
                 "prompt")
+
+
+def chat_logprobs(req: ChatCompletionRequest) -> int | None:
+    """How many alternatives per token (None: no logprobs): OpenAI's logprobs + top_logprobs."""
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+        if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+            raise APIError(400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {req.top_logprobs}",
+                           param="top_logprobs", code="invalid_value")
+    return (req.top_logprobs or 0) if req.logprobs else None
+
+
+def completion_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """The prompts of a /v1/completions request: a string, strings, token ids, or lists of token ids
+    (ids are checked against the vocabulary by the engine: a 400 naming prompt)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(t, int) for t in prompt):
+        return [prompt]  # type: ignore[list-item]
+    prompts: list[str | list[int]] = list(prompt)  # type: ignore[arg-type]
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise APIError(400, "prompt must not be empty (nor any prompt in a list)", param="prompt")
+    return prompts

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from interlock.grammars.bitmask import allowed_ids
-from interlock.grammars.layer import make_backend
+from interlock.grammars.backends import make_backend
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.grammar import BackendName, GrammarBackend, GrammarMatcher, GrammarSpec
 from interlock.protocol.types import TokenId

@@ -1,5 +1,6 @@
-"""DraftChain: forced tokens first, the n-gram continuation past them, a user drafter where the
-grammar forces nothing; the adaptive budget; a failing user drafter fails only its requests."""
+"""DraftChain: forced tokens first, the n-gram continuation past them, a user drafter, the longest
+consistent answer; the adaptive budget; when the draft model is asked; a failing user drafter fails
+only its requests; per-request state through the Tracked hooks."""
 from __future__ import annotations
 
 from interlock.drafters.chain import ChainRequest, DraftChain
@@ -43,10 +44,10 @@ def test_adaptive_budget_grows_on_full_acceptance_and_shrinks_on_rejection() -> 
     assert chain.propose([ChainRequest("a", ())])[0].k == 1
     chain.commit("a", (4, 5), drafted=1, accepted=1)
     assert chain.propose([ChainRequest("a", ())])[0].k == 2
-    no_suffix = {"suffix_requests": 0, "suffix_request_nodes": 0, "suffix_global_tokens": 0, "suffix_global_nodes": 0}
-    assert chain.counts() == {"ngram_requests": 1, "adaptive_budgets": 1, "user_contexts": 0} | no_suffix
+    counts = chain.counts()
+    assert (counts["ngram_requests"], counts["adaptive_budgets"], counts["user_contexts"]) == (1, 1, 0)
     chain.remove("a")
-    assert chain.counts() == {"ngram_requests": 0, "adaptive_budgets": 0, "user_contexts": 0} | no_suffix
+    assert set(chain.counts().values()) == {0}
 
 
 class Picky:
@@ -63,3 +64,74 @@ def test_a_user_drafter_that_raises_fails_only_the_request_it_raises_for() -> No
     good, bad = chain.propose([ChainRequest("good", ()), ChainRequest("bad", ())])
     assert good.drafts == (7, 8, 9) and good.error is None
     assert isinstance(bad.error, DrafterError)
+
+
+class Echo:
+    """A stateless user drafter: answers its last token k times (it reads DraftRequest.tokens)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    def propose(self, requests, k):
+        self.seen.extend((r.request_id, r.tokens, r.forced) for r in requests)
+        return [[r.tokens[-1]] * k for r in requests]
+
+
+def test_a_stateless_user_drafter_gets_the_tokens_and_forced_tokens_and_is_cut_where_it_disagrees() -> None:
+    echo = Echo()
+    chain = DraftChain(SpeculativeConfig(("forced",), max_draft_len=3, user_drafter=echo), vocab_size=100)
+    chain.add("a", (1, 2))
+    chain.commit("a", (5,), drafted=0, accepted=0)
+    assert chain.propose([ChainRequest("a", ())])[0].drafts == (5, 5, 5)
+    assert chain.propose([ChainRequest("a", (5, 6))])[0].drafts == (5, 6)   # its (5, 5, 5) is cut at 5 != 6
+    assert chain.propose([ChainRequest("a", (7,))])[0].drafts == (7,)       # cut to nothing: forced wins
+    assert echo.seen[0] == ("a", (1, 2, 5), ()) and echo.seen[1] == ("a", (1, 2, 5), (5, 6))
+    assert chain.counts()["user_contexts"] == 1
+    chain.remove("a")
+    assert chain.counts()["user_contexts"] == 0
+
+
+class Counting(Echo):
+    """A user drafter with the Tracked hooks: it keeps its own state, so it is handed no tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: dict[str, list[int]] = {}
+
+    def add(self, request_id, prompt):
+        self.held[request_id] = list(prompt)
+
+    def commit(self, request_id, new_tokens):
+        self.held[request_id].extend(new_tokens)
+
+    def remove(self, request_id):
+        self.held.pop(request_id, None)
+
+    def counts(self):
+        return {"user_held": len(self.held)}
+
+    def propose(self, requests, k):
+        assert all(r.tokens == () for r in requests)
+        return [[self.held[r.request_id][-1]] * k for r in requests]
+
+
+def test_a_tracked_user_drafter_gets_the_hooks_and_its_counts_are_reported() -> None:
+    user = Counting()
+    chain = DraftChain(SpeculativeConfig((), max_draft_len=2, user_drafter=user), vocab_size=100)
+    chain.add("a", (1, 2))
+    chain.commit("a", (9,), drafted=0, accepted=0)
+    assert chain.propose([ChainRequest("a", ())])[0].drafts == (9, 9)
+    assert chain.counts()["user_held"] == 1 and chain.counts()["user_contexts"] == 0
+    chain.remove("a")
+    assert chain.counts()["user_held"] == 0
+
+
+def test_the_draft_model_is_asked_only_where_the_lookups_fall_short() -> None:
+    class FakeModel(Counting):       # only the Tracked hooks matter to the chain
+        pass
+
+    chain = DraftChain(SpeculativeConfig(("ngram", "forced"), max_draft_len=3), vocab_size=100, model=FakeModel())
+    chain.add("a", (1, 2, 3, 1, 2))
+    full, short = chain.propose([ChainRequest("a", ()), ChainRequest("a", (7,))])
+    assert full.drafts == (3, 1, 2) and not full.model
+    assert short.drafts == (7,) and short.model

@@ -55,13 +55,13 @@ configs = st.builds(
 def test_private_pool_matches_brute_force(cfg: NGramConfig, d: int, prompt: list[int],
                                           chunks: list[list[int]], data: st.DataObject) -> None:
     drafter = NGramDrafter(cfg, max_draft_len=d)
-    drafter.add_request("r", prompt)
+    drafter.add("r", prompt)
     cur = list(prompt)
     for chunk in [[]] + chunks:
-        drafter.extend("r", chunk)
+        drafter.commit("r", chunk)
         cur += chunk
         k = data.draw(st.integers(0, d))
-        got = drafter.propose("r", k)
+        got = drafter.lookup("r", k)
         assert got == reference_private(cur, cfg, k)
         # Independently of which occurrence the options pick: a real continuation, never empty
         # when some suffix occurred before.
@@ -84,17 +84,17 @@ def test_public_pool_proposes_continuations_seen_in_some_request(
     seen: list[list[int]] = []          # every sequence the pool was taught, removed ones included
     live: dict[str, list[int]] = {}
     for i, p in enumerate(prompts):
-        drafter.add_request(str(i), p)
+        drafter.add(str(i), p)
         live[str(i)] = list(p)
         seen.append(live[str(i)])
     for who, chunk, drop in steps:
         rid = str(who % len(prompts))
         if rid not in live:
             continue
-        drafter.extend(rid, chunk)
+        drafter.commit(rid, chunk)
         live[rid] += chunk
         k = data.draw(st.integers(1, d))
-        got = drafter.propose(rid, k)
+        got = drafter.lookup(rid, k)
         occs = longest_match(seen, live[rid], cfg.max_matching_ngram_size)
         assert bool(got) == bool(occs)
         assert len(got) <= k
@@ -109,9 +109,9 @@ def test_public_pool_proposes_continuations_seen_in_some_request(
 def test_extend_in_pieces_equals_adding_everything_at_once(cfg: NGramConfig, prompt: list[int],
                                                           chunks: list[list[int]]) -> None:
     pieces, whole = NGramDrafter(cfg, 4), NGramDrafter(cfg, 4)
-    pieces.add_request("r", prompt)
+    pieces.add("r", prompt)
     for chunk in chunks:
-        pieces.extend("r", chunk)
-    whole.add_request("r", prompt + [t for c in chunks for t in c])
+        pieces.commit("r", chunk)
+    whole.add("r", prompt + [t for c in chunks for t in c])
     assert pieces.stats() == whole.stats()
-    assert [pieces.propose("r", k) for k in range(5)] == [whole.propose("r", k) for k in range(5)]
+    assert [pieces.lookup("r", k) for k in range(5)] == [whole.lookup("r", k) for k in range(5)]

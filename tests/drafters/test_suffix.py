@@ -65,32 +65,32 @@ def test_draft_follows_the_most_frequent_continuation():
     d = SuffixDrafter(SuffixConfig(max_depth=8, max_spec_factor=4.0, min_token_prob=0.0), max_draft_len=4)
     # the longest match is (0, 1, 2): followed by 3 twice and 9 once (its latest occurrence, at the
     # end, by nothing yet); after (0, 1, 2, 3) comes 0 both times, then 1
-    d.add_request("r", [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 9, 0, 1, 2])
-    assert d.propose("r", 3) == [3, 0, 1]
+    d.add("r", [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 9, 0, 1, 2])
+    assert d.lookup("r", 3) == [3, 0, 1]
     # the longest match decides, even when a shorter suffix has a more frequent continuation
-    d.add_request("s", [7, 0, 1, 2, 9, 0, 1, 2, 3, 0, 1, 2, 3, 7, 0, 1, 2])
-    assert d.propose("s", 1) == [9]
+    d.add("s", [7, 0, 1, 2, 9, 0, 1, 2, 3, 0, 1, 2, 3, 7, 0, 1, 2])
+    assert d.lookup("s", 1) == [9]
 
 
 def test_draft_length_grows_with_the_match():
     cfg = SuffixConfig(max_depth=16, max_spec_factor=1.0, min_token_prob=0.0)
     d = SuffixDrafter(cfg, max_draft_len=8)
-    d.add_request("short", [5, 6, 7, 8, 9, 1, 5])      # match (5,): m = 1 -> at most 1 token
-    assert d.propose("short", 8) == [6]
-    d.add_request("long", [5, 6, 7, 8, 9, 1, 5, 6, 7])  # match (5, 6, 7): m = 3 -> 3 tokens
-    assert d.propose("long", 8) == [8, 9, 1]
+    d.add("short", [5, 6, 7, 8, 9, 1, 5])      # match (5,): m = 1 -> at most 1 token
+    assert d.lookup("short", 8) == [6]
+    d.add("long", [5, 6, 7, 8, 9, 1, 5, 6, 7])  # match (5, 6, 7): m = 3 -> 3 tokens
+    assert d.lookup("long", 8) == [8, 9, 1]
 
 
 def test_low_probability_paths_stop_the_draft():
     d = SuffixDrafter(SuffixConfig(max_depth=8, max_spec_factor=4.0, min_token_prob=0.6), max_draft_len=4)
-    d.add_request("r", [0, 1, 2, 0, 1, 3, 0, 1])   # after 0, 1: 2 or 3, each p = 0.5 < 0.6
-    assert d.propose("r", 4) == []
+    d.add("r", [0, 1, 2, 0, 1, 3, 0, 1])   # after 0, 1: 2 or 3, each p = 0.5 < 0.6
+    assert d.lookup("r", 4) == []
 
 
 def test_forced_tokens_extend_the_context():
     d = SuffixDrafter(SuffixConfig(max_depth=8, max_spec_factor=4.0, min_token_prob=0.0), max_draft_len=4)
-    d.add_request("r", [7, 1, 2, 3, 4, 7])
-    assert d.propose("r", 2, after=[1, 2]) == [3, 4]
+    d.add("r", [7, 1, 2, 3, 4, 7])
+    assert d.lookup("r", 2, after=[1, 2]) == [3, 4]
     assert d.stats().request_nodes == SuffixDrafter(d.config, 4).stats().request_nodes + \
         len(substring_counts([[7, 1, 2, 3, 4, 7]], 8))  # `after` was not indexed
 
@@ -98,36 +98,36 @@ def test_forced_tokens_extend_the_context():
 def test_finished_outputs_draft_for_later_requests_and_are_bounded():
     cfg = SuffixConfig(max_depth=8, max_spec_factor=4.0, min_token_prob=0.0, max_global_tokens=12)
     d = SuffixDrafter(cfg, max_draft_len=4)
-    d.add_request("a", [100, 101])
-    d.extend("a", [20, 21, 22, 23, 24])
-    assert d.propose("a", 3) == []                  # nothing repeats yet
+    d.add("a", [100, 101])
+    d.commit("a", [20, 21, 22, 23, 24])
+    assert d.lookup("a", 3) == []                  # nothing repeats yet
     d.remove("a")
     assert d.stats().global_tokens == 5             # the output, not the prompt
-    d.add_request("b", [100, 102, 20, 21])
-    assert d.propose("b", 3) == [22, 23, 24]        # from a's output
+    d.add("b", [100, 102, 20, 21])
+    assert d.lookup("b", 3) == [22, 23, 24]        # from a's output
     d.remove("b")                                   # output () -> nothing added
     for i in range(3):                              # 3 x 5 tokens > 12: a's output is evicted
-        d.add_request(f"c{i}", [0])
-        d.extend(f"c{i}", [50 + i, 60, 61, 62, 63])
+        d.add(f"c{i}", [0])
+        d.commit(f"c{i}", [50 + i, 60, 61, 62, 63])
         d.remove(f"c{i}")
     s = d.stats()
     assert s.global_tokens == 10 and s.global_outputs == 2
     assert all_paths(d.global_trie) == dict(substring_counts([[51, 60, 61, 62, 63], [52, 60, 61, 62, 63]], 8))
-    d.add_request("e", [20, 21])
-    assert d.propose("e", 3) == []                  # a's output is gone
+    d.add("e", [20, 21])
+    assert d.lookup("e", 3) == []                  # a's output is gone
 
 
 def test_the_request_trie_wins_ties_and_state_is_freed():
     d = SuffixDrafter(SuffixConfig(max_depth=8, max_spec_factor=4.0, min_token_prob=0.0), max_draft_len=2)
-    d.add_request("x", [0])
-    d.extend("x", [1, 2, 3])
+    d.add("x", [0])
+    d.commit("x", [1, 2, 3])
     d.remove("x")                                   # global: after 1 comes 2
-    d.add_request("y", [1, 5, 1])                   # own: after 1 comes 5 (same score)
-    assert d.propose("y", 1) == [5]
+    d.add("y", [1, 5, 1])                   # own: after 1 comes 5 (same score)
+    assert d.lookup("y", 1) == [5]
     d.remove("y")
     d.remove("y")                                   # idempotent
     assert d.stats().requests == 0 and d.stats().request_nodes == 0
     with pytest.raises(RequestError):
-        d.propose("y", 1)
+        d.lookup("y", 1)
     with pytest.raises(ValueError):
         SuffixConfig(max_depth=1)

@@ -130,6 +130,12 @@ CATALOGUE: dict[str, Bad] = {
     "prompt: over the context": Bad(PromptTooLongError, lambda e: _complete(e, prompt="word " * 400),
                                     {"max_context": 128}),
     "negative_prompt without guidance": Bad(RequestError, lambda e: e.complete("hi", negative_prompt="x")),
+    "prompt: token id past the vocabulary": Bad(InvalidParameterError, lambda e: _complete(e, prompt=[1, 2, 10**6])),
+    "prompt: negative token id": Bad(InvalidParameterError, lambda e: _complete(e, prompt=[-1, 2])),
+    "prompt: token ids (runs)": Bad("complete", lambda e: _complete(e, prompt=[5, 6, 7])),
+    "grammar_backend: unknown": Bad(InvalidParameterError, lambda e: e.complete(
+        "hi", grammar=Choice(["a", "b"]), grammar_backend="outlines")),
+    "sampling: logprobs 21": Bad(InvalidParameterError, _sampling(logprobs=21)),
     # sampling values (refused when SamplingParams is built, before generate)
     "sampling: temperature nan": Bad(InvalidParameterError, _sampling(temperature=math.nan)),
     "sampling: temperature inf": Bad(InvalidParameterError, _sampling(temperature=math.inf)),

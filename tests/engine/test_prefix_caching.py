@@ -185,3 +185,56 @@ async def test_suffix_drafts_change_nothing_and_only_the_bounded_global_trie_rem
 def test_suffix_parses_as_a_drafter() -> None:
     spec = SpeculativeConfig.parse("suffix+forced", max_draft_len=4)
     assert spec is not None and spec.drafters == ("suffix", "forced") and spec.label == "suffix+forced"
+
+
+@pytest.mark.parametrize("mode", ["none", "ngram+forced"])
+async def test_repetition_penalty_sees_the_cached_part_of_the_prompt(tiny, mode: str) -> None:
+    """A prompt served from the cache is never forwarded, yet its ids are "in the prompt" for the
+    repetition penalty: a strong penalty gives the same greedy output cached or not. The prompt ends
+    with the model's own unpenalized continuation, so the ids the penalty must push down are in
+    the cached part."""
+    head = HEAD + TEXTS[0]
+    penalized = SamplingParams(max_tokens=24, repetition_penalty=8.0)
+
+    async def twice(prompt, prefix_caching: bool) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        config = EngineConfig(speculative=MODES[mode], block_size=BLOCK, prefill_chunk=CHUNK,
+                              prefix_caching=prefix_caching)
+        async with Engine(tiny, config) as engine:
+            first = await engine.complete(prompt, sampling=penalized)
+            second = await engine.complete(prompt, sampling=penalized)
+            cached = (await engine.metrics()).cached_prompt_tokens
+            await assert_all_free(engine)
+        return first.token_ids, second.token_ids, cached
+
+    async with Engine(tiny, EngineConfig(block_size=BLOCK, prefill_chunk=CHUNK)) as engine:
+        prompt = list(engine._encode(head))
+        prompt += (await engine.complete(prompt, sampling=SamplingParams(max_tokens=24))).token_ids
+    first, second, cached = await twice(prompt, True)
+    cold_first, cold_second, no_cache = await twice(prompt, False)
+    assert cached >= len(prompt) - BLOCK - 1 and no_cache == 0          # the second request hit the cache
+    assert first == cold_first == cold_second
+    assert second == first
+
+
+async def test_a_cache_hit_gives_bit_identical_logprobs_through_the_dense_prefill_path(tiny) -> None:
+    """Prefill chunks longer than the row path (here 32 tokens) go through the bf16 GEMM, whose
+    rounding depends on its row count; hits are rounded down to whole chunks, so a prompt that hits
+    the cache computes exactly the chunks a cold prefill computes: the same logprobs, bit for bit."""
+    config = dict(block_size=BLOCK, prefill_chunk=32)
+    sampling = SamplingParams(max_tokens=6, logprobs=3)
+    shared = HEAD * 2                                  # > 2 chunks of tokens in common
+    prompts = [shared + TEXTS[0], shared + TEXTS[1]]
+
+    async def run(prefix_caching: bool):
+        async with Engine(tiny, EngineConfig(prefix_caching=prefix_caching, **config)) as engine:
+            out = [await engine.complete(p, sampling=sampling) for p in prompts]
+            cached = (await engine.metrics()).cached_prompt_tokens
+            n_shared = len(engine._encode(shared))
+        return out, cached, n_shared
+
+    warm, cached, n_shared = await run(True)
+    cold, none_cached, _ = await run(False)
+    assert none_cached == 0 and cached > 0 and cached % 32 == 0 and cached <= n_shared
+    for hit, ref in zip(warm, cold):
+        assert hit.token_ids == ref.token_ids
+        assert [(t.logprob, t.top) for t in hit.logprobs] == [(t.logprob, t.top) for t in ref.logprobs]

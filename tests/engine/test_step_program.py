@@ -154,18 +154,18 @@ async def test_a_token_the_grammar_refuses_fails_only_its_request(tiny) -> None:
     mode = MODES["ngram+forced"]
     expected = await solo(tiny, mode)
     async with Engine(tiny, EngineConfig(speculative=mode, max_batch_size=2)) as engine:
-        backend = engine.grammars.backend
-        compile_, matcher = engine.grammars.compile, backend.matcher
+        router = engine.grammars.router         # what the GrammarActor makes matchers with
+        compile_, matcher = engine.grammars.compile, router.matcher
         victims: set[int] = set()
 
-        async def compile_marked(spec):
-            compiled = await compile_(spec)
+        async def compile_marked(spec, backend=None):
+            compiled = await compile_(spec, backend)
             if spec == VICTIM[1]:
                 victims.add(id(compiled))
             return compiled
 
         engine.grammars.compile = compile_marked
-        backend.matcher = lambda compiled: _Refusing(matcher(compiled)) if id(compiled) in victims else matcher(compiled)
+        router.matcher = lambda compiled: _Refusing(matcher(compiled)) if id(compiled) in victims else matcher(compiled)
         assert await victim_and_neighbour(engine, GrammarError) == expected
 
 

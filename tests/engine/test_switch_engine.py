@@ -67,6 +67,8 @@ async def test_greedy_speculative_equals_plain_across_the_switch(tiny, marker, n
         assert got.token_ids == plain.token_ids, f"{mode} differs"
         assert got.finish_reason == plain.finish_reason
         drafted += got.stats.drafted
+        if mode == "forced":            # forced tokens resume after the marker (the rest of a begin, `{"`)
+            assert got.stats.drafted > 0 and got.stats.accepted > 0
     assert drafted > 0                                        # it did speculate
 
 

@@ -6,7 +6,8 @@ first token, then the tag's grammar mask for the second token exactly when the f
 The law is computed outside the engine (the engine's forward is batch-invariant, so the logits it
 verifies against are these). A check against the law without the switch (the second token free
 after the trigger too) shows the test can tell the switch from none. The default run draws 1,000
-samples; `pytest -m soak` draws 20,000.
+samples; `pytest -m soak` draws 20,000. Both the composing matcher and `native=True` (the backend's
+own grammar; every row applied, none skipped) are checked, each against the law its own masks give.
 """
 from __future__ import annotations
 
@@ -45,18 +46,18 @@ def _probs(tiny, logits: torch.Tensor, matcher=None) -> torch.Tensor:
     return probs_from_logits(row.float(), torch.tensor([TEMPERATURE]), torch.tensor([TOP_K]), None)[0]
 
 
-def _spec_and_law(tiny) -> tuple[StructuralTag, dict, dict]:
+def _spec_and_law(tiny, backend_name: str = "llguidance", native: bool = False) -> tuple[StructuralTag, dict, dict]:
     """The spec (trigger: the most likely first token), the law of the first two tokens with the
-    switch, and without it."""
+    switch (each under the spec's own mask row), and without it."""
     tok = tiny.tokenizer
     prompt = tok.encode_prompt(PROMPT)
     first_logits = logits_after(tiny, prompt, [])[0]
     trigger = int(first_logits[: tok.vocab_size].argmax())
     marker = tok.decode([trigger])
-    spec = StructuralTag([marker], [Tag(marker, Choice(["yes", "no", "maybe"]), ";")])
-    backend = make_backend("llguidance", tok, tiny.config.vocab_size)
+    spec = StructuralTag([marker], [Tag(marker, Choice(["yes", "no", "maybe"]), ";")], native=native)
+    backend = make_backend(backend_name, tok, tiny.config.vocab_size)
     compiled = backend.compile(spec)
-    first = _probs(tiny, first_logits)
+    first = _probs(tiny, first_logits, backend.matcher(compiled))
     law, no_switch = {}, {}
     for t0 in first.nonzero().flatten().tolist():
         after = logits_after(tiny, prompt, [t0])[1]
@@ -87,8 +88,8 @@ async def _samples(engine: Engine, spec, draws: int) -> list[Completion]:
     return out
 
 
-async def _check(tiny, draws: int, backend: str) -> None:
-    spec, law, no_switch = await anyio.to_thread.run_sync(_spec_and_law, tiny)
+async def _check(tiny, draws: int, backend: str, native: bool = False) -> None:
+    spec, law, no_switch = await anyio.to_thread.run_sync(_spec_and_law, tiny, backend, native)
     # A draft model with other weights: its drafts (masked draft-side by the same switch) differ
     # from the target's law, so the verifier both accepts and rejects them on each side of it.
     other = await anyio.to_thread.run_sync(lambda: load_model("tiny", seed=1))
@@ -116,12 +117,14 @@ async def _check(tiny, draws: int, backend: str) -> None:
     assert chi_square_pvalue(counts, torch.tensor([flat.get(o, 0.0) for o in outcomes])) < ALPHA
 
 
+@pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
-async def test_first_tokens_after_the_switch_follow_the_masked_law(tiny, backend) -> None:
-    await _check(tiny, 1000, backend)
+async def test_first_tokens_after_the_switch_follow_the_masked_law(tiny, backend, native) -> None:
+    await _check(tiny, 1000, backend, native)
 
 
 @pytest.mark.soak
+@pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
-async def test_first_tokens_after_the_switch_follow_the_masked_law_soak(tiny, backend) -> None:
-    await _check(tiny, 20_000, backend)
+async def test_first_tokens_after_the_switch_follow_the_masked_law_soak(tiny, backend, native) -> None:
+    await _check(tiny, 20_000, backend, native)

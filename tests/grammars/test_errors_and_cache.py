@@ -7,7 +7,9 @@ import time
 import anyio
 import pytest
 
-from interlock.grammars import CompileCache, GrammarLayer, make_backend
+from interlock.actors.compile_cache import CompileCache
+from interlock.actors.grammar_layer import GrammarLayer
+from interlock.grammars import make_backend
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, JsonSchema, Lark, Regex

@@ -23,7 +23,7 @@ import pytest
 from interlock.benchmarks.grammar_bench import instance_text, order_like_schema
 from interlock.benchmarks.prompts import DATASETS as DATA
 from interlock.grammars.auto import AutoBackend
-from interlock.grammars.layer import AUTO_ORDER
+from interlock.grammars.backends import AUTO_ORDER
 from interlock.grammars.validate import validate_output
 from interlock.protocol.errors import GrammarError, SchemaKeywordError
 from interlock.protocol.grammar import JsonSchema

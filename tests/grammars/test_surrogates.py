@@ -3,7 +3,7 @@ this test fails once xgrammar (or interlock's xgrammar matcher) refuses it, so t
 the example's allowance can go. llguidance refuses it already."""
 from __future__ import annotations
 
-from interlock.grammars.layer import make_backend
+from interlock.grammars.backends import make_backend
 from interlock.protocol.grammar import GrammarConfig, JsonSchema
 from interlock.testing import byte_tokenizer
 

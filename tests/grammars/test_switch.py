@@ -14,7 +14,8 @@ import os
 import pytest
 from hypothesis import settings
 
-from interlock.grammars import GrammarLayer, make_backend
+from interlock.actors.grammar_layer import GrammarLayer
+from interlock.grammars import make_backend
 from interlock.grammars.bitmask import allocate_bitmask, allowed_ids
 from interlock.grammars.switch import SwitchMatcher, marker_ids
 from interlock.grammars.validate import validate_output, validate_segments

@@ -45,11 +45,17 @@ def test_logits_match_hf(prompt, ours, hf) -> None:
     assert (logits - expected).abs().max().item() <= 1e-3
 
 
-@pytest.mark.parametrize("prompt", PROMPTS, ids=["capital", "json", "haiku"])
-def test_greedy_64_tokens_match_hf(prompt, ours, hf) -> None:
+# By default one prompt for 32 tokens (the logits test covers all three); every prompt for 64 as a soak.
+GREEDY = [pytest.param(PROMPTS[1], 32, id="json-32"),
+          *(pytest.param(p, 64, id=f"{name}-64", marks=pytest.mark.soak)
+            for p, name in zip(PROMPTS, ["capital", "json", "haiku"]))]
+
+
+@pytest.mark.parametrize("prompt,n", GREEDY)
+def test_greedy_tokens_match_hf(prompt, n: int, ours, hf) -> None:
     ids = ours.tokenizer.encode_prompt(prompt)
-    got = greedy_generate(ours.model, ids, 64)          # no stop ids: always 64 tokens
+    got = greedy_generate(ours.model, ids, n)           # no stop ids: always n tokens
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=64, min_new_tokens=64, do_sample=False,
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                           eos_token_id=None, pad_token_id=0)
     assert got == out[0, len(ids):].tolist()

@@ -65,3 +65,19 @@ def test_free_returns_everything_and_is_idempotent() -> None:
         kv.free(seq)
         kv.free(seq)
     assert kv.num_free_blocks == kv.num_blocks and kv.sequences == frozenset()
+
+
+def test_prefix_hits_round_down_to_the_granularity() -> None:
+    """Hits count whole granules (the engine's prefill chunk), and the blocks past the last whole
+    granule stay untaken: the new sequence computes them itself."""
+    kv = PagedKVCache(tiny_config(64), num_blocks=16, block_size=4, prefix_caching=True, prefix_granularity=8)
+    prompt = list(range(1, 15))                          # 14 tokens: 3 full blocks before the last token
+    kv.add_sequence(0, prompt)
+    kv.reserve(0, 13)
+    kv.commit(0, prompt[:13])
+    assert kv.cached_prefix(prompt) == 8                 # 12 cached positions, rounded down to 8
+    assert kv.add_sequence(1, prompt) == 8
+    third = kv.block_table(0)[2]
+    assert kv.refcount(third) == 1 and all(kv.refcount(b) == 2 for b in kv.block_table(1))
+    with pytest.raises(ValueError):
+        PagedKVCache(tiny_config(64), num_blocks=4, block_size=4, prefix_granularity=6)

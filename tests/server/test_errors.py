@@ -28,8 +28,8 @@ BAD = [
     ({"n": 99}, "chat", 400, "n"),
     ({"max_tokens": 0}, "chat", 400, "max_tokens"),
     ({"foo": 1}, "chat", 400, "foo"),
-    ({"logprobs": True}, "chat", 400, "logprobs"),
     ({"top_logprobs": 2}, "chat", 400, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 99}, "chat", 400, "top_logprobs"),
     ({"tool_choice": {"type": "function", "function": {"name": "x"}}, "tools": [WEATHER]}, "chat", 400, "tool_choice"),
     ({"structured_outputs": {"regex": "[a-"}}, "chat", 400, "structured_outputs"),
     ({"structured_outputs": {"grammar": "root ::= ("}}, "chat", 400, "structured_outputs"),
@@ -45,13 +45,14 @@ BAD = [
      None),
     ({"stop": [""]}, "chat", 400, None),
     ({"stream_options": {"include_usage": True}}, "chat", 400, "stream_options"),
-    ({"speculative": False}, "chat", 400, "speculative"),
-    ({"grammar_backend": "xgrammar"}, "chat", 400, "grammar_backend"),
+    ({"grammar_backend": "outlines"}, "chat", 400, "grammar_backend"),
     ({"negative_prompt": "x"}, "chat", 400, "negative_prompt"),
     ({"messages": [{"role": "user", "content": "hello " * 5000}]}, "chat", 400, "messages"),
     ({"model": "nope"}, "chat", 404, "model"),
     ({"echo": True}, "completions", 400, "echo"),
-    ({"logprobs": 1}, "completions", 400, "logprobs"),
+    ({"logprobs": 21}, "completions", 400, "logprobs"),
+    ({"prompt": [1, 2, 10**6]}, "completions", 400, "prompt"),
+    ({"prompt": [[5, 6], [-1]]}, "completions", 400, "prompt"),
     ({"best_of": 2}, "completions", 400, "best_of"),
     ({"suffix": "x"}, "completions", 400, "suffix"),
     ({"prompt": []}, "completions", 400, "prompt"),
@@ -126,8 +127,14 @@ def test_malformed_and_oversized_bodies(server):
 def test_openai_client_sees_typed_errors(server):
     client = server.client()
     with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(model="tiny", messages=BASE["messages"], logprobs=True)
-    assert bad.value.body["param"] == "logprobs" and "not supported yet" in bad.value.body["message"]
+        client.chat.completions.create(model="tiny", messages=BASE["messages"], top_logprobs=3)
+    assert bad.value.body["param"] == "top_logprobs" and "logprobs: true" in bad.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="tiny", messages=BASE["messages"], extra_body={"grammar_backend": "gbnf"})
+    assert bad.value.body["param"] == "grammar_backend" and "'gbnf'" in bad.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="tiny", prompt=[1, 2, 10**6], max_tokens=2)
+    assert bad.value.body["param"] == "prompt" and "1000000" in bad.value.body["message"]
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-4o", messages=BASE["messages"])
 

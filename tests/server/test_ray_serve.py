@@ -32,6 +32,10 @@ from interlock.server.ray_serve import ReplicaConfig, build_app
 ENGINE = {"speculative": "ngram+forced", "max_batch_size": 8}
 PROMPTS = [f"Item {i}: the list of" for i in range(8)]
 MAX_TOKENS = 48
+# The kill test's streams run to KILL_TOKENS with no EOS: far longer than the few steps between the
+# streams' first events and the kill, so the killed replica cannot have sent them in full (48 tokens
+# could be generated and buffered by Serve's proxy before the kill, and then nothing was lost).
+KILL_TOKENS = 2048
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +55,21 @@ def ray_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny: LoadedModel) -> dict[str, str]:
-    """What one engine (the single-process server, same options) answers to each prompt."""
+def reference(tiny: LoadedModel) -> dict[tuple[str, int], str]:
+    """What one engine (the single-process server, same options) answers to each (prompt, max_tokens)."""
     spec = SpeculativeConfig.parse(ENGINE["speculative"], max_draft_len=3)
     with LiveServer(tiny, EngineConfig(speculative=spec, max_batch_size=8), ServerConfig(model_name="tiny")) as srv:
-        with httpx.Client(base_url=srv.url, timeout=60) as client:
-            return {p: client.post("/v1/completions", json=body(p)).json()["choices"][0]["text"] for p in PROMPTS}
+        with httpx.Client(base_url=srv.url, timeout=120) as client:
+            return {(p, n): client.post("/v1/completions", json=body(p, max_tokens=n)).json()["choices"][0]["text"]
+                    for p in PROMPTS for n in (MAX_TOKENS, KILL_TOKENS)}
 
 
-def body(prompt: str, stream: bool = False) -> dict:
-    return {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": stream}
+def body(prompt: str, stream: bool = False, max_tokens: int = MAX_TOKENS) -> dict:
+    long = {"ignore_eos": True} if max_tokens > MAX_TOKENS else {}
+    return {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream, **long}
 
 
-def test_requests_spread_over_both_replicas_and_equal_one_engine(ray_url: str, reference: dict[str, str]) -> None:
+def test_requests_spread_over_both_replicas_and_equal_one_engine(ray_url: str, reference: dict) -> None:
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=ray_url, timeout=60) as client:
             return await asyncio.gather(*[client.post("/v1/completions", json=body(p)) for p in PROMPTS * 2])
@@ -71,7 +77,7 @@ def test_requests_spread_over_both_replicas_and_equal_one_engine(ray_url: str, r
     responses = asyncio.run(run())
     assert [r.status_code for r in responses] == [200] * len(responses)
     for prompt, r in zip(PROMPTS * 2, responses):
-        assert r.json()["choices"][0]["text"] == reference[prompt]
+        assert r.json()["choices"][0]["text"] == reference[prompt, MAX_TOKENS]
     assert len({r.headers["x-interlock-replica"] for r in responses}) == 2
 
 
@@ -88,7 +94,7 @@ async def open_stream(client: httpx.AsyncClient, prompt: str, go: asyncio.Event,
                       opened: asyncio.Queue) -> StreamResult:
     """Read a stream's first event, report which replica serves it, wait for `go`, read the rest.
     While this waits the request stays in flight: its output buffer fills and it pauses."""
-    async with client.stream("POST", "/v1/completions", json=body(prompt, stream=True)) as r:
+    async with client.stream("POST", "/v1/completions", json=body(prompt, stream=True, max_tokens=KILL_TOKENS)) as r:
         result = StreamResult(r.headers["x-interlock-replica"], int(r.headers["x-interlock-pid"]), "", False, None)
         lines = r.aiter_lines()
 
@@ -117,7 +123,7 @@ async def open_stream(client: httpx.AsyncClient, prompt: str, go: asyncio.Event,
         return result
 
 
-def test_killing_a_replica_loses_only_its_streams_and_ray_restarts_it(ray_url: str, reference: dict[str, str]) -> None:
+def test_killing_a_replica_loses_only_its_streams_and_ray_restarts_it(ray_url: str, reference: dict) -> None:
     async def run() -> tuple[list[StreamResult], int]:
         go, opened = asyncio.Event(), asyncio.Queue(maxsize=len(PROMPTS))   # one entry per stream
         async with httpx.AsyncClient(base_url=ray_url, timeout=httpx.Timeout(60, read=30)) as client:
@@ -141,7 +147,7 @@ def test_killing_a_replica_loses_only_its_streams_and_ray_restarts_it(ray_url: s
         if s.pid == victim:
             assert prompt in lost
         else:                                   # the survivor's streams finish, unchanged
-            assert s.done and s.error is None and s.text == reference[prompt]
+            assert s.done and s.error is None and s.text == reference[prompt, KILL_TOKENS]
 
     # Ray replaces the dead replica: within a bounded time two replicas answer again, one of them new.
     deadline, pids = time.monotonic() + 120, set()
@@ -149,7 +155,7 @@ def test_killing_a_replica_loses_only_its_streams_and_ray_restarts_it(ray_url: s
         while time.monotonic() < deadline and not (len(pids) >= 2 and victim not in pids):
             r = client.post("/v1/completions", json=body(PROMPTS[0]))
             if r.status_code == 200:
-                assert r.json()["choices"][0]["text"] == reference[PROMPTS[0]]
+                assert r.json()["choices"][0]["text"] == reference[PROMPTS[0], MAX_TOKENS]
                 pids = {int(r.headers["x-interlock-pid"])} | {p for p in pids if p != victim}
             time.sleep(0.2)
     assert len(pids) >= 2 and victim not in pids

@@ -10,10 +10,10 @@ from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.server.config import ServerConfig
 from interlock.server.errors import APIError
-from interlock.server.schemas import ChatCompletionRequest
+from interlock.server.schemas import ChatCompletionRequest, CompletionRequest
 from interlock.server.shaping import ChoiceShaper
 from interlock.server.tools import ToolCallStream
-from interlock.server.translate import EngineFacts, derived_seed, plan_chat
+from interlock.server.translate import EngineFacts, derived_seed, plan_chat, plan_completion
 
 FACTS = EngineFacts(speculative=True, grammar_backend="auto")
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -64,13 +64,54 @@ def test_penalties_map_or_are_refused_by_name():
     assert plan_chat(chat(presence_penalty=0.0), FACTS, ServerConfig()).calls   # 0 is no penalty: fine
 
 
-@pytest.mark.parametrize("field,value", [("logprobs", True), ("top_logprobs", 3),
-                                         ("speculative", False), ("grammar_backend", "llguidance"), ("metadata", {})])
-def test_unimplemented_fields_are_400_naming_them(field, value):
-    extra = {"tools": [TOOL]} if field == "tool_choice" else {}
+PLAIN_FACTS = EngineFacts(speculative=False, grammar_backend="auto")
+
+
+@pytest.mark.parametrize("body,facts,param", [
+    ({"metadata": {}}, FACTS, "metadata"),
+    ({"top_logprobs": 3}, FACTS, "top_logprobs"),                        # needs logprobs: true
+    ({"logprobs": True, "top_logprobs": 21}, FACTS, "top_logprobs"),
+    ({"speculative": True}, PLAIN_FACTS, "speculative"),                 # no speculation to turn on
+    ({"grammar_backend": "outlines"}, FACTS, "grammar_backend"),
+])
+def test_unimplemented_or_bad_fields_are_400_naming_them(body, facts, param):
     with pytest.raises(APIError) as e:
-        plan_chat(chat(**{field: value}, **extra), FACTS, ServerConfig())
-    assert e.value.status == 400 and e.value.param == field
+        plan_chat(chat(**body), facts, ServerConfig())
+    assert e.value.status == 400 and e.value.param == param
+    if param == "grammar_backend":
+        assert "outlines" in e.value.message
+
+
+def test_logprobs_speculation_and_backend_map_per_request():
+    (call,) = plan_chat(chat(logprobs=True, top_logprobs=4, speculative=False, grammar_backend="llguidance",
+                             response_format={"type": "json_object"}), FACTS, ServerConfig()).calls
+    assert call.sampling.logprobs == 4 and call.sampling.speculative is False
+    assert call.grammar_backend == "llguidance"
+    (call,) = plan_chat(chat(logprobs=True), PLAIN_FACTS, ServerConfig()).calls
+    assert call.sampling.logprobs == 0 and call.sampling.speculative is True and call.grammar_backend is None
+    (call,) = plan_chat(chat(logprobs=False, speculative=False), PLAIN_FACTS, ServerConfig()).calls
+    assert call.sampling.logprobs is None and call.sampling.speculative is False
+    (call,) = plan_chat(chat(ignore_eos=True), FACTS, ServerConfig()).calls
+    assert call.sampling.ignore_eos is True
+    (call,) = plan_chat(chat(), FACTS, ServerConfig()).calls
+    assert call.sampling.ignore_eos is False
+
+
+@pytest.mark.parametrize("prompt,want", [("hi", ["hi"]), (["a", "b"], ["a", "b"]), ([1, 2, 3], [[1, 2, 3]]),
+                                         ([[1, 2], [3]], [[1, 2], [3]])])
+def test_completion_prompts_text_or_token_ids(prompt, want):
+    req = CompletionRequest.model_validate({"model": "m", "prompt": prompt, "logprobs": 2})
+    plan = plan_completion(req, FACTS, ServerConfig())
+    assert [c.prompt for c in plan.calls] == want and plan.calls[0].sampling.logprobs == 2
+
+
+@pytest.mark.parametrize("body,param", [({"prompt": [[1], []]}, "prompt"), ({"prompt": []}, "prompt"),
+                                        ({"prompt": "x", "logprobs": 21}, "logprobs"),
+                                        ({"prompt": "x", "top_logprobs": 2}, "top_logprobs")])
+def test_completion_bad_prompts_and_logprobs(body, param):
+    with pytest.raises(APIError) as e:
+        plan_completion(CompletionRequest.model_validate({"model": "m", **body}), FACTS, ServerConfig())
+    assert e.value.status == 400 and e.value.param == param
 
 
 def test_unknown_fields_sent_as_null_are_fine():
@@ -154,6 +195,18 @@ def test_reasoning_server_wraps_every_chat_grammar():
     assert plain == Reasoning()
 
 
+def test_max_reasoning_tokens_extension():
+    from interlock.protocol.grammar import Reasoning
+
+    plan = plan_chat(chat(max_reasoning_tokens=16), FACTS, ServerConfig(reasoning=True))
+    assert plan.calls[0].grammar == Reasoning(max_reasoning_tokens=16)
+    with pytest.raises(APIError, match="--reasoning") as caught:
+        plan_chat(chat(max_reasoning_tokens=16), FACTS, ServerConfig())
+    assert caught.value.status == 400 and caught.value.param == "max_reasoning_tokens"
+    with pytest.raises(ValueError):                        # pydantic: a negative budget is refused
+        chat(max_reasoning_tokens=-1)
+
+
 THINK_SCRIPTS = [
     ["<th", "ink>let me ", "see</thi", "nk>The answer", " is 4."],
     ["no start marker, ", "then </think>", "done"],
@@ -176,3 +229,31 @@ def test_reasoning_shaper_streams_what_it_returns_whole(script):
     expected = {"split": ("let me see", "The answer is 4."), "no-start": ("no start marker, then ", "done"),
                 "cut": ("still thinking when cut", "")}
     assert (full.reasoning_content, full.content) == expected[["split", "no-start", "cut"][THINK_SCRIPTS.index(script)]]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_shaper_logprobs_ride_on_chunks_and_add_up_to_the_whole(chat):
+    from interlock.protocol.sampling import TokenLogprob
+    from interlock.server.logprobs import TokenTexts
+    from interlock.testing.tokenizers import byte_tokenizer
+
+    texts = TokenTexts(byte_tokenizer())
+    lp = lambda ch, v: TokenLogprob(ord(ch), v, ((ord(ch), v), (ord("z"), -9.0)))   # noqa: E731 (byte ids)
+    # text held back by the detokenizer ("" with tokens) must not lose its logprobs
+    pieces = [("ab", [lp("a", -0.1), lp("b", -0.2)]), ("", [lp("c", -0.3)]), ("c", []), ("", [lp("d", -0.4)])]
+    streamed = ChoiceShaper(0, chat=chat, tools=False, texts=texts)
+    chunks = streamed.opening()
+    for text, entries in pieces:
+        chunks += streamed.piece(text, entries)
+    chunks += streamed.closing("stop")
+    whole = ChoiceShaper(0, chat=chat, tools=False, texts=texts)
+    whole.piece("abc", [e for _, entries in pieces for e in entries])
+    full = whole.full("stop").logprobs
+    if chat:
+        got = [e for c in chunks if c.logprobs for e in c.logprobs["content"]]
+        assert got == full["content"] and [e["token"] for e in got] == ["a", "b", "c", "d"]
+        assert got[0]["bytes"] == [97] and got[0]["top_logprobs"][1] == {"token": "z", "logprob": -9.0, "bytes": [122]}
+    else:
+        merged = {k: [x for c in chunks if c.logprobs for x in c.logprobs[k]] for k in full}
+        assert merged == full and full["tokens"] == ["a", "b", "c", "d"] and full["text_offset"] == [0, 1, 2, 3]
+        assert full["top_logprobs"][0] == {"a": -0.1, "z": -9.0}

@@ -1,16 +1,19 @@
-"""The public constructors: `make_backend` (sync) and `GrammarLayer` (backend + async compile cache)."""
+"""Backend construction (`make_backend`) and the `BackendRouter` that makes a matcher for a compiled
+grammar of any backend. Synchronous; the async compile front (GrammarLayer, CompileCache) lives in
+actors/, where `async def` belongs (ARCHITECTURE: the sync/async dividing line)."""
 from __future__ import annotations
 
 from interlock.grammars.auto import AutoBackend
-from interlock.grammars.cache import CompileCache
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.llguidance_backend import LLGuidanceBackend
 from interlock.grammars.matcher import BaseMatcher
+from interlock.grammars.switch import SwitchMatcher
 from interlock.grammars.xgrammar_backend import XGrammarBackend
 from interlock.models.tokenizer import Tokenizer
-from interlock.protocol.grammar import BackendName, GrammarBackend, GrammarConfig, GrammarSpec
+from interlock.protocol.grammar import BackendName, GrammarBackend, GrammarConfig
 
 AUTO_ORDER: tuple[str, ...] = ("llguidance", "xgrammar")   # why: see grammars/auto.py
+BACKENDS: tuple[str, ...] = ("auto", "xgrammar", "llguidance")
 
 
 def make_backend(name: BackendName, tokenizer: Tokenizer, vocab_size: int,
@@ -31,25 +34,17 @@ def make_backend(name: BackendName, tokenizer: Tokenizer, vocab_size: int,
     raise ValueError(f"backend must be 'xgrammar', 'llguidance' or 'auto', got {name!r}")
 
 
-class GrammarLayer:
-    """What a GrammarActor holds: one backend, its compile cache, and matcher construction."""
+class BackendRouter:
+    """Matchers for compiled grammars of any backend the layer built: each goes to the backend that
+    compiled it (`compiled.backend`, which `auto` sets to its own name for switches and to the
+    concrete backend otherwise). Read on the grammar lane; a backend is always registered before
+    any grammar it compiled exists."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, config: GrammarConfig | None = None) -> None:
-        self.config = config or GrammarConfig()
-        self.backend = make_backend(self.config.backend, tokenizer, vocab_size, self.config)
-        self.cache = CompileCache(self.backend, tokenizer.key, max_entries=self.config.cache_max_entries,
-                                  timeout_s=self.config.compile_timeout_s)
+    def __init__(self, backends: dict[str, GrammarBackend]) -> None:
+        self._backends = backends
 
-    @property
-    def vocab_size(self) -> int:
-        return self.backend.vocab_size
-
-    async def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        """Compiled off the event loop, cached, deduplicated. Raises GrammarError."""
-        return await self.cache.get(spec)
-
-    async def matcher(self, spec: GrammarSpec) -> BaseMatcher:
-        return self.backend.matcher(await self.compile(spec))  # type: ignore[return-value]
-
-    def allocate_bitmask(self, rows: int):  # -> torch.Tensor [rows, ceil(V/32)] int32
-        return self.backend.allocate_bitmask(rows)
+    def matcher(self, compiled: CompiledGrammar) -> BaseMatcher | SwitchMatcher:
+        backend = self._backends.get(compiled.backend)
+        if backend is None:
+            raise ValueError(f"grammar was compiled by {compiled.backend!r}, which this engine has not built")
+        return backend.matcher(compiled)  # type: ignore[return-value]
