@@ -59,15 +59,9 @@ async def close_all(runs: list[ChoiceRun]) -> None:
 async def open_runs(engine: Engine, plan: Plan, t0: float, metrics: ServerMetrics) -> list[ChoiceRun]:
     """Submit every choice and wait for each one's first delta; on any error close them all and
     raise it as an APIError (the first choice's error wins, as it is the one clients see first)."""
-    # Compile first, through the engine's own cache (so its compile is then a hit): a grammar that
-    # fails while its request's prefill step is in flight crashes the scheduler today (KeyError in
-    # on_tokens; reported to the engine owners), and a bad grammar is then a 400 before anything
-    # is queued. The cost: compile no longer overlaps the prefill for a grammar seen first.
-    for grammar, backend in dict.fromkeys((c.grammar, c.grammar_backend) for c in plan.calls if c.grammar is not None):
-        try:
-            await engine.grammars.compile(grammar, backend)
-        except InterlockError as exc:
-            raise from_interlock(exc, plan.grammar_param) from exc
+    # The engine compiles each grammar while its prompt prefills; a grammar that fails ends the
+    # request before its first delta, so it still comes back as a 400 (streams send their headers
+    # only after the first delta).
     runs = [ChoiceRun(engine, call, t0, metrics) for call in plan.calls]
     errors: dict[int, InterlockError] = {}
 

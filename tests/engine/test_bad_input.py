@@ -80,6 +80,24 @@ async def _cancel_when(engine: Engine, ready: Callable[[dict, int], bool], promp
     return CANCELLED
 
 
+async def _fails_while_prefilling(engine: Engine) -> None:
+    """Its grammar's compile fails only after the request's prefill has started: the error arrives
+    while a step holding the request is on the lanes (the race a fast-failing schema never hits)."""
+    late = JsonSchema({"type": "object", "title": "fails late"})
+    compile_real = engine.grammars.compile
+    steps0 = (await engine.metrics()).steps
+
+    async def compile_late(spec, backend=None):
+        if spec != late:
+            return await compile_real(spec, backend)
+        while (await engine.metrics()).steps - steps0 < 2:
+            await anyio.sleep(0.001)
+        raise GrammarError("this grammar fails after its prompt began prefilling (test)")
+
+    engine.grammars.compile = compile_late
+    await _complete(engine, prompt="word " * 100, grammar=late)
+
+
 async def _slow_reader(engine: Engine) -> str:
     prompt, grammar, sampling = NEIGHBOUR
     solo = await engine.complete(prompt, grammar=grammar, sampling=sampling)
@@ -118,6 +136,8 @@ CATALOGUE: dict[str, Bad] = {
                                    {"grammar": GrammarConfig(compile_timeout_s=0.05)}),
     "schema: unsupported keyword (not)": Bad(GrammarError, lambda e: _complete(
         e, grammar=JsonSchema({"type": "string", "not": {"const": "a"}}))),
+    "schema: compile fails while the prompt prefills": Bad(GrammarError, _fails_while_prefilling,
+                                                           {"prefill_chunk": 16}),
     "regex: invalid": Bad(GrammarError, lambda e: _complete(e, grammar=Regex("("))),
     "ebnf: invalid": Bad(GrammarError, lambda e: _complete(e, grammar=Ebnf("root ::= ( \"a\""))),
     "ebnf: undefined rule": Bad(GrammarError, lambda e: _complete(e, grammar=Ebnf("root ::= missing"))),
