@@ -129,7 +129,6 @@ def bench_tp(args: argparse.Namespace) -> dict:
 
 
 def bench_replicas(args: argparse.Namespace) -> dict:
-    import httpx
     import ray
     from ray import serve
 

@@ -149,7 +149,7 @@ class DraftChain:
                     else:
                         answers[i].append(consistent_prefix(answer, asks[i].forced, self.vocab_size))
         out = []
-        for a, k, cands, error in zip(asks, ks, answers, errors):
+        for k, cands, error in zip(ks, answers, errors):
             drafts = tuple(combine_drafts(cands, k))
             out.append(ChainDraft(drafts, k, error, model=self.model is not None and len(drafts) < k))
         return out

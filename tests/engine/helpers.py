@@ -6,7 +6,7 @@ import anyio
 from resources import leaks
 
 from interlock.engine import Engine, EngineConfig
-from interlock.protocol.grammar import Choice, JsonSchema, Regex
+from interlock.protocol.grammar import Choice, GrammarConfig, JsonSchema, Regex
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
@@ -85,3 +85,29 @@ async def seeded_alone_and_batched(tiny, speculative: SpeculativeConfig | None
         await wait_idle(engine)
         await assert_all_free(engine)
     return alone, [batched[i] for i in range(len(SEEDED))]
+
+
+# --- switching grammars (test_switch_*engine.py, test_switch_forced.py) ------------------------
+# The tiny preset's random model knows no marker, so its marker is its own first greedy token on
+# SWITCH_PROMPT: it repeats that token, so n-gram drafts run straight across the switch.
+SWITCH_PROMPT = "abc abc abc abc"
+SWITCH_SCHEMA = {"type": "object", "properties": {"n": {"type": "boolean"}}, "required": ["n"]}
+
+
+def first_greedy_token_text(tiny) -> str:
+    async def first() -> int:
+        async with Engine(tiny, EngineConfig(speculative=None, max_batch_size=1)) as engine:
+            done = await engine.complete(SWITCH_PROMPT, sampling=SamplingParams(temperature=0.0, max_tokens=2))
+            return done.token_ids[0]
+    return tiny.tokenizer.decode([anyio.run(first)])
+
+
+async def complete_switch(model, prompt, spec, mode: str | None, backend: str, sampling: SamplingParams, *,
+                          draft_len: int = 3, max_batch_size: int = 2):
+    """One request through a fresh engine with `mode`'s drafters (None: no speculation) on `backend`."""
+    speculative = None if mode is None else SpeculativeConfig.parse(mode, max_draft_len=draft_len)
+    config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=backend),
+                          max_batch_size=max_batch_size)
+    async with Engine(model, config) as engine:
+        with anyio.fail_after(300):
+            return await engine.complete(prompt, grammar=spec, sampling=sampling)

@@ -8,7 +8,7 @@ from interlock.engine import Engine
 from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 
-from helpers import SCHEMA, assert_all_free, config, seeded_alone_and_batched, wait_idle
+from helpers import assert_all_free, config, seeded_alone_and_batched, wait_idle
 
 async def test_same_seed_same_output_alone_or_in_a_batch_of_8(tiny) -> None:
     alone, batched = await seeded_alone_and_batched(tiny, config(1).speculative)

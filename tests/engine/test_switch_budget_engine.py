@@ -5,26 +5,20 @@ limit and are cut there), and the forced drafter drafts the marker at the limit 
 draft nothing else, so its accepted count is the marker's tokens at least)."""
 from __future__ import annotations
 
-import anyio
 import pytest
 
-from interlock.engine import Engine, EngineConfig
 from interlock.grammars.validate import validate_output
-from interlock.protocol.grammar import GrammarConfig, JsonSchema, Reasoning
+from interlock.protocol.grammar import JsonSchema, Reasoning
 from interlock.protocol.sampling import SamplingParams
-from interlock.protocol.speculative import SpeculativeConfig
 
-PROMPT = "abc abc abc abc"
-SCHEMA = {"type": "object", "properties": {"n": {"type": "boolean"}}, "required": ["n"]}
+from helpers import SWITCH_PROMPT, SWITCH_SCHEMA, complete_switch
+
+SCHEMA = SWITCH_SCHEMA
 GREEDY = SamplingParams(temperature=0.0, max_tokens=30)
 
 
 async def run(tiny, spec, mode: str | None, backend: str = "llguidance"):
-    speculative = None if mode is None else SpeculativeConfig.parse(mode, max_draft_len=3)
-    config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=backend), max_batch_size=1)
-    async with Engine(tiny, config) as engine:
-        with anyio.fail_after(300):
-            return await engine.complete(PROMPT, grammar=spec, sampling=GREEDY)
+    return await complete_switch(tiny, SWITCH_PROMPT, spec, mode, backend, GREEDY, max_batch_size=1)
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])

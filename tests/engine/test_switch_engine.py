@@ -9,30 +9,25 @@ emits the marker there exactly as it would without a grammar.
 """
 from __future__ import annotations
 
-import anyio
 import pytest
 
 from interlock.engine import Engine, EngineConfig
 from interlock.grammars.switch import marker_ids
 from interlock.grammars.validate import validate_output
-from interlock.protocol.grammar import Choice, GrammarConfig, JsonSchema, Reasoning, StructuralTag, Tag
+from interlock.protocol.grammar import Choice, JsonSchema, Reasoning, StructuralTag, Tag
 from interlock.protocol.sampling import SamplingParams
-from interlock.protocol.speculative import SpeculativeConfig
 
-PROMPT = "abc abc abc abc"
+from helpers import SWITCH_PROMPT, SWITCH_SCHEMA, complete_switch, first_greedy_token_text
+
 MODES = ["ngram", "forced", "ngram+forced", "self-draft+forced"]
-SCHEMA = {"type": "object", "properties": {"n": {"type": "boolean"}}, "required": ["n"]}
+SCHEMA = SWITCH_SCHEMA
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
 
 
 @pytest.fixture(scope="module")
 def marker(tiny) -> str:
-    async def first() -> int:
-        async with Engine(tiny, EngineConfig(speculative=None, max_batch_size=1)) as engine:
-            return (await engine.complete(PROMPT, sampling=SamplingParams(temperature=0.0, max_tokens=2))).token_ids[0]
-    token = anyio.run(first)
-    text = tiny.tokenizer.decode([token])
-    assert marker_ids(tiny.tokenizer, text, "test marker") == (token,)
+    text = first_greedy_token_text(tiny)
+    assert len(marker_ids(tiny.tokenizer, text, "test marker")) == 1
     return text
 
 
@@ -45,11 +40,7 @@ def specs(marker: str) -> dict:
 
 
 async def outputs(tiny, spec, mode: str | None, backend: str):
-    speculative = None if mode is None else SpeculativeConfig.parse(mode, max_draft_len=3)
-    config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=backend), max_batch_size=2)
-    async with Engine(tiny, config) as engine:
-        with anyio.fail_after(300):
-            return await engine.complete(PROMPT, grammar=spec, sampling=GREEDY)
+    return await complete_switch(tiny, SWITCH_PROMPT, spec, mode, backend, GREEDY)
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
@@ -133,6 +124,6 @@ async def test_reasoning_text_and_answer_stream_separately(tiny, marker, mode):
     validate_output(JsonSchema(SCHEMA), out.text)
     validate_output(spec, out.reasoning_text + "</think>" + out.text)
     async with Engine(tiny, EngineConfig(speculative=None, max_batch_size=1)) as engine:
-        cut = await engine.complete(PROMPT, grammar=spec, sampling=SamplingParams(temperature=0.0, max_tokens=2))
+        cut = await engine.complete(SWITCH_PROMPT, grammar=spec, sampling=SamplingParams(temperature=0.0, max_tokens=2))
     assert cut.finish_reason == "length" and len(cut.token_ids) == 2 and cut.text == ""
     assert cut.reasoning_text == tok.decode(list(cut.token_ids))

@@ -8,15 +8,14 @@ acceptance length 1.00). Triggers are matched on the tokens' bytes now (grammars
 """
 from __future__ import annotations
 
-import anyio
 import pytest
 
-from interlock.engine import Engine, EngineConfig
 from interlock.grammars import make_backend
 from interlock.grammars.validate import validate_output, validate_segments
-from interlock.protocol.grammar import GrammarConfig, JsonSchema, StructuralTag, Tag
+from interlock.protocol.grammar import JsonSchema, StructuralTag, Tag
 from interlock.protocol.sampling import SamplingParams
-from interlock.protocol.speculative import SpeculativeConfig
+
+from helpers import complete_switch
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                            "days": {"type": "integer", "minimum": 1, "maximum": 14}},
@@ -29,11 +28,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
 
 
 async def complete(smollm, mode: str | None, backend: str):
-    speculative = None if mode is None else SpeculativeConfig.parse(mode, max_draft_len=4)
-    config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=backend), max_batch_size=1)
-    async with Engine(smollm, config) as engine:
-        with anyio.fail_after(300):
-            return await engine.complete(PROMPT, grammar=SPEC, sampling=GREEDY)
+    return await complete_switch(smollm, PROMPT, SPEC, mode, backend, GREEDY, draft_len=4, max_batch_size=1)
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])

@@ -8,35 +8,27 @@ the trigger on the native grammar too.
 """
 from __future__ import annotations
 
-import anyio
 import pytest
 
-from interlock.engine import Engine, EngineConfig
 from interlock.grammars.validate import validate_output
-from interlock.protocol.grammar import GrammarConfig, JsonSchema, Reasoning, StructuralTag, Tag
+from interlock.protocol.grammar import JsonSchema, Reasoning, StructuralTag, Tag
 from interlock.protocol.sampling import SamplingParams
-from interlock.protocol.speculative import SpeculativeConfig
 
-PROMPT = "abc abc abc abc"
+from helpers import SWITCH_PROMPT, SWITCH_SCHEMA, complete_switch, first_greedy_token_text
+
+PROMPT = SWITCH_PROMPT
 MODES = ["ngram+forced", "self-draft+forced"]     # (each drafter alone: test_switch_engine.py, composing)
-SCHEMA = {"type": "object", "properties": {"n": {"type": "boolean"}}, "required": ["n"]}
+SCHEMA = SWITCH_SCHEMA
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
 
 
 @pytest.fixture(scope="module")
 def marker(tiny) -> str:
-    async def first() -> int:
-        async with Engine(tiny, EngineConfig(speculative=None, max_batch_size=1)) as engine:
-            return (await engine.complete(PROMPT, sampling=SamplingParams(temperature=0.0, max_tokens=2))).token_ids[0]
-    return tiny.tokenizer.decode([anyio.run(first)])
+    return first_greedy_token_text(tiny)
 
 
 async def outputs(model, prompt, spec, mode: str | None, backend: str, sampling=GREEDY):
-    speculative = None if mode is None else SpeculativeConfig.parse(mode, max_draft_len=3)
-    config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=backend), max_batch_size=2)
-    async with Engine(model, config) as engine:
-        with anyio.fail_after(300):
-            return await engine.complete(prompt, grammar=spec, sampling=sampling)
+    return await complete_switch(model, prompt, spec, mode, backend, sampling)
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])

@@ -14,6 +14,7 @@ pytest.importorskip("openai", reason="the server tests need the [dev] extra")
 sys.path.insert(0, str(Path(__file__).parent))     # for `import live` (importlib import mode)
 
 from interlock.models.loader import LoadedModel, load_model
+from live import PLAIN, SPEC, LiveServer
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +25,17 @@ def tiny() -> LoadedModel:
 @pytest.fixture(scope="session")
 def smollm() -> LoadedModel:
     return load_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    """A server per module over the tiny preset with n-gram + forced drafts (live.SPEC)."""
+    with LiveServer(tiny, SPEC) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def plain(tiny):
+    """A server per module over the tiny preset without speculation (live.PLAIN)."""
+    with LiveServer(tiny, PLAIN) as srv:
+        yield srv

@@ -15,9 +15,14 @@ from resources import leaks
 
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel
+from interlock.protocol.speculative import SpeculativeConfig
 from interlock.server import ServerConfig, build_server
 
 T = TypeVar("T")
+
+# The two engines most server tests run behind (conftest.py's `server` and `plain` fixtures).
+SPEC = EngineConfig(speculative=SpeculativeConfig(("ngram", "forced"), max_draft_len=3), max_batch_size=8)
+PLAIN = EngineConfig(speculative=None, max_batch_size=8)
 
 
 def free_port() -> int:

@@ -8,15 +8,11 @@ import re
 import jsonschema
 import pytest
 
-from interlock.engine import EngineConfig
-from interlock.protocol.speculative import SpeculativeConfig
-from live import LiveServer, assert_all_free
+from live import SPEC, LiveServer, assert_all_free
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 150}},
           "required": ["name", "age"]}
-SPEC = EngineConfig(speculative=SpeculativeConfig(("ngram", "forced"), max_draft_len=3), max_batch_size=8)
-PLAIN = EngineConfig(speculative=None, max_batch_size=8)
 MESSAGES = [{"role": "user", "content": "Once upon a time"}]
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -27,17 +23,6 @@ TIME = {"type": "function", "function": {
     "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 10}},
                                        "required": ["zone"]}}}
 
-
-@pytest.fixture(scope="module")
-def server(tiny):
-    with LiveServer(tiny, SPEC) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def plain(tiny):
-    with LiveServer(tiny, PLAIN) as srv:
-        yield srv
 
 
 def streamed(client, **kw) -> tuple[dict[int, str], dict[int, str], object]:

@@ -8,14 +8,10 @@ import jsonschema
 import openai
 import pytest
 
-from interlock.engine import EngineConfig
 from interlock.protocol.grammar import JsonSchema, Regex
 from interlock.protocol.sampling import SamplingParams
-from interlock.protocol.speculative import SpeculativeConfig
-from live import LiveServer, assert_all_free
+from live import SPEC, assert_all_free
 
-SPEC = EngineConfig(speculative=SpeculativeConfig(("ngram", "forced"), max_draft_len=3), max_batch_size=8)
-PLAIN = EngineConfig(speculative=None, max_batch_size=4)
 MESSAGES = [{"role": "user", "content": "Once upon a time"}]
 SHORT = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
                                           "n": {"type": "integer", "minimum": 0, "maximum": 9}},
@@ -26,18 +22,6 @@ GRAMMARS = [
     {"extra_body": {"structured_outputs": {"regex": r"[a-z]{3,9}( [a-z]{2,5}){0,3}"}}},
 ]
 IDS = ["text", "json_schema", "regex"]
-
-
-@pytest.fixture(scope="module")
-def server(tiny):
-    with LiveServer(tiny, SPEC) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def plain(tiny):
-    with LiveServer(tiny, PLAIN) as srv:
-        yield srv
 
 
 def entry(e) -> tuple:
