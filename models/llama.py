@@ -180,8 +180,9 @@ class Transformer(nn.Module):
         values = values.transpose(0, 1).to(q.dtype)
         qs = q[s.offset: s.offset + s.length]                             # [n, H, D]
         if s.mask is not None:                                            # prefill: fused kernel
-            out = F.scaled_dot_product_attention(qs.transpose(0, 1), keys, values, attn_mask=s.mask,
-                                                 enable_gqa=g > 1)        # [H, n, D]
+            # 4-D inputs: on the CPU only those reach the flash kernel (3-D ones take the math path).
+            out = F.scaled_dot_product_attention(qs.transpose(0, 1)[None], keys[None], values[None],
+                                                 attn_mask=s.mask, enable_gqa=g > 1)[0]    # [H, n, D]
             return out.transpose(0, 1).reshape(s.length, c.q_size)
         # Row path: each query row attends over exactly its own L keys with fixed-shape matmuls
         # (M = G), so a row's result does not depend on how many rows or sequences share the step.
