@@ -57,7 +57,7 @@ def _engine(args: argparse.Namespace, speculative: str | None = None):
 
     return Engine.from_pretrained(args.model, speculative=speculative or args.speculative, draft_len=args.draft_len,
                                   grammar_backend=args.backend, max_batch_size=getattr(args, "concurrency", 1),
-                                  tensor_parallel=getattr(args, "tensor_parallel", 1))
+                                  tensor_parallel=getattr(args, "tensor_parallel", 1), threads=args.threads)
 
 
 async def _run(args: argparse.Namespace) -> None:
@@ -84,7 +84,8 @@ async def _run(args: argparse.Namespace) -> None:
             print(delta.text, end="", flush=True)
             stats = delta.stats or stats
         print()
-    base_config = EngineConfig(speculative=None, grammar=GrammarConfig(backend=args.backend), max_batch_size=1)
+    base_config = EngineConfig(speculative=None, grammar=GrammarConfig(backend=args.backend), max_batch_size=1,
+                               threads=args.threads)
     async with Engine(engine.model, base_config) as baseline:
         base = (await baseline.complete(messages, grammar=grammar, sampling=sampling)).stats
     assert stats is not None
@@ -130,7 +131,7 @@ async def _bench(args: argparse.Namespace) -> None:
                       backend=args.backend, concurrency=args.concurrency,
                       max_tokens=args.max_tokens, temperature=args.temperature,
                       presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                      repetition_penalty=args.repetition_penalty)
+                      repetition_penalty=args.repetition_penalty, threads=args.threads)
     modes = [m.strip() for m in args.speculative.split(",") if m.strip()]
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
     results = await run_modes(load_model(args.model), cfg, modes, prefix_caching=caching)
@@ -171,7 +172,7 @@ async def _serve(args: argparse.Namespace) -> None:
     config = _server_config(args)
     engine = Engine.from_pretrained(args.model, speculative=args.speculative, draft_len=args.draft_len,
                                     grammar_backend=args.backend, max_batch_size=args.max_batch_size,
-                                    tensor_parallel=args.tensor_parallel)
+                                    tensor_parallel=args.tensor_parallel, threads=args.threads)
     print(f"interlock serve: {config.model_name} on http://{config.host}:{config.port}/v1 "
           f"(speculative {args.speculative}, batch {args.max_batch_size})", file=sys.stderr, flush=True)
     await serve(engine, config, log_level=args.log_level)
@@ -185,9 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="interlock", description="Grammar-constrained speculative decoding.")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines to stderr")
     parser.add_argument("--log-level", default="warning")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1: decode steps are many small ops, and the "
-                             "grammar lane and event loop need a core of their own)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads of the model lane (default: min(2, cores); every other "
+                             "thread runs torch at 1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -268,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(json=args.log_json, level=args.log_level)
     import torch
 
-    torch.set_num_threads(args.threads)
+    # The model lane runs torch at --threads (EngineConfig.threads); every other thread of this
+    # process at 1, so that the lane's OpenMP pool is the only one (see streams/cpu_timeline.py).
+    torch.set_num_threads(1)
     if args.command == "serve" and args.replicas:
         try:
             _serve_replicas(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,10 +77,19 @@ class EngineConfig:
     # prompt starts with a cached prefix skips prefilling it. Outputs are the same either way.
     # Not yet under tensor parallelism (untested there): off when tensor_parallel > 1.
     prefix_caching: bool = True
+    # torch intra-op threads of the model lane. Each thread that runs torch ops in parallel keeps an
+    # OpenMP pool of its own, and two pools on a small machine make each parallel op wait for
+    # sleeping workers (decode 2x slower: benchmarks/thread_check.py). None: min(2, cores) when the
+    # thread that starts the engine runs torch at 1 thread (`torch.set_num_threads(1)` before
+    # loading, as the CLI does), else 1 (that thread's pool is then the only one).
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.output_buffer < 1 or self.block_size < 1 or self.kv_cache_bytes < 1:
             raise ValueError("max_batch_size, output_buffer, block_size and kv_cache_bytes must be >= 1")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise ValueError(f"threads must be None or an int >= 1, got {self.threads!r}")
 
 
 def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> DraftLM | None:
@@ -101,6 +111,17 @@ def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> 
             f"draft model {speculative.draft_model!r} has another tokenizer than the target "
             f"({draft.tokenizer.vocab_size} vs {target.tokenizer.vocab_size} ids): a draft must share it")
     return DraftLM.full(draft.model)
+
+
+def lane_threads(threads: int | None) -> int:
+    """The model lane's torch threads for EngineConfig.threads (see there)."""
+    if threads is not None:
+        return threads
+    if torch.get_num_threads() > 1:
+        log.info("model_lane_threads", threads=1, why="this thread runs torch at more than 1 thread; "
+                 "call torch.set_num_threads(1) before loading to give the model lane 2")
+        return 1
+    return min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
 def _engine_error_in(exc: BaseException | None) -> EngineError | None:
@@ -168,7 +189,7 @@ class Engine:
         loaded = self.model
         if isinstance(loaded.model, TensorParallelModel):
             await self._start_workers(loaded.model)
-        timeline = self._timeline = CpuTimeline()
+        timeline = self._timeline = CpuTimeline(model_threads=lane_threads(self.config.threads))
         tp = isinstance(loaded.model, TensorParallelModel)
         kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size,
                                       prefix_caching=self.config.prefix_caching and not tp,

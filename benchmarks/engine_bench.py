@@ -41,6 +41,7 @@ class BenchConfig:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     prefix_caching: bool = True
+    threads: int | None = None          # the model lane's torch threads (EngineConfig.threads)
 
 
 def valid(completion: Completion, row: Row) -> bool:
@@ -57,7 +58,7 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     rows = load_rows(cfg.dataset, limit=cfg.limit)
     config = EngineConfig(speculative=SpeculativeConfig.parse(cfg.speculative, max_draft_len=cfg.draft_len),
                           grammar=GrammarConfig(backend=cfg.backend), max_batch_size=cfg.concurrency,
-                          prefix_caching=cfg.prefix_caching)
+                          prefix_caching=cfg.prefix_caching, threads=cfg.threads)
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=0,
                               presence_penalty=cfg.presence_penalty, frequency_penalty=cfg.frequency_penalty,
                               repetition_penalty=cfg.repetition_penalty)

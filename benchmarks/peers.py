@@ -193,7 +193,7 @@ def llama_cpp_runner(max_tokens: int, lookup: int, threads: int) -> Runner | Non
 # --- interlock -----------------------------------------------------------------------------------
 
 def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: int,
-                      prefix_caching: bool = True) -> dict[str, Any]:
+                      prefix_caching: bool = True, threads: int = 1) -> dict[str, Any]:
     """Like `measure`, inside one event loop: an engine is entered and left by one task."""
     import anyio
 
@@ -216,7 +216,7 @@ def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: 
 
     async def collect() -> list[list[Sample]]:
         async with Engine.from_pretrained("smollm2-135m-instruct", speculative=mode,
-                                          prefix_caching=prefix_caching) as engine:
+                                          prefix_caching=prefix_caching, threads=threads) as engine:
             await one(engine, rows[0])                  # warm-up
             return [[await one(engine, row) for _ in range(repeats)] for row in rows]
 
@@ -251,7 +251,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads for every system (interlock: its model lane; the rest of the process runs 1 "
+                        "unless HF needs more, in which case interlock's lane pays for the second OpenMP pool)")
     p.add_argument("--modes", default="none,ngram+forced", help="interlock modes, comma-separated")
     p.add_argument("--peers", default="hf,hf+lookup,llama.cpp,llama.cpp+lookup")
     p.add_argument("--prefix-caching", choices=["on", "off", "both"], default="on",
@@ -266,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
     for mode in args.modes.split(","):
         for on in caching:
-            results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens, on))
+            results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens, on, args.threads))
     for peer in args.peers.split(","):
         lookup = 3 if peer.endswith("+lookup") else 0
         runner = (hf_runner(args.max_tokens, lookup) if peer.startswith("hf") else

@@ -70,7 +70,7 @@ async def run_rows(rows: list[Row], concurrency: int, one) -> tuple[list[Sample]
 
 async def in_process(loaded: LoadedModel, rows: list[Row], concurrency: int, args: argparse.Namespace) -> tuple[list[Sample], float]:
     config = EngineConfig(speculative=SpeculativeConfig.parse(args.speculative, max_draft_len=args.draft_len),
-                          max_batch_size=concurrency)
+                          max_batch_size=concurrency, threads=args.threads)
     sampling = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, seed=0)
     async with Engine(loaded, config) as engine:
         async def one(row: Row) -> Sample:
@@ -97,7 +97,8 @@ def start_server(port: int, concurrency: int, args: argparse.Namespace) -> subpr
     env = {**os.environ, "PYTHONPATH": str(Path(interlock.__file__).parent.parent), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "interlock.cli", "serve", "--model", args.model, "--port", str(port),
                              "--speculative", args.speculative, "--draft-len", str(args.draft_len),
-                             "--max-batch-size", str(concurrency), "--max-tokens", str(args.max_tokens)],
+                             "--max-batch-size", str(concurrency), "--max-tokens", str(args.max_tokens)]
+                            + ([] if args.threads is None else ["--threads", str(args.threads)]),
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     p.add_argument("--port", type=int, default=18700)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None,
+                   help="the model lane's torch threads, both paths (default: the engine's, min(2, cores))")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/serve-DATE.json)")
     args = p.parse_args(argv)
     import torch
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
 
     configure_logging(level="warning")
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(1)        # the engine's model lane alone runs torch in parallel (EngineConfig.threads)
     result = anyio.run(main_async, args)
     keys = ["path", "concurrency", "requests", "output_tokens", "tokens_per_s", "vs_in_process", "same_text",
             "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"]

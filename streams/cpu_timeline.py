@@ -146,8 +146,9 @@ class CpuEvent:
 class CpuLane:
     """One lane: a worker thread running its ops in FIFO order (see `timeline.Lane`)."""
 
-    def __init__(self, name: LaneName, shared: _Shared, max_ops: int) -> None:
+    def __init__(self, name: LaneName, shared: _Shared, max_ops: int, threads: int | None = None) -> None:
         self.name: LaneName = name
+        self.threads = threads
         self._shared = shared
         self._ops: queue.Queue[tuple[OpKind, Callable[[], None]]] = queue.Queue(maxsize=max_ops)
         self._ops_run = 0
@@ -253,6 +254,15 @@ class CpuLane:
 
     def _run(self) -> None:
         shared = self._shared
+        if self.threads is not None:
+            # torch's intra-op threads (OpenMP) are set per calling thread: this lane's ops get
+            # `threads`, whatever the thread that built the timeline runs with.
+            import torch
+
+            # torch gives a thread its count lazily, from the process-wide one, on the thread's
+            # first use: let that happen first, or another lane's setting could win later.
+            torch.get_num_threads()
+            torch.set_num_threads(self.threads)
         while True:
             kind, op = self._ops.get()
             if kind == "stop" or shared.closed:
@@ -308,15 +318,25 @@ class CpuProgram:
 class CpuTimeline:
     """Two `CpuLane`s (grammar, model) and their events. Use as a context manager or `close()`."""
 
-    def __init__(self, *, max_ops_per_lane: int = 1024, close_timeout_s: float = 5.0) -> None:
+    def __init__(self, *, max_ops_per_lane: int = 1024, close_timeout_s: float = 5.0,
+                 model_threads: int | None = None) -> None:
         if isinstance(max_ops_per_lane, bool) or not isinstance(max_ops_per_lane, int) or max_ops_per_lane < 1:
             raise ValueError(f"max_ops_per_lane must be an int >= 1, got {max_ops_per_lane!r}")
+        if model_threads is not None and (isinstance(model_threads, bool) or not isinstance(model_threads, int)
+                                          or model_threads < 1):
+            raise ValueError(f"model_threads must be None or an int >= 1, got {model_threads!r}")
         if not close_timeout_s > 0:
             raise ValueError(f"close_timeout_s must be > 0, got {close_timeout_s!r}")
         self._shared = _Shared()
         self._close_timeout_s = close_timeout_s
-        self.grammar = CpuLane("grammar", self._shared, max_ops_per_lane)
-        self.model = CpuLane("model", self._shared, max_ops_per_lane)
+        # model_threads: the model lane's intra-op threads (None: both lanes run torch as it is set
+        # when they start). Given, the grammar lane runs torch at 1 thread: OpenMP gives every
+        # thread that runs a parallel region a pool of its own, and a second pool on a machine
+        # this size makes each of the model lane's regions wait for its workers to wake
+        # (measured: decode 2x slower than the same threads on one pool; benchmarks/thread_check.py).
+        self.grammar = CpuLane("grammar", self._shared, max_ops_per_lane,
+                               threads=None if model_threads is None else 1)
+        self.model = CpuLane("model", self._shared, max_ops_per_lane, threads=model_threads)
 
     @property
     def closed(self) -> bool:

@@ -41,6 +41,26 @@ def test_bad_config() -> None:
         CpuTimeline(max_ops_per_lane=0)
     with pytest.raises(ValueError):
         CpuTimeline(close_timeout_s=0)
+    with pytest.raises(ValueError):
+        CpuTimeline(model_threads=0)
+
+
+@pytest.mark.parametrize("model_threads,grammar_threads", [(2, 1), (1, 1), (3, 1)])
+async def test_lanes_run_torch_at_their_own_thread_counts(model_threads, grammar_threads) -> None:
+    """torch's intra-op threads are per thread: the model lane's setting is its own, the grammar
+    lane runs at 1 beside a parallel model lane, and the thread that built the timeline keeps its own."""
+    import torch
+
+    mine = torch.get_num_threads()
+    seen: dict[str, int] = {}
+    with CpuTimeline(model_threads=model_threads) as timeline:
+        with anyio.fail_after(5):
+            timeline.model.launch_host(lambda: seen.__setitem__("model", torch.get_num_threads()))
+            timeline.grammar.launch_host(lambda: seen.__setitem__("grammar", torch.get_num_threads()))
+            await timeline.model.synchronize()
+            await timeline.grammar.synchronize()
+    assert (seen["model"], seen["grammar"]) == (model_threads, grammar_threads)
+    assert torch.get_num_threads() == mine
 
 
 async def test_ops_run_in_fifo_order_per_lane(timeline: CpuTimeline) -> None:
