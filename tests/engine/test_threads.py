@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
+import anyio
 import pytest
 import torch
 
@@ -40,9 +41,21 @@ def test_bad_threads_are_refused(bad) -> None:
 
 
 async def test_greedy_output_is_the_same_at_one_and_two_lane_threads(tiny) -> None:
-    spec = SpeculativeConfig(("ngram", "forced"), max_draft_len=3)
-    outs = []
+    """The CLI's default (2 lane threads) against the tests' usual 1, speculative and plain, batched."""
+    prompts = ["Once upon a time", "abc abc abc abc", "JSON please", "List three colors:"]
+    sampling = SamplingParams(max_tokens=24)
+    outs = {}
     for threads in (1, 2):
-        async with Engine(tiny, EngineConfig(speculative=spec, max_batch_size=2, threads=threads)) as engine:
-            outs.append((await engine.complete("Once upon a time", sampling=SamplingParams(max_tokens=24))).token_ids)
-    assert outs[0] == outs[1]
+        for spec in (None, SpeculativeConfig(("ngram", "forced"), max_draft_len=3)):
+            async with Engine(tiny, EngineConfig(speculative=spec, max_batch_size=4, threads=threads)) as engine:
+                done = [await engine.complete(p, sampling=sampling) for p in prompts[:1]]
+                async with anyio.create_task_group() as tg:        # and the four together
+                    results: dict[int, tuple[int, ...]] = {}
+                    for i, p in enumerate(prompts):
+                        async def one(i=i, p=p) -> None:
+                            results[i] = (await engine.complete(p, sampling=sampling)).token_ids
+                        tg.start_soon(one)
+                outs[threads, spec is not None] = (done[0].token_ids, tuple(results[i] for i in range(4)))
+    assert len(set(outs.values())) == 1, outs
+    alone, batched = outs[1, False]
+    assert alone == batched[0]
