@@ -34,6 +34,21 @@ async def alone_outputs(tiny, n: int) -> dict[int, tuple[int, ...]]:
     return out
 
 
+async def complete_all(engine: Engine, cases, timeout_s: float = 120) -> list:
+    """Every (prompt, grammar, sampling) case at once in one engine; Completions in case order."""
+    out: list = [None] * len(cases)
+
+    async def one(i: int) -> None:
+        prompt, grammar, sampling = cases[i]
+        out[i] = await engine.complete(prompt, grammar=grammar, sampling=sampling)
+
+    with anyio.fail_after(timeout_s):
+        async with anyio.create_task_group() as tg:
+            for i in range(len(cases)):
+                tg.start_soon(one, i)
+    return out
+
+
 async def assert_all_free(engine: Engine) -> None:
     """Every per-request thing any actor keeps is back to zero (pools back to their totals)."""
     res = await engine.resources()

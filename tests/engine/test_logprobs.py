@@ -21,7 +21,7 @@ from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import Completion, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free
+from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all
 
 K = 3
 SPECS = {
@@ -35,18 +35,9 @@ SPECS = {
 
 async def run(tiny, speculative, cases) -> list[Completion]:
     async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8)) as engine:
-        out: list[Completion | None] = [None] * len(cases)
-
-        async def one(i: int) -> None:
-            prompt, grammar, sampling = cases[i]
-            out[i] = await engine.complete(prompt, grammar=grammar, sampling=sampling)
-
-        with anyio.fail_after(120):
-            async with anyio.create_task_group() as tg:
-                for i in range(len(cases)):
-                    tg.start_soon(one, i)
+        out = await complete_all(engine, cases)
         await assert_all_free(engine)
-    return out  # type: ignore[return-value]
+    return out
 
 
 def greedy_cases(n_top: int = 3) -> list:

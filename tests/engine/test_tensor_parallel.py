@@ -14,7 +14,7 @@ import signal
 
 import anyio
 import pytest
-from helpers import GRAMMARS, PROMPTS, SCHEMA
+from helpers import GRAMMARS, PROMPTS, SCHEMA, complete_all
 
 from interlock.engine import Engine
 from interlock.protocol.errors import EngineError, WorkerError
@@ -39,22 +39,13 @@ def gone(pid: int) -> bool:
 async def run_cases(mode: str) -> list[Completion]:
     engine = Engine.from_pretrained("tiny", speculative=mode, draft_len=3, tensor_parallel=2, max_batch_size=8,
                                     tp_step_timeout_s=30.0)
-    results: list[Completion | None] = [None] * len(CASES)
     async with engine:
         pids = engine.model.model.group.pids
-
-        async def one(i: int) -> None:
-            prompt, grammar, sampling = CASES[i]
-            results[i] = await engine.complete(prompt, grammar=grammar, sampling=sampling)
-
-        with anyio.fail_after(300):
-            async with anyio.create_task_group() as tg:
-                for i in range(len(CASES)):
-                    tg.start_soon(one, i)
+        results = await complete_all(engine, CASES, timeout_s=300)
         res = await engine.resources()
         assert res["kv_free_blocks"] == res["kv_total_blocks"] and res["matchers"] == 0
     assert all(gone(pid) for pid in pids)
-    return [r for r in results if r is not None]
+    return results
 
 
 def check_valid(grammar: object, completion: Completion) -> None:
