@@ -26,7 +26,6 @@ from interlock.actors.scheduler import Scheduler, SchedulerConfig
 from interlock.actors.step import StepBuffers, StepProgram
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.actors.grammar_layer import GrammarLayer
-from interlock.grammars.backends import BACKENDS
 from interlock.models.generate import check_prompt_fits
 from interlock.drafters.model import DraftLM, ModelDrafter
 from interlock.models.kv_cache import PagedKVCache, block_bytes
@@ -329,9 +328,8 @@ class Engine:
             # Once the grammar completes, the stop token is the only one it allows: there is no going on.
             raise InvalidParameterError("ignore_eos", "cannot be combined with a grammar (a complete document "
                                                       "ends the request); use max_tokens or drop ignore_eos")
-        if grammar_backend is not None and grammar_backend not in BACKENDS:
-            raise InvalidParameterError("grammar_backend", f"must be one of {', '.join(BACKENDS)}, "
-                                                           f"got {grammar_backend!r}")
+        if grammar_backend is not None:
+            self.grammars.check_name(grammar_backend)
         tokens = self._encode(prompt)
         uncond = None
         if sampling.guidance_scale is not None:

@@ -12,12 +12,12 @@ import anyio.to_thread
 
 from interlock.actors.compile_cache import CompileCache
 from interlock.grammars.auto import AutoBackend
-from interlock.grammars.backends import AUTO_ORDER, BACKENDS, BackendRouter, make_backend
+from interlock.grammars.backends import AUTO_ORDER, BackendRouter, make_backend
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.matcher import BaseMatcher
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import InvalidParameterError
-from interlock.protocol.grammar import BackendName, GrammarBackend, GrammarConfig, GrammarSpec
+from interlock.protocol.grammar import BACKENDS, BackendName, GrammarBackend, GrammarConfig, GrammarSpec
 
 
 class GrammarLayer:
@@ -48,10 +48,15 @@ class GrammarLayer:
     def vocab_size(self) -> int:
         return self.backend.vocab_size
 
-    def _backend(self, name: str) -> GrammarBackend:
-        """The backend `name`, built once; `auto` wraps the concrete ones it shares with requests."""
+    @staticmethod
+    def check_name(name: str) -> None:
+        """InvalidParameterError unless `name` is a backend a request may choose."""
         if name not in BACKENDS:
             raise InvalidParameterError("grammar_backend", f"must be one of {', '.join(BACKENDS)}, got {name!r}")
+
+    def _backend(self, name: str) -> GrammarBackend:
+        """The backend `name`, built once; `auto` wraps the concrete ones it shares with requests."""
+        self.check_name(name)
         with self._building:
             found = self._backends.get(name)
             if found is not None:

@@ -13,7 +13,6 @@ from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.grammar import BackendName, GrammarBackend, GrammarConfig
 
 AUTO_ORDER: tuple[str, ...] = ("llguidance", "xgrammar")   # why: see grammars/auto.py
-BACKENDS: tuple[str, ...] = ("auto", "xgrammar", "llguidance")
 
 
 def make_backend(name: BackendName, tokenizer: Tokenizer, vocab_size: int,

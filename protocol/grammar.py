@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 from interlock.protocol.types import TokenId
 
 BackendName: TypeAlias = Literal["xgrammar", "llguidance", "auto"]
+BACKENDS: tuple[BackendName, ...] = ("auto", "xgrammar", "llguidance")   # every name a request may give
 Whitespace: TypeAlias = Literal["compact", "flexible"]
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from interlock.protocol.errors import InterlockError
-from interlock.protocol.grammar import BackendName, Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Reasoning, Regex
+from interlock.protocol.grammar import (BACKENDS, BackendName, Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema,
+                                        Reasoning, Regex)
 from interlock.protocol.sampling import MAX_LOGPROBS, SamplingParams
 from interlock.server.config import ServerConfig
 from interlock.server.errors import APIError, from_interlock, unsupported
@@ -22,7 +23,6 @@ from interlock.server.tools import auto_tools_grammar, call_text, tools_grammar,
 
 Message = dict[str, str]
 Prompt = str | list[Message] | list[int]
-BACKENDS = ("auto", "xgrammar", "llguidance")
 # Penalties exist in the engine only once SamplingParams has them (added by the reliability work).
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
