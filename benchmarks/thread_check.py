@@ -21,7 +21,7 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from interlock.benchmarks.common import load_average, print_json_last, print_table
+from interlock.benchmarks.common import load_average, percentile, print_json_last, print_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SETTINGS = {"lane1": (1, 1), "lane2": (1, 2), "lane2+main2": (2, 2)}     # (main threads, lane threads)
@@ -90,8 +90,7 @@ def main() -> None:
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
 
     def median(xs: list[float]) -> float:
-        xs = sorted(xs)
-        return xs[len(xs) // 2]
+        return percentile(xs, 50)
 
     rows = []
     base = median([t for r in runs["lane1"] for t in r])
