@@ -182,11 +182,22 @@ TP_HELP = ("N > 1: the model's forward on N worker processes (torch.distributed 
            "the weights; N must divide the model's heads, KV heads and MLP width")
 
 
+def _positive_int(text: str) -> int:
+    """argparse type for counts (threads, batch sizes, draft length): a usage error, not a traceback."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="interlock", description="Grammar-constrained speculative decoding.")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines to stderr")
     parser.add_argument("--log-level", default="warning")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=_positive_int, default=None,
                         help="torch intra-op threads of the model lane (default: min(2, cores); every other "
                              "thread runs torch at 1)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -194,11 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:
         p.add_argument("--model", default="smollm2-135m-instruct")
         p.add_argument("--speculative", default="ngram+forced", help="none, or drafters joined by +: ngram, suffix, forced, self-draft[:N], draft:PATH; options: adaptive, nomask (no draft-side grammar masking), e.g. ngram+forced+adaptive or self-draft+forced")
-        p.add_argument("--draft-len", type=int, default=3)
+        p.add_argument("--draft-len", type=_positive_int, default=3)
         p.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
         p.add_argument("--temperature", type=float, default=0.0)
         p.add_argument("--max-tokens", type=int, default=max_tokens)
-        p.add_argument("--tensor-parallel", type=int, default=1, help=TP_HELP)
+        p.add_argument("--tensor-parallel", type=_positive_int, default=1, help=TP_HELP)
         p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's: minus this once per token seen in the output")
         p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's: minus this per occurrence in the output")
         p.add_argument("--repetition-penalty", type=float, default=1.0,
@@ -228,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "and the table gives each one's tokens/s ratio to the first.")
     bench.add_argument("--dataset", required=True)
     bench.add_argument("--limit", type=int)
-    bench.add_argument("--concurrency", type=int, default=1)
+    bench.add_argument("--concurrency", type=_positive_int, default=1)
     bench.add_argument("--json", help="also write the result JSON here")
     bench.add_argument("--prefix-caching", choices=["on", "off", "both"], default="on",
                        help="share cached prompt blocks between requests; both: run each mode with, then without")
@@ -240,9 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--speculative", default="ngram+forced", help="as for generate; fixed for every request")
-    srv.add_argument("--draft-len", type=int, default=3)
+    srv.add_argument("--draft-len", type=_positive_int, default=3)
     srv.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
-    srv.add_argument("--max-batch-size", type=int, default=8)
+    srv.add_argument("--max-batch-size", type=_positive_int, default=8)
     srv.add_argument("--max-queue", type=int, default=64,
                      help="requests admitted beyond the batch; past it the server answers 429 with Retry-After")
     srv.add_argument("--max-tokens", type=int, default=256, help="for requests that give no max_tokens")
