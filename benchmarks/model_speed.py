@@ -1,6 +1,10 @@
-"""Batch-1 greedy prefill and decode speed: our forward (int8 and float weights) vs HF `generate`.
+"""Batch-1 greedy prefill and decode speed: our forward (int8 and float weights) vs HF `generate`,
+and the forward's step costs against the weight-streaming floor (benchmarks/step_costs.py).
 
-    .venv/bin/python -m interlock.benchmarks.model_speed --tokens 64 --repeats 5 --threads 2
+    .venv/bin/python -m interlock.benchmarks.model_speed --tokens 64 --repeats 5
+
+Threads default to the engine's model lane (engine.lane_threads: 2 on a machine with 2+ cores).
+Saves the JSON (with the generated token ids) under benchmarks/results/model-speed-<date>.json.
 
 All three runners see the same process settings (torch threads, fp32 activations for the
 references), the same chat prompt and the same number of new tokens, and run interleaved
@@ -24,7 +28,9 @@ The last line printed is a JSON object (see `main`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import json
 import math
 import os
 import sys
@@ -32,16 +38,21 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
 
 import torch
 
+from interlock.benchmarks import step_costs
 from interlock.benchmarks.common import load_average, median, oversubscribed, print_json_last, print_table, timed
+from interlock.engine import lane_threads
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.llama import Transformer
 from interlock.models.loader import EMBEDDED, embedded_gguf_path, load_model
 from interlock.protocol.types import TokenId
 
+RESULTS = Path(__file__).resolve().parent / "results"
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant. Answer in JSON."},
     {"role": "user", "content": "Describe a fictional person: give their name, age, city, "
@@ -181,16 +192,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=64, help="new tokens per generation (N >= 2)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per runner (medians reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per runner first")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads, for all")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads, for all (default: the engine's model-lane setting)")
+    p.add_argument("--contexts", type=int, nargs="*", default=[200, 1000],
+                   help="context lengths for the step costs (none: skip them)")
+    p.add_argument("--step-repeats", type=int, default=20, help="timed repeats per step cost (medians)")
+    p.add_argument("--out", type=Path, default=None, help="where to save the JSON (default: benchmarks/results/)")
     p.add_argument("--json-only", action="store_true", help="print only the JSON line")
     args = p.parse_args(argv)
-    if args.tokens < 2 or args.repeats < 1 or args.warmup < 0 or args.threads < 1:
-        p.error("need --tokens >= 2, --repeats >= 1, --warmup >= 0, --threads >= 1")
+    if (args.tokens < 2 or args.repeats < 1 or args.warmup < 0 or (args.threads is not None and args.threads < 1) or args.step_repeats < 1
+            or any(c < 1 for c in args.contexts)):
+        p.error("need --tokens >= 2, --repeats >= 1, --warmup >= 0, --threads >= 1, --step-repeats >= 1, "
+                "--contexts >= 1")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.threads is None:
+        torch.set_num_threads(1)            # as an engine's owner thread would, so the lane gets its share
+        args.threads = lane_threads(None)
     torch.set_num_threads(args.threads)
     load_before = load_average()
     busy = oversubscribed(args.threads)
@@ -208,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "HF generate": lambda: run_hf(hf, prompt, n),
     }, args.warmup, args.repeats)
     s = {name: summarize(name, r, len(prompt), n) for name, r in runs.items()}
+    costs = [step_costs.measure(int8.model, ctx, args.step_repeats) for ctx in args.contexts]
     load_after = load_average()
     ours, ref, hfs = s["ours int8"], s["ours float"], s["HF generate"]
     result = {
@@ -223,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "load_s": int8.load_s, "hf_load_s": hf_load_s,
         "float_agrees_with_hf": agree_prefix(ref.tokens, hfs.tokens),
         "int8_agrees_with_hf": agree_prefix(ours.tokens, hfs.tokens),
+        "step_costs": [dataclasses.asdict(c) | {"decode_over_floor": c.decode_over_floor,
+                                                 "verify4_over_decode": c.verify4_over_decode} for c in costs],
+        "tokens": {x.name: list(x.tokens) for x in (ours, ref, hfs)},
         "oversubscribed": busy,
         "loadavg_before": load_before[0] if load_before else None,
         "loadavg_after": load_after[0] if load_after else None,
@@ -235,12 +260,25 @@ def main(argv: Sequence[str] | None = None) -> None:
              "tokens = HF (prefix)"],
             [[x.name, x.prefill_tok_s, x.decode_tok_s, x.decode_tok_s / hfs.decode_tok_s, x.step_decode_tok_s,
               f"{agree_prefix(x.tokens, hfs.tokens)}/{n}"] for x in (ours, ref, hfs)])
+        if costs:
+            print_table(
+                f"int8 forward step costs, {args.threads} threads, median of {args.step_repeats} "
+                "(floor: reading every int8 weight once)",
+                ["context", "floor ms", "decode ms", "decode / floor", "4-row verify ms", "verify / decode",
+                 "prefill tok/s"],
+                [[c.context, c.floor_ms, c.decode_ms, c.decode_over_floor, c.verify4_ms, c.verify4_over_decode,
+                  c.prefill_tok_s] for c in costs])
         print(f"load_s (2nd load, int8) {int8.load_s:.2f} s; HF load {hf_load_s:.2f} s; "
               f"load average {_fmt_load(load_before)} -> {_fmt_load(load_after)}")
         if busy:
             print(f"warning: load average + {args.threads} threads exceed the {os.cpu_count()} cores: "
                   "timings include waiting for a core" + ("; compare with --threads 1" if args.threads > 1 else ""))
-    print_json_last(result)
+    out = args.out or RESULTS / f"model-speed-{date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    if not args.json_only:
+        print(f"saved {out}")
+    print_json_last({k: v for k, v in result.items() if k != "tokens"})
 
 
 if __name__ == "__main__":

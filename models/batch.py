@@ -8,7 +8,7 @@ on the host, and shared by every layer.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -120,3 +120,35 @@ def build_batch(chunks: list[SeqChunk], kv: KVLayout, device: torch.device | str
         logit_index=torch.tensor(logit_index, dtype=torch.long, device=device),
         seqs=tuple(views),
     )
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """A batch cut in two: its prompt chunks as a batch of their own, and its row-path tokens."""
+
+    dense: ForwardBatch | None      # the prompt chunks (returns no logits); None: there are none
+    dense_index: torch.Tensor       # [Td] packed index of each of its tokens in the whole batch
+    row_index: torch.Tensor         # [Tr] packed index of each row-path token
+    rows: tuple[SeqView, ...]       # the row-path views, offsets counting row tokens only
+
+
+def split_rows(batch: ForwardBatch) -> RowSplit:
+    rows = tuple(v for v in batch.seqs if v.mask is None)
+    device = batch.input_ids.device
+    if not batch.dense:
+        return RowSplit(None, torch.zeros(0, dtype=torch.long, device=device),
+                        torch.arange(batch.num_tokens, device=device), rows)
+    dense_views = [v for v in batch.seqs if v.mask is not None]
+    index = torch.cat([torch.arange(v.offset, v.offset + v.length, device=device) for v in dense_views])
+    offsets = [0]
+    for v in dense_views[:-1]:
+        offsets.append(offsets[-1] + v.length)
+    views = tuple(replace(v, offset=o) for v, o in zip(dense_views, offsets))
+    dense = ForwardBatch(input_ids=batch.input_ids[index], positions=batch.positions[index],
+                         write_slots=batch.write_slots[index], logit_index=index[:0], seqs=views,
+                         row_index=None, dense=tuple((v.offset, v.length) for v in views))
+    offsets = [0]
+    for v in rows[:-1]:
+        offsets.append(offsets[-1] + v.length)
+    row_index = batch.row_index if batch.row_index is not None else index[:0]
+    return RowSplit(dense, index, row_index, tuple(replace(v, offset=o) for v, o in zip(rows, offsets)))

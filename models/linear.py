@@ -1,9 +1,9 @@
 """Linear layers: plain float, and weight-only int8 (the default on CPU).
 
 Why int8 weight-only: decoding one token reads every weight once, so a CPU decoder is bound by
-weight bytes. torch's `_weight_int8pack_mm` with bf16 activations reads 1/4 of the fp32 bytes, and
-— unlike fp32 sgemm, whose result for a row changes with the number of rows — it computes each row
-independently. That batch invariance is what lets a speculative verify step (K+1 rows) or a batch
+weight bytes. int8 weights are 1/4 of the fp32 bytes, and the int8 kernels (kernels/native.py: ours, or
+torch's `_weight_int8pack_mm`) — unlike fp32 sgemm, whose result for a row changes with the number
+of rows — compute each row independently. That batch invariance is what lets a speculative verify step (K+1 rows) or a batch
 of other requests reproduce a single-token step bit for bit. Measured in benchmarks/model_speed.py.
 """
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Literal, TypeAlias
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from interlock.kernels.native import int8_linear, native_fits
 
 Weights: TypeAlias = Literal["float", "int8", "int4"]
 INT4_GROUP = 32                     # the block size of GGUF's Q4_0/Q4_1, so those weights map exactly
@@ -52,16 +54,29 @@ class _Quantized(nn.Module):
 
 
 class Int8Linear(_Quantized):
-    """Weight-only int8 (symmetric, one scale per output row); bf16 activations into the kernel."""
+    """Weight-only int8 (symmetric, one scale per output row).
+
+    Decode and verify rows go through kernels.native.int8_linear: our native kernel (fp32 activations,
+    bytes-bound up to ~8 rows) where it builds, else torch's `_weight_int8pack_mm`. The choice is
+    made once per process, so every row of every step takes the same arithmetic.
+    """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__(weight, bias)
         qweight, scales = quantize_int8(weight.float())
-        self.register_buffer("qweight", qweight)        # [N, K] int8
-        self.register_buffer("scales", scales)          # [N] bf16
+        self._set_quantized(qweight, scales)
+
+    def _set_quantized(self, qweight: torch.Tensor, scales: torch.Tensor) -> None:
+        self.register_buffer("qweight", qweight)                # [N, K] int8
+        self.register_buffer("scales", scales)                  # [N] bf16: the quantization
+        self.register_buffer("scales_f32", scales.float())      # the same values, as the native kernel takes them
+        self.native = native_fits(qweight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scales).float()
+        if self.native:
+            y = torch.ops.interlock_cpu.int8_linear(x.float().contiguous(), self.qweight, self.scales_f32)
+        else:
+            y = int8_linear(x, self.qweight, self.scales, backend="torch")
         return y if self.bias is None else y + self.bias
 
 
@@ -130,7 +145,6 @@ def select_rows(linear: nn.Module, index: torch.Tensor) -> nn.Module:
         nn.Module.__init__(out)
         out.register_buffer("dense_weight", linear.dense_weight[index].clone())
         out.bias = None if linear.bias is None else nn.Parameter(linear.bias[index].clone(), requires_grad=False)
-        out.register_buffer("qweight", linear.qweight[index].contiguous())
-        out.register_buffer("scales", linear.scales[index].contiguous())
+        out._set_quantized(linear.qweight[index].contiguous(), linear.scales[index].contiguous())
         return out
     raise TypeError(f"cannot select rows of {type(linear).__name__}")

@@ -14,15 +14,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from interlock.models.batch import ForwardBatch, SeqView
+from interlock.kernels import native
+from interlock.models.batch import ForwardBatch, SeqView, split_rows
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import _DTYPES, PagedKVCache
 from interlock.models.linear import Weights, make_linear
 from interlock.models.rope import apply_rope, cos_sin_table
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in fp32 (as the reference implementations do), cast back to x's dtype."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, native: bool = False) -> torch.Tensor:
+    """RMSNorm computed in fp32 (as the reference implementations do), cast back to x's dtype.
+
+    native: our kernel (kernels/native.py), for fp32 CPU activations; one op instead of torch's
+    four-op decomposition, whose dispatch dominated a decode step's norms.
+    """
+    if native:
+        return torch.ops.interlock_cpu.rms_norm(x, weight, eps)
     if x.dtype == torch.float32:
         return F.rms_norm(x, weight.shape, weight, eps)
     xf = x.float()
@@ -75,6 +82,8 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.weights: Weights | None = None
+        self.native = False             # the native CPU kernels for norms and row attention (build)
+        self.fused_rows: dict[str, list[torch.Tensor]] | None = None     # rows_forward's weights (build)
         self._linears: list[dict[str, nn.Module]] = []
         self._head: nn.Module | None = None
 
@@ -99,6 +108,8 @@ class Transformer(nn.Module):
         # the head decides every token.
         self._head = make_linear(head, None, "int8" if weights == "int4" else weights)
         self.weights = weights
+        self.native = self.act_dtype == torch.float32 and self.norm.device.type == "cpu" and native.available()
+        self.fused_rows = self._fused_weights() if self.native and weights == "int8" and self.FUSABLE else None
         if weights != "float":     # the float matrices are no longer needed: drop them, keep the embedding
             for layer in self.layers:
                 for name in ("wqkv", "wo", "w13", "w2"):
@@ -107,6 +118,24 @@ class Transformer(nn.Module):
                 self.output = None
             self.tok_embeddings.data = self.tok_embeddings.data.float()
         return self
+
+    # The fused rows path (one native call for every layer) has no hooks for collectives: a
+    # tensor-parallel subclass turns it off.
+    FUSABLE = True
+
+    def _fused_weights(self) -> dict[str, list[torch.Tensor]] | None:
+        lin = self._linears
+        if any(not l[name].native for l in lin for name in ("wqkv", "wo", "w13", "w2")):
+            return None
+        return {
+            "attn_norms": [layer.attention_norm.float().contiguous() for layer in self.layers],
+            "ffn_norms": [layer.ffn_norm.float().contiguous() for layer in self.layers],
+            "qkv_q": [l["wqkv"].qweight for l in lin], "qkv_s": [l["wqkv"].scales_f32 for l in lin],
+            "qkv_b": [] if lin[0]["wqkv"].bias is None else [l["wqkv"].bias.float().contiguous() for l in lin],
+            "o_q": [l["wo"].qweight for l in lin], "o_s": [l["wo"].scales_f32 for l in lin],
+            "up_q": [l["w13"].qweight for l in lin], "up_s": [l["w13"].scales_f32 for l in lin],
+            "down_q": [l["w2"].qweight for l in lin], "down_s": [l["w2"].scales_f32 for l in lin],
+        }
 
     # --- forward -----------------------------------------------------------------------------
 
@@ -121,19 +150,53 @@ class Transformer(nn.Module):
         if self.weights is None:
             raise RuntimeError("call build() after loading weights")
         dt = self.act_dtype
+        if self.fused_rows is not None and kv.k.dtype == torch.float32:
+            x = self._hidden_fused(batch, kv, n_layers)
+        else:
+            x = self._hidden(batch, kv, n_layers)
+        x = rms_norm(x[batch.logit_index], self.norm.to(dt), self.config.rms_eps, self.native)     # [R, E]
+        return self._logits(x, head or self._head)                       # [R, V] fp32
+
+    def _hidden(self, batch: ForwardBatch, kv: PagedKVCache, n_layers: int | None) -> torch.Tensor:
+        """The layer loop in torch ops: hidden states [T, E] after n_layers layers."""
+        dt = self.act_dtype
         x = self._embed(batch.input_ids).to(dt)                           # [T, E]
         cos = self.rope_cos[batch.positions].to(dt)                       # [T, D]
         sin = self.rope_sin[batch.positions].to(dt)
         eps = self.config.rms_eps
+        nat = self.native
         for index, (layer, lin) in enumerate(zip(self.layers[:n_layers], self._linears[:n_layers])):
-            h = rms_norm(x, layer.attention_norm.to(dt), eps)
+            h = rms_norm(x, layer.attention_norm.to(dt), eps, nat)
             qkv = _project(lin["wqkv"], h, batch).to(dt)
             x = x + self._reduce(_project(lin["wo"], self._attention(qkv, cos, sin, batch, kv, index), batch)).to(dt)
-            h = rms_norm(x, layer.ffn_norm.to(dt), eps)
+            h = rms_norm(x, layer.ffn_norm.to(dt), eps, nat)
             gate, up = _project(lin["w13"], h, batch).to(dt).chunk(2, dim=-1)
             x = x + self._reduce(_project(lin["w2"], F.silu(gate) * up, batch)).to(dt)
-        x = rms_norm(x[batch.logit_index], self.norm.to(dt), eps)        # [R, E]
-        return self._logits(x, head or self._head)                       # [R, V] fp32
+        return x
+
+    def _hidden_fused(self, batch: ForwardBatch, kv: PagedKVCache, n_layers: int | None) -> torch.Tensor:
+        """Prompt chunks through the torch loop, decode / verify rows through one native call.
+
+        A row's bits then never depend on whether a prompt chunk shared its step.
+        """
+        split = split_rows(batch)
+        rows, row_index = split.rows, split.row_index
+        x = torch.empty(batch.num_tokens, self.config.hidden_size, device=batch.input_ids.device)
+        if split.dense is not None:
+            x[split.dense_index] = self._hidden(split.dense, kv, n_layers)
+        if rows:
+            c, w = self.config, self.fused_rows
+            n = c.n_layers if n_layers is None else n_layers
+            positions = batch.positions[row_index]
+            x[row_index] = torch.ops.interlock_cpu.rows_forward(
+                self._embed(batch.input_ids[row_index]).float().contiguous(),
+                self.rope_cos[positions].contiguous(), self.rope_sin[positions].contiguous(),
+                batch.write_slots[row_index].contiguous(), [v.blocks for v in rows], [v.offset for v in rows],
+                [v.length for v in rows], [v.start for v in rows], kv.k, kv.v,
+                *(w[name][:n] for name in ("attn_norms", "ffn_norms", "qkv_q", "qkv_s")),
+                w["qkv_b"][:n], *(w[name][:n] for name in ("o_q", "o_s", "up_q", "up_s", "down_q", "down_s")),
+                c.n_heads, c.n_kv_heads, c.rms_eps, kv.block_size)
+        return x
 
     # Hooks where a tensor-parallel rank (models/parallel.py) adds its collectives; identity here.
 
@@ -166,6 +229,10 @@ class Transformer(nn.Module):
     def _attend_seq(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     s: SeqView, block_size: int) -> torch.Tensor:
         c = self.config
+        if s.mask is None and self.native and k_cache.dtype == torch.float32:
+            qs = q[s.offset: s.offset + s.length].contiguous()
+            return torch.ops.interlock_cpu.row_attention(qs, k_cache, v_cache, s.blocks, block_size, s.start,
+                                                         c.head_dim ** -0.5)
         g = c.n_heads // c.n_kv_heads
         n_ctx = s.start + s.length
         if s.first_slot is not None:    # consecutive blocks (the usual case): a view, no copy

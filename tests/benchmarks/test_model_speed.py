@@ -77,3 +77,14 @@ def test_oversubscribed_counts_our_threads(monkeypatch: pytest.MonkeyPatch) -> N
     assert common.oversubscribed(2)
     monkeypatch.setattr(common, "load_average", lambda: None)
     assert not common.oversubscribed(64)
+
+
+def test_step_costs_run_on_the_tiny_model() -> None:
+    from interlock.benchmarks import step_costs
+
+    tiny = load_model("tiny", weights="int8")
+    c = step_costs.measure(tiny.model, context=40, repeats=2)
+    assert c.context == 40 and c.floor_ms > 0 and c.decode_ms > 0 and c.verify4_ms > 0 and c.prefill_tok_s > 0
+    assert c.decode_over_floor == pytest.approx(c.decode_ms / c.floor_ms)
+    with pytest.raises(ValueError, match="int8"):
+        step_costs.weight_floor_s(load_model("tiny", weights="float").model, 1)

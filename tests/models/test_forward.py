@@ -113,3 +113,18 @@ def test_half_precision_float_weights_track_fp32(dtype: str, tiny_float: LoadedM
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
     assert (cos > 0.99).all(), cos
+
+
+def test_fused_rows_track_the_torch_layer_loop(tiny_int8: LoadedModel) -> None:
+    """The native one-call path for decode / verify rows computes what the torch layer loop computes."""
+    from interlock.kernels import native
+
+    lm = tiny_int8
+    assert (lm.model.fused_rows is not None) == native.available()      # the tiny int8 model takes it
+    fused = run_alone(lm, PROMPTS[0], [5, 6, 7, 8])
+    saved, lm.model.fused_rows = lm.model.fused_rows, None
+    try:
+        loop = run_alone(lm, PROMPTS[0], [5, 6, 7, 8])
+    finally:
+        lm.model.fused_rows = saved
+    torch.testing.assert_close(fused, loop, atol=1e-4, rtol=1e-4)

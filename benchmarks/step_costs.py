@@ -1,0 +1,111 @@
+"""The forward's step costs against a weight-streaming floor, for benchmarks/model_speed.py.
+
+- floor: the time to read every int8 weight matrix of the model once (layers and head), with the
+  fastest plain reduction torch has for the bytes (`amax` of the int8 values, or a sum of them
+  viewed as int64), at the same thread count. A decode step cannot read its weights faster.
+- step: one forward of `rows` new tokens of one sequence after `context` cached tokens (1 row: a
+  decode step; 4 rows: a K=3 verify step), the cache rewound after each so every repeat sees the
+  same context. Batch building is inside the timing, as in the engine.
+- prefill: a `prompt`-token prompt prefilled in the engine's 256-token chunks, as tokens/s.
+All times are medians over `repeats` after one warm-up.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from interlock.benchmarks.common import median
+from interlock.models.batch import SeqChunk, build_batch
+from interlock.models.kv_cache import PagedKVCache
+from interlock.models.llama import Transformer
+
+PREFILL_CHUNK = 256          # EngineConfig.prefill_chunk's default
+
+
+def _median_s(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
+def int8_weights(model: Transformer) -> list[torch.Tensor]:
+    linears = [lin[name] for lin in model._linears for name in ("wqkv", "wo", "w13", "w2")] + [model._head]
+    if not all(hasattr(lin, "qweight") for lin in linears):
+        raise ValueError("the floor is defined for int8 weights: load the model with weights='int8'")
+    return [lin.qweight for lin in linears]
+
+
+def weight_floor_s(model: Transformer, repeats: int) -> float:
+    weights = int8_weights(model)
+    reads = [lambda: [w.amax() for w in weights]]
+    if all(w.is_contiguous() and w.numel() % 8 == 0 for w in weights):
+        reads.append(lambda: [w.view(torch.int64).sum() for w in weights])
+    return min(_median_s(read, repeats) for read in reads)
+
+
+def _tokens(model: Transformer, n: int, seed: int) -> tuple[int, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist())
+
+
+def step_s(model: Transformer, context: int, rows: int, repeats: int) -> float:
+    kv = PagedKVCache(model.config, num_blocks=-(-(context + rows) // 16) + 1, block_size=16)
+    kv.add_sequence(0)
+    prompt = _tokens(model, context, seed=context)
+    for offset in range(0, context, PREFILL_CHUNK):
+        part = prompt[offset: offset + PREFILL_CHUNK]
+        start = kv.reserve(0, len(part))
+        model(build_batch([SeqChunk(0, part, start, (len(part) - 1,))], kv), kv)
+    new = _tokens(model, rows, seed=1)
+
+    def step() -> None:
+        start = kv.reserve(0, rows)
+        model(build_batch([SeqChunk(0, new, start, tuple(range(rows)))], kv), kv)
+        kv.rewind(0, rows)
+
+    return _median_s(step, repeats)
+
+
+def prefill_tok_s(model: Transformer, prompt_len: int, repeats: int) -> float:
+    prompt = _tokens(model, prompt_len, seed=prompt_len)
+
+    def prefill() -> None:
+        kv = PagedKVCache(model.config, num_blocks=-(-prompt_len // 16), block_size=16)
+        kv.add_sequence(0)
+        for offset in range(0, prompt_len, PREFILL_CHUNK):
+            part = prompt[offset: offset + PREFILL_CHUNK]
+            start = kv.reserve(0, len(part))
+            model(build_batch([SeqChunk(0, part, start, (len(part) - 1,))], kv), kv)
+
+    return prompt_len / _median_s(prefill, repeats)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    context: int
+    floor_ms: float
+    decode_ms: float
+    verify4_ms: float
+    prefill_tok_s: float
+
+    @property
+    def decode_over_floor(self) -> float:
+        return self.decode_ms / self.floor_ms
+
+    @property
+    def verify4_over_decode(self) -> float:
+        return self.verify4_ms / self.decode_ms
+
+
+def measure(model: Transformer, context: int, repeats: int) -> StepCosts:
+    return StepCosts(context, floor_ms=weight_floor_s(model, repeats) * 1e3,
+                     decode_ms=step_s(model, context, 1, repeats) * 1e3,
+                     verify4_ms=step_s(model, context, 4, repeats) * 1e3,
+                     prefill_tok_s=prefill_tok_s(model, context, max(1, repeats // 4)))

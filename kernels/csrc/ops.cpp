@@ -1,0 +1,204 @@
+// torch.ops.interlock_cpu: argument checks around the kernels in int8_linear.h and attention.h,
+// and rows_forward, the whole decoder stack for decode / verify rows in one call.
+//
+// Why rows_forward: a decode step of a 30-layer model is ~900 small torch ops, and at batch 1
+// their dispatch (~3-5 us each) cost as much as reading the weights. One call runs every layer
+// on the same kernels, so a row's arithmetic is still a fixed function of that row's data.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "attention.h"
+#include "int8_linear.h"
+
+namespace interlock_cpu {
+namespace {
+
+void check_f32(const at::Tensor& t, int64_t dim, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == dim && t.is_contiguous(),
+              name, ": a contiguous fp32 CPU tensor with ", dim, " dims");
+}
+
+void check_int8(const at::Tensor& q, const at::Tensor& scale, int64_t K, const char* name) {
+  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous() &&
+              q.size(1) == K && K % kChunk == 0, name, ": contiguous int8 [N, ", K, "], K a multiple of 16");
+  check_f32(scale, 1, name);
+  TORCH_CHECK(scale.size(0) == q.size(0), name, ": one scale per output row");
+}
+
+void check_table(const at::Tensor& blocks, int64_t positions, int64_t block_size, int64_t slots) {
+  TORCH_CHECK(blocks.scalar_type() == at::kLong && blocks.dim() == 1 && blocks.is_contiguous(), "blocks: long [nb]");
+  const int64_t need = (positions + block_size - 1) / block_size;
+  TORCH_CHECK(need <= blocks.size(0), "block table too short: ", blocks.size(0), " blocks for ", positions, " positions");
+  const int64_t* table = blocks.data_ptr<int64_t>();
+  for (int64_t b = 0; b < need; ++b)
+    TORCH_CHECK(table[b] >= 0 && (table[b] + 1) * block_size <= slots, "block id ", table[b], " out of range");
+}
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale) {
+  check_f32(x, 2, "x");
+  check_int8(q, scale, x.size(1), "q");
+  at::Tensor y = at::empty({x.size(0), q.size(0)}, x.options());
+  int8_linear_raw(x.data_ptr<float>(), q.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(),
+                  x.size(0), x.size(1), q.size(0));
+  return y;
+}
+
+at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                         const at::Tensor& blocks, int64_t block_size, int64_t start, double scale) {
+  check_f32(q, 3, "q");
+  check_f32(k_cache, 3, "k_cache");
+  check_f32(v_cache, 3, "v_cache");
+  const int64_t n = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_cache.size(1);
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == D && H % Hkv == 0 && D % 16 == 0,
+              "head shapes do not match");
+  check_table(blocks, start + n, block_size, k_cache.size(0));
+  at::Tensor out = at::empty({n, H * D}, q.options());
+  const float *qp = q.data_ptr<float>(), *kp = k_cache.data_ptr<float>(), *vp = v_cache.data_ptr<float>();
+  const int64_t* table = blocks.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n * Hkv, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = t / Hkv;
+      row_attention_task(qp + r * H * D, H, D, kp, vp, Hkv, t % Hkv, table, block_size, start + r,
+                         static_cast<float>(scale), op + r * H * D, scores);
+    }
+  });
+  return out;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_f32(x, 2, "x");
+  check_f32(weight, 1, "weight");
+  TORCH_CHECK(weight.size(0) == x.size(1), "weight: one value per column of x");
+  at::Tensor y = at::empty_like(x);
+  rms_norm_raw(x.data_ptr<float>(), weight.data_ptr<float>(), x.size(0), x.size(1), static_cast<float>(eps),
+               y.data_ptr<float>());
+  return y;
+}
+
+// x: [T, E] embeddings of the row tokens; cos/sin: [T, D] at their positions; write_slots: [T] KV
+// slot of each. The rows are grouped by sequence: seq_offsets/lengths/starts and one block table
+// each. k_all/v_all: [layers, slots, Hkv, D], written at write_slots. Per-layer weights in lists
+// (qkv_b empty when the model has no q/k/v bias). Returns the hidden states after n_layers layers.
+at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin,
+                        const at::Tensor& write_slots, at::TensorList tables, at::IntArrayRef seq_offsets,
+                        at::IntArrayRef seq_lengths, at::IntArrayRef seq_starts, at::Tensor& k_all, at::Tensor& v_all,
+                        at::TensorList attn_norms, at::TensorList ffn_norms, at::TensorList qkv_q,
+                        at::TensorList qkv_s, at::TensorList qkv_b, at::TensorList o_q, at::TensorList o_s,
+                        at::TensorList up_q, at::TensorList up_s, at::TensorList down_q, at::TensorList down_s,
+                        int64_t n_heads, int64_t n_kv_heads, double eps, int64_t block_size) {
+  check_f32(x_in, 2, "x");
+  check_f32(k_all, 4, "k_all");
+  check_f32(v_all, 4, "v_all");
+  const int64_t T = x_in.size(0), E = x_in.size(1), layers = static_cast<int64_t>(attn_norms.size());
+  const int64_t H = n_heads, Hkv = n_kv_heads, D = k_all.size(3), slots = k_all.size(1);
+  const int64_t QKV = (H + 2 * Hkv) * D;
+  check_f32(cos, 2, "cos");
+  check_f32(sin, 2, "sin");
+  TORCH_CHECK(cos.size(0) == T && cos.size(1) == D && sin.sizes() == cos.sizes(), "cos/sin: [T, D]");
+  TORCH_CHECK(k_all.sizes() == v_all.sizes() && k_all.size(2) == Hkv && k_all.size(0) >= layers &&
+              H % Hkv == 0 && D % 16 == 0, "KV caches do not match the heads");
+  TORCH_CHECK(write_slots.scalar_type() == at::kLong && write_slots.dim() == 1 && write_slots.size(0) == T &&
+              write_slots.is_contiguous(), "write_slots: long [T]");
+  const size_t S = tables.size();
+  TORCH_CHECK(seq_offsets.size() == S && seq_lengths.size() == S && seq_starts.size() == S, "one entry per sequence");
+  int64_t covered = 0;
+  for (size_t s = 0; s < S; ++s) {
+    TORCH_CHECK(seq_offsets[s] == covered && seq_lengths[s] > 0, "sequences must tile the rows in order");
+    covered += seq_lengths[s];
+    check_table(tables[s], seq_starts[s] + seq_lengths[s], block_size, slots);
+  }
+  TORCH_CHECK(covered == T, "sequences cover ", covered, " of ", T, " rows");
+  const int64_t* ws = write_slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(ws[t] >= 0 && ws[t] < slots, "write slot out of range");
+  TORCH_CHECK(ffn_norms.size() == attn_norms.size() && qkv_q.size() == attn_norms.size() &&
+              qkv_s.size() == attn_norms.size() && o_q.size() == attn_norms.size() &&
+              o_s.size() == attn_norms.size() && up_q.size() == attn_norms.size() &&
+              up_s.size() == attn_norms.size() && down_q.size() == attn_norms.size() &&
+              down_s.size() == attn_norms.size() && (qkv_b.empty() || qkv_b.size() == attn_norms.size()),
+              "one weight of each kind per layer");
+  const int64_t I = layers ? down_q[0].size(1) : 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    check_f32(attn_norms[l], 1, "attn_norm");
+    check_f32(ffn_norms[l], 1, "ffn_norm");
+    TORCH_CHECK(attn_norms[l].size(0) == E && ffn_norms[l].size(0) == E, "norms: [E]");
+    check_int8(qkv_q[l], qkv_s[l], E, "wqkv");
+    check_int8(o_q[l], o_s[l], H * D, "wo");
+    check_int8(up_q[l], up_s[l], E, "w13");
+    check_int8(down_q[l], down_s[l], I, "w2");
+    TORCH_CHECK(qkv_q[l].size(0) == QKV && o_q[l].size(0) == E && up_q[l].size(0) == 2 * I &&
+                down_q[l].size(0) == E, "projection shapes do not match the config");
+    if (!qkv_b.empty()) {
+      check_f32(qkv_b[l], 1, "bqkv");
+      TORCH_CHECK(qkv_b[l].size(0) == QKV, "bqkv: [QKV]");
+    }
+  }
+
+  at::Tensor x = x_in.clone();
+  std::vector<int64_t> seq_of(T);         // the sequence of each packed row
+  for (size_t s = 0; s < S; ++s)
+    for (int64_t r = 0; r < seq_lengths[s]; ++r) seq_of[seq_offsets[s] + r] = static_cast<int64_t>(s);
+  std::vector<float> h(T * E), qkv(T * QKV), attn(T * H * D), tmp(T * E), gu(T * 2 * I), act(T * I);
+  float* xp = x.data_ptr<float>();
+  const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const int64_t layer_slots = slots * Hkv * D;
+
+  for (int64_t l = 0; l < layers; ++l) {
+    float* kc = k_all.data_ptr<float>() + l * layer_slots;
+    float* vc = v_all.data_ptr<float>() + l * layer_slots;
+    rms_norm_raw(xp, attn_norms[l].data_ptr<float>(), T, E, static_cast<float>(eps), h.data());
+    int8_linear_raw(h.data(), qkv_q[l].data_ptr<int8_t>(), qkv_s[l].data_ptr<float>(), qkv.data(), T, E, QKV);
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = qkv.data() + t * QKV;
+      if (!qkv_b.empty()) {
+        const float* b = qkv_b[l].data_ptr<float>();
+        for (int64_t i = 0; i < QKV; ++i) row[i] += b[i];
+      }
+      rope_raw(row, H + Hkv, D, cp + t * D, sp + t * D);          // q and k heads are adjacent
+      std::copy(row + H * D, row + (H + Hkv) * D, kc + ws[t] * Hkv * D);
+      std::copy(row + (H + Hkv) * D, row + QKV, vc + ws[t] * Hkv * D);
+    }
+    at::parallel_for(0, T * Hkv, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> scores;
+      for (int64_t task = t0; task < t1; ++task) {
+        const int64_t t = task / Hkv, s = seq_of[t];
+        row_attention_task(qkv.data() + t * QKV, H, D, kc, vc, Hkv, task % Hkv, tables[s].data_ptr<int64_t>(),
+                           block_size, seq_starts[s] + (t - seq_offsets[s]), scale, attn.data() + t * H * D, scores);
+      }
+    });
+    int8_linear_raw(attn.data(), o_q[l].data_ptr<int8_t>(), o_s[l].data_ptr<float>(), tmp.data(), T, H * D, E);
+    for (int64_t i = 0; i < T * E; ++i) xp[i] += tmp[i];
+    rms_norm_raw(xp, ffn_norms[l].data_ptr<float>(), T, E, static_cast<float>(eps), h.data());
+    int8_linear_raw(h.data(), up_q[l].data_ptr<int8_t>(), up_s[l].data_ptr<float>(), gu.data(), T, E, 2 * I);
+    for (int64_t t = 0; t < T; ++t) silu_mul_raw(gu.data() + t * 2 * I, gu.data() + t * 2 * I + I, I, act.data() + t * I);
+    int8_linear_raw(act.data(), down_q[l].data_ptr<int8_t>(), down_s[l].data_ptr<float>(), tmp.data(), T, I, E);
+    for (int64_t i = 0; i < T * E; ++i) xp[i] += tmp[i];
+  }
+  return x;
+}
+
+}  // namespace
+}  // namespace interlock_cpu
+
+TORCH_LIBRARY(interlock_cpu, m) {
+  m.def("int8_linear(Tensor x, Tensor q, Tensor scale) -> Tensor");
+  m.def("row_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor blocks, int block_size, int start, "
+        "float scale) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rows_forward(Tensor x, Tensor cos, Tensor sin, Tensor write_slots, Tensor[] tables, int[] seq_offsets, "
+        "int[] seq_lengths, int[] seq_starts, Tensor(a!) k_all, Tensor(b!) v_all, Tensor[] attn_norms, "
+        "Tensor[] ffn_norms, Tensor[] qkv_q, Tensor[] qkv_s, Tensor[] qkv_b, Tensor[] o_q, Tensor[] o_s, "
+        "Tensor[] up_q, Tensor[] up_s, Tensor[] down_q, Tensor[] down_s, int n_heads, int n_kv_heads, "
+        "float eps, int block_size) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(interlock_cpu, CPU, m) {
+  m.impl("int8_linear", &interlock_cpu::int8_linear);
+  m.impl("row_attention", &interlock_cpu::row_attention);
+  m.impl("rms_norm", &interlock_cpu::rms_norm);
+  m.impl("rows_forward", &interlock_cpu::rows_forward);
+}

@@ -1,0 +1,121 @@
+"""Our native CPU kernels (csrc/): int8_linear, row_attention, rms_norm, and their references.
+
+The library is built on first use with the machine's compiler into torch's extension cache (one
+~10-30 s compile per machine and source version) and registers torch.ops.interlock_cpu.*. The
+forward (models/) calls those ops directly once `available()` says they built; the functions here
+add argument checks and the slow obvious versions the tests compare against.
+
+- int8_linear(x, q, scale): y = (x @ q^T) * scale, fp32 activations, per-row int8 weights.
+- row_attention(q, k_cache, v_cache, blocks, block_size, start, scale): decode / verify rows of
+  one sequence over its paged context (row r sees positions 0 .. start + r).
+- rms_norm(x, weight, eps): row-wise RMSNorm.
+
+Each computes a row from that row's data alone, in a fixed order: bitwise batch invariant.
+
+int8_linear backends:
+- "native": our AVX-512 kernel (csrc/int8_linear.cpp), built on first use with the machine's
+  compiler into torch's extension cache (one ~30 s compile per machine and source version).
+  fp32 activations, extra rows cost only FMAs, bitwise row-independent.
+- "torch": torch's `_weight_int8pack_mm` (activations rounded to bf16; also row-independent).
+- "reference": the obvious float64 matmul, for tests.
+- "auto": "native" when it builds and the shapes fit (K a multiple of 16), else "torch". The
+  choice is made once per process (`available`), so a model never mixes the two.
+
+Set INTERLOCK_NATIVE_KERNELS=0 to never build or use the native kernels.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+import structlog
+import torch
+
+_CSRC = Path(__file__).parent / "csrc"
+BACKENDS = ("auto", "native", "torch", "reference")
+
+
+@functools.cache
+def available() -> bool:
+    """Build (or load the cached build of) the native kernels; False, logged once, if it cannot."""
+    if os.environ.get("INTERLOCK_NATIVE_KERNELS", "1") == "0":
+        return False
+    log = structlog.get_logger("interlock.kernels")
+    try:
+        from torch.utils.cpp_extension import load
+
+        # -fopenmp: at::parallel_for is header code that forks only when compiled with OpenMP; the
+        # library it links is the libgomp.so.1 torch has already loaded (same soname), one pool.
+        # torch's build cache hashes the .cpp only; naming the build after every file in csrc/ makes
+        # an edited header rebuild too.
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))).hexdigest()[:12]
+        load(name=f"interlock_cpu_{digest}", sources=[str(_CSRC / "ops.cpp")],
+             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+             is_python_module=False, verbose=False)
+        for op in ("int8_linear", "row_attention", "rms_norm", "rows_forward"):    # raises if the library did not register
+            getattr(torch.ops.interlock_cpu, op)
+    except Exception as exc:                   # no compiler, no headers, an unsupported CPU ...
+        log.warning("native CPU kernels unavailable; using torch ops", error=str(exc)[:300])
+        return False
+    return True
+
+
+def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """x: [M, K] float; q: [N, K] int8; scale: [N] float -> [M, N] fp32."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if x.dim() != 2 or q.dim() != 2 or x.shape[1] != q.shape[1] or scale.shape != (q.shape[0],):
+        raise ValueError(f"shapes x {tuple(x.shape)}, q {tuple(q.shape)}, scale {tuple(scale.shape)} do not match")
+    if q.dtype != torch.int8:
+        raise ValueError(f"q must be int8, got {q.dtype}")
+    if backend == "auto":
+        backend = "native" if native_fits(q) else "torch"
+    if backend == "reference":
+        return ((x.double() @ q.double().T) * scale.double()).float()
+    if backend == "torch":
+        return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), q, scale.to(torch.bfloat16)).float()
+    if not native_fits(q):
+        raise ValueError("native int8_linear needs a CPU int8 weight with K % 16 == 0 and a built kernel")
+    return torch.ops.interlock_cpu.int8_linear(x.float().contiguous(), q.contiguous(), scale.float().contiguous())
+
+
+def native_fits(q: torch.Tensor) -> bool:
+    return q.device.type == "cpu" and q.shape[1] % 16 == 0 and available()
+
+
+def row_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
+                  block_size: int, start: int, scale: float, backend: str = "native") -> torch.Tensor:
+    """q: [n, H, D]; caches: [slots, Hkv, D]; blocks: the sequence's block table -> [n, H * D]."""
+    if backend == "reference":
+        return row_attention_reference(q, k_cache, v_cache, blocks, block_size, start, scale)
+    if backend != "native" or not available():
+        raise ValueError(f"row_attention backends: 'native' (built: {available()}) and 'reference'")
+    return torch.ops.interlock_cpu.row_attention(q.contiguous(), k_cache, v_cache, blocks.contiguous(),
+                                                 block_size, start, scale)
+
+
+def row_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
+                            block_size: int, start: int, scale: float) -> torch.Tensor:
+    n, h, d = q.shape
+    g = h // k_cache.shape[1]
+    out = torch.empty(n, h * d)
+    for r in range(n):
+        positions = torch.arange(start + r + 1)
+        slots = blocks[positions // block_size] * block_size + positions % block_size
+        keys = k_cache[slots].double().repeat_interleave(g, dim=1)              # [L, H, D]
+        values = v_cache[slots].double().repeat_interleave(g, dim=1)
+        weights = torch.softmax(torch.einsum("hd,lhd->hl", q[r].double(), keys) * scale, dim=-1)
+        out[r] = torch.einsum("hl,lhd->hd", weights, values).reshape(-1).float()
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "native") -> torch.Tensor:
+    """x: [T, E] fp32; weight: [E] -> weight * x / sqrt(mean(x^2) + eps), row by row."""
+    if backend == "reference":
+        xd = x.double()
+        return (weight.double() * xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)).float()
+    if backend != "native" or not available():
+        raise ValueError(f"rms_norm backends: 'native' (built: {available()}) and 'reference'")
+    return torch.ops.interlock_cpu.rms_norm(x.contiguous(), weight.float().contiguous(), eps)

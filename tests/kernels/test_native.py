@@ -1,0 +1,94 @@
+"""The native CPU kernels against their float64 references, and their row independence."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from interlock.kernels import native
+
+needs_native = pytest.mark.skipif(not native.available(), reason="no C++ compiler: native kernels not built")
+
+
+def test_builds_where_a_compiler_exists() -> None:
+    # The skip below must never hide a broken build: with a compiler on PATH it has to build.
+    if shutil.which("c++") or shutil.which("g++"):
+        assert native.available()
+
+
+@needs_native
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 4, 16), (1, 7, 48), (3, 9, 32), (4, 64, 576), (5, 13, 1536),
+                                           (8, 130, 64), (11, 6, 16)])
+def test_int8_linear_matches_reference(m: int, n: int, k: int, gen: torch.Generator) -> None:
+    x = torch.randn(m, k, generator=gen)
+    q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    scale = torch.rand(n, generator=gen) * 0.1
+    y = native.int8_linear(x, q, scale, backend="native")
+    ref = native.int8_linear(x, q, scale, backend="reference")
+    assert y.dtype == torch.float32 and y.shape == (m, n)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-4)
+    # Each row alone is bit-identical to the same row in the batch: what speculative decoding needs.
+    for r in range(m):
+        assert torch.equal(native.int8_linear(x[r: r + 1], q, scale, backend="native")[0], y[r])
+
+
+def test_int8_linear_rejects_bad_arguments() -> None:
+    q = torch.zeros(4, 16, dtype=torch.int8)
+    with pytest.raises(ValueError, match="shapes"):
+        native.int8_linear(torch.zeros(1, 8), q, torch.ones(4))
+    with pytest.raises(ValueError, match="int8"):
+        native.int8_linear(torch.zeros(1, 16), q.float(), torch.ones(4))
+    with pytest.raises(ValueError, match="backend"):
+        native.int8_linear(torch.zeros(1, 16), q, torch.ones(4), backend="nope")
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 4])
+def test_int8_linear_native_and_torch_agree_closely(rows: int, gen: torch.Generator) -> None:
+    x = torch.randn(rows, 64, generator=gen)
+    q = torch.randint(-127, 128, (32, 64), generator=gen, dtype=torch.int8)
+    scale = (torch.rand(32, generator=gen) * 0.1).bfloat16().float()
+    torch.testing.assert_close(native.int8_linear(x, q, scale, backend="native"),
+                               native.int8_linear(x, q, scale, backend="torch"), rtol=2e-2, atol=5e-2)
+
+
+def _paged_cache(gen: torch.Generator, blocks: list[int], block_size: int, hkv: int, d: int):
+    slots = (max(blocks) + 2) * block_size
+    k = torch.randn(slots, hkv, d, generator=gen)
+    v = torch.randn(slots, hkv, d, generator=gen)
+    return k, v, torch.tensor(blocks, dtype=torch.long)
+
+
+@needs_native
+@pytest.mark.parametrize(("start", "n", "block_size"), [(0, 1, 16), (5, 4, 16), (40, 3, 4), (17, 16, 8), (0, 9, 1)])
+def test_row_attention_matches_reference(start: int, n: int, block_size: int, gen: torch.Generator) -> None:
+    h, hkv, d = 6, 2, 32
+    need = -(-(start + n) // block_size)
+    table = list(torch.randperm(need + 3, generator=gen)[:need].tolist())     # scattered blocks
+    k, v, blocks = _paged_cache(gen, table, block_size, hkv, d)
+    q = torch.randn(n, h, d, generator=gen)
+    out = native.row_attention(q, k, v, blocks, block_size, start, d ** -0.5)
+    ref = native.row_attention(q, k, v, blocks, block_size, start, d ** -0.5, backend="reference")
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for r in range(n):     # row r alone (one token at position start + r) gives the same bits
+        alone = native.row_attention(q[r: r + 1], k, v, blocks, block_size, start + r, d ** -0.5)
+        assert torch.equal(alone[0], out[r])
+
+
+@needs_native
+def test_row_attention_rejects_a_short_block_table(gen: torch.Generator) -> None:
+    k, v, blocks = _paged_cache(gen, [0, 1], 4, 1, 16)
+    with pytest.raises(RuntimeError, match="block table"):
+        native.row_attention(torch.randn(2, 1, 16), k, v, blocks, 4, 7, 0.25)
+
+
+@needs_native
+@pytest.mark.parametrize(("t", "e"), [(1, 16), (3, 576), (70, 40), (2, 7)])
+def test_rms_norm_matches_reference_row_by_row(t: int, e: int, gen: torch.Generator) -> None:
+    x = torch.randn(t, e, generator=gen) * 3
+    w = torch.randn(e, generator=gen)
+    y = native.rms_norm(x, w, 1e-5)
+    torch.testing.assert_close(y, native.rms_norm(x, w, 1e-5, backend="reference"), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (e,), w, 1e-5), rtol=1e-5, atol=1e-5)
+    assert torch.equal(native.rms_norm(x[-1:], w, 1e-5)[0], y[-1])
