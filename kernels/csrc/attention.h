@@ -1,16 +1,18 @@
 #pragma once
 // Row-path attention and RMSNorm for the CPU forward (fp32 activations).
 //
-// row_attention: each new token of one sequence (a decode row or a verify row) attends over
-// exactly its own context -- positions 0 .. start + r -- read in place from the paged KV cache
-// through the block table. One task per (row, KV head), each a fixed sequence of fp32 operations
-// that depends only on that row's data: bitwise the same whether the row is alone or one of K+1.
-// It replaces ~12 small torch ops per row and layer (slices, transposes, matmuls, softmax, stack).
+// attend_rows: each new token of a sequence (a decode row or a verify row) attends over exactly
+// its own context -- positions 0 .. its own -- read in place from the paged KV cache through the
+// block table, in fixed tiles of keys; a fixed sequence of fp32 operations that depends only on
+// that row's data and position: bitwise the same whether the row is alone or one of K+1. It
+// replaces ~12 small torch ops per row and layer (slices, transposes, matmuls, softmax, stack).
 //
 // rms_norm: one row at a time, sum of squares in a fixed 16-lane order.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -62,47 +64,52 @@ inline __m512 exp_nonpositive(__m512 x) {
 }
 #endif
 
-// s[0:L] <- softmax(s[0:L]) in place; 16 lanes at a time, the tail through a masked load.
-inline void softmax_(float* s, int64_t L) {
+// s[0:L] <- exp(s[0:L] - max); returns the sum, the max in *peak_out. 16 lanes at a time, the
+// tail through a masked load.
+inline float exp_shift_(float* s, int64_t L, float* peak_out) {
 #if defined(__AVX512F__)
   __m512 peak = _mm512_set1_ps(-INFINITY);
   for (int64_t l = 0; l < L; l += 16) {
     const __mmask16 k = l + 16 <= L ? 0xFFFF : static_cast<__mmask16>((1u << (L - l)) - 1);
     peak = _mm512_max_ps(peak, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, s + l));
   }
-  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
+  const float top = _mm512_reduce_max_ps(peak);
+  const __m512 topv = _mm512_set1_ps(top);
   __m512 total = _mm512_setzero_ps();
   for (int64_t l = 0; l < L; l += 16) {
     const __mmask16 k = l + 16 <= L ? 0xFFFF : static_cast<__mmask16>((1u << (L - l)) - 1);
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + l), top));
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + l), topv));
     total = _mm512_add_ps(total, _mm512_maskz_mov_ps(k, e));
     _mm512_mask_storeu_ps(s + l, k, e);
   }
-  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
-  for (int64_t l = 0; l < L; l += 16) {
-    const __mmask16 k = l + 16 <= L ? 0xFFFF : static_cast<__mmask16>((1u << (L - l)) - 1);
-    _mm512_mask_storeu_ps(s + l, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + l), inv));
-  }
+  *peak_out = top;
+  return _mm512_reduce_add_ps(total);
 #else
-  float peak = s[0];
-  for (int64_t l = 1; l < L; ++l) peak = std::max(peak, s[l]);
+  float top = s[0];
+  for (int64_t l = 1; l < L; ++l) top = std::max(top, s[l]);
   float total = 0.f;
-  for (int64_t l = 0; l < L; ++l) total += (s[l] = std::exp(s[l] - peak));
-  const float inv = 1.f / total;
-  for (int64_t l = 0; l < L; ++l) s[l] *= inv;
+  for (int64_t l = 0; l < L; ++l) total += (s[l] = std::exp(s[l] - top));
+  *peak_out = top;
+  return total;
 #endif
 }
 
-// out[0:D] = sum_l p[l] * V[slot(l), h, :], accumulated in registers (D <= 128), keys in order.
+inline const float* kv_at(const float* cache, const int64_t* table, int64_t block_size, int64_t l, int64_t Hkv,
+                          int64_t h, int64_t D) {
+  return cache + ((table[l / block_size] * block_size + l % block_size) * Hkv + h) * D;
+}
+
+// out[0:D] = sum over keys l0 .. l0 + L - 1 of p[l - l0] * V[l], in key order, accumulated in
+// registers when D <= 128.
 inline void weighted_sum(const float* p, const float* vp, const int64_t* table, int64_t block_size,
-                         int64_t L, int64_t Hkv, int64_t h, int64_t D, float* out) {
+                         int64_t l0, int64_t L, int64_t Hkv, int64_t h, int64_t D, float* out) {
 #if defined(__AVX512F__)
   if (D <= 128) {
     __m512 acc[8];
     const int64_t nv = D / 16;
     for (int64_t j = 0; j < nv; ++j) acc[j] = _mm512_setzero_ps();
     for (int64_t l = 0; l < L; ++l) {
-      const float* value = vp + ((table[l / block_size] * block_size + l % block_size) * Hkv + h) * D;
+      const float* value = kv_at(vp, table, block_size, l0 + l, Hkv, h, D);
       const __m512 pl = _mm512_set1_ps(p[l]);
       for (int64_t j = 0; j < nv; ++j) acc[j] = _mm512_fmadd_ps(pl, _mm512_loadu_ps(value + 16 * j), acc[j]);
     }
@@ -111,27 +118,109 @@ inline void weighted_sum(const float* p, const float* vp, const int64_t* table, 
   }
 #endif
   for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
-  for (int64_t l = 0; l < L; ++l)
-    axpy(p[l], vp + ((table[l / block_size] * block_size + l % block_size) * Hkv + h) * D, out, D);
+  for (int64_t l = 0; l < L; ++l) axpy(p[l], kv_at(vp, table, block_size, l0 + l, Hkv, h, D), out, D);
 }
 
-// One (row, KV head) of row attention: the row at position `pos` attends over positions 0 .. pos
-// of its sequence (through `table`); its G query heads at q (heads contiguous, D each), output at
-// out. Rows of a verify step each re-read the context: measured, sharing the loads across a
-// sequence's rows (one task per KV head) was slower on 2 cores than this finer split (3 tasks
-// on 2 threads leave one idle a third of the time; the re-reads hit L2).
-inline void row_attention_task(const float* q, int64_t H, int64_t D, const float* kp, const float* vp,
-                               int64_t Hkv, int64_t h, const int64_t* table, int64_t block_size, int64_t pos,
-                               float scale, float* out, std::vector<float>& scores) {
-  const int64_t G = H / Hkv, L = pos + 1;
-  scores.resize(G * L);
-  for (int64_t l = 0; l < L; ++l) {
-    const float* key = kp + ((table[l / block_size] * block_size + l % block_size) * Hkv + h) * D;
-    for (int64_t g = 0; g < G; ++g) scores[g * L + l] = dot(q + (h * G + g) * D, key, D) * scale;
+// Row attention, split into fixed tiles of keys (flash-decoding).
+//
+// The rows of one sequence are consecutive tokens: row r, at position pos0 + r, attends over
+// positions 0 .. pos0 + r. The work is cut into tasks (sequence, KV head, tile of kTile keys):
+// a task reads its keys and values once for all the sequence's rows (a verify step does not
+// re-read the context per row) and leaves, per (row, query head), the tile's max score, its sum
+// of exp(score - max) and the exp-weighted sum of values. A second pass combines a row's tiles
+// in tile order. Tile boundaries are multiples of kTile from position 0, so a row's arithmetic
+// depends on its own position only: bitwise the same alone or in a batch, and the tiles keep both
+// cores busy at batch 1 (a 1,000-token context is 8 tiles per head).
+constexpr int64_t kTile = 128;
+
+struct SeqRows {
+  const float* q;          // row r's query heads at q + r * q_stride, [H, D]
+  int64_t q_stride;
+  int64_t n;               // rows
+  int64_t pos0;            // position of row 0
+  const int64_t* table;    // block table
+  float* out;              // row r's output at out + r * out_stride, [H, D]
+  int64_t out_stride;
+};
+
+inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, const float* kp, const float* vp,
+                        int64_t Hkv, int64_t block_size, float scale) {
+  const int64_t G = H / Hkv;
+  struct Task { int64_t seq, h, tile, part; };
+  std::vector<Task> tasks;
+  std::vector<int64_t> first_part(seqs.size());      // partial index of (seq, head 0, tile 0)
+  int64_t parts = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t tiles = (seqs[s].pos0 + seqs[s].n + kTile - 1) / kTile;
+    first_part[s] = parts;
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t j = 0; j < tiles; ++j) tasks.push_back({static_cast<int64_t>(s), h, j, parts++});
   }
-  for (int64_t g = 0; g < G; ++g) softmax_(scores.data() + g * L, L);
-  for (int64_t g = 0; g < G; ++g)
-    weighted_sum(scores.data() + g * L, vp, table, block_size, L, Hkv, h, D, out + (h * G + g) * D);
+  // Per partial and (row, query head of the KV head): max, sum, then D values.
+  std::vector<int64_t> part_offset(parts + 1, 0);
+  for (const Task& t : tasks) part_offset[t.part + 1] = seqs[t.seq].n * G * (2 + D);
+  for (int64_t i = 0; i < parts; ++i) part_offset[i + 1] += part_offset[i];
+  std::vector<float> partial(part_offset[parts]);
+
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores;
+    for (int64_t ti = t0; ti < t1; ++ti) {
+      const Task& t = tasks[ti];
+      const SeqRows& sq = seqs[t.seq];
+      const int64_t l0 = t.tile * kTile, l1 = std::min(l0 + kTile, sq.pos0 + sq.n);
+      const int64_t r0 = std::max<int64_t>(0, l0 - sq.pos0);       // rows that see this tile
+      scores.resize(sq.n * G * kTile);
+      for (int64_t l = l0; l < l1; ++l) {
+        const float* key = kv_at(kp, sq.table, block_size, l, Hkv, t.h, D);
+        for (int64_t r = std::max(r0, l - sq.pos0); r < sq.n; ++r)
+          for (int64_t g = 0; g < G; ++g)
+            scores[(r * G + g) * kTile + (l - l0)] = dot(sq.q + r * sq.q_stride + (t.h * G + g) * D, key, D) * scale;
+      }
+      float* part = partial.data() + part_offset[t.part];
+      for (int64_t r = 0; r < sq.n; ++r)
+        for (int64_t g = 0; g < G; ++g) {
+          float* slot = part + (r * G + g) * (2 + D);
+          if (r < r0) {                               // the row ends before this tile
+            slot[0] = -INFINITY;
+            slot[1] = 0.f;
+            continue;
+          }
+          const int64_t len = std::min(l1, sq.pos0 + r + 1) - l0;
+          float* e = scores.data() + (r * G + g) * kTile;
+          slot[1] = exp_shift_(e, len, slot);
+          weighted_sum(e, vp, sq.table, block_size, l0, len, Hkv, t.h, D, slot + 2);
+        }
+    }
+  });
+
+  // Combine: out = sum_j exp(m_j - m) * acc_j / sum_j exp(m_j - m) * s_j, tiles in order.
+  std::vector<std::pair<int64_t, int64_t>> rows;      // (seq, row)
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (int64_t r = 0; r < seqs[s].n; ++r) rows.emplace_back(static_cast<int64_t>(s), r);
+  at::parallel_for(0, static_cast<int64_t>(rows.size()) * H, 8, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const auto [s, r] = rows[i / H];
+      const int64_t head = i % H, h = head / G, g = head % G;
+      const SeqRows& sq = seqs[s];
+      const int64_t tiles = (sq.pos0 + r + 1 + kTile - 1) / kTile;        // the tiles row r sees
+      const int64_t all_tiles = (sq.pos0 + sq.n + kTile - 1) / kTile;
+      auto slot = [&](int64_t j) {
+        return partial.data() + part_offset[first_part[s] + h * all_tiles + j] + (r * G + g) * (2 + D);
+      };
+      float top = -INFINITY;
+      for (int64_t j = 0; j < tiles; ++j) top = std::max(top, slot(j)[0]);
+      float total = 0.f;
+      float* o = sq.out + r * sq.out_stride + head * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
+      for (int64_t j = 0; j < tiles; ++j) {
+        const float w = std::exp(slot(j)[0] - top);
+        total += w * slot(j)[1];
+        axpy(w, slot(j) + 2, o, D);
+      }
+      const float inv = 1.f / total;
+      for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+    }
+  });
 }
 
 // y[r] = weight * x[r] / sqrt(mean(x[r]^2) + eps), each row on its own.

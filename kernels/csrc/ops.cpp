@@ -58,14 +58,8 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
   const float *qp = q.data_ptr<float>(), *kp = k_cache.data_ptr<float>(), *vp = v_cache.data_ptr<float>();
   const int64_t* table = blocks.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, n * Hkv, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores;
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / Hkv;
-      row_attention_task(qp + r * H * D, H, D, kp, vp, Hkv, t % Hkv, table, block_size, start + r,
-                         static_cast<float>(scale), op + r * H * D, scores);
-    }
-  });
+  attend_rows({SeqRows{qp, H * D, n, start, table, op, H * D}}, H, D, kp, vp, Hkv, block_size,
+              static_cast<float>(scale));
   return out;
 }
 
@@ -138,9 +132,6 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
   }
 
   at::Tensor x = x_in.clone();
-  std::vector<int64_t> seq_of(T);         // the sequence of each packed row
-  for (size_t s = 0; s < S; ++s)
-    for (int64_t r = 0; r < seq_lengths[s]; ++r) seq_of[seq_offsets[s] + r] = static_cast<int64_t>(s);
   std::vector<float> h(T * E), qkv(T * QKV), attn(T * H * D), tmp(T * E), gu(T * 2 * I), act(T * I);
   float* xp = x.data_ptr<float>();
   const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
@@ -162,14 +153,11 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
       std::copy(row + H * D, row + (H + Hkv) * D, kc + ws[t] * Hkv * D);
       std::copy(row + (H + Hkv) * D, row + QKV, vc + ws[t] * Hkv * D);
     }
-    at::parallel_for(0, T * Hkv, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<float> scores;
-      for (int64_t task = t0; task < t1; ++task) {
-        const int64_t t = task / Hkv, s = seq_of[t];
-        row_attention_task(qkv.data() + t * QKV, H, D, kc, vc, Hkv, task % Hkv, tables[s].data_ptr<int64_t>(),
-                           block_size, seq_starts[s] + (t - seq_offsets[s]), scale, attn.data() + t * H * D, scores);
-      }
-    });
+    std::vector<SeqRows> seqs;
+    for (size_t s = 0; s < S; ++s)
+      seqs.push_back({qkv.data() + seq_offsets[s] * QKV, QKV, seq_lengths[s], seq_starts[s],
+                      tables[s].data_ptr<int64_t>(), attn.data() + seq_offsets[s] * H * D, H * D});
+    attend_rows(seqs, H, D, kc, vc, Hkv, block_size, scale);
     int8_linear_raw(attn.data(), o_q[l].data_ptr<int8_t>(), o_s[l].data_ptr<float>(), tmp.data(), T, H * D, E);
     for (int64_t i = 0; i < T * E; ++i) xp[i] += tmp[i];
     rms_norm_raw(xp, ffn_norms[l].data_ptr<float>(), T, E, static_cast<float>(eps), h.data());

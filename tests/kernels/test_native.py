@@ -61,7 +61,8 @@ def _paged_cache(gen: torch.Generator, blocks: list[int], block_size: int, hkv: 
 
 
 @needs_native
-@pytest.mark.parametrize(("start", "n", "block_size"), [(0, 1, 16), (5, 4, 16), (40, 3, 4), (17, 16, 8), (0, 9, 1)])
+@pytest.mark.parametrize(("start", "n", "block_size"), [(0, 1, 16), (5, 4, 16), (40, 3, 4), (17, 16, 8), (0, 9, 1),
+                                                      (120, 16, 16), (250, 5, 8), (383, 2, 16)])  # across 128-key tiles
 def test_row_attention_matches_reference(start: int, n: int, block_size: int, gen: torch.Generator) -> None:
     h, hkv, d = 6, 2, 32
     need = -(-(start + n) // block_size)
