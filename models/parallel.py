@@ -136,6 +136,8 @@ class ShardedTransformer(Transformer):
     rank 0 returns the full [R, V] logits, the other ranks an empty tensor.
     """
 
+    FUSABLE = False     # rows_forward runs every layer in one call, with no place for the all-reduces
+
     def __init__(self, config: ModelConfig, shard: Shard, vocab_size: int,
                  inv_freq: torch.Tensor | None = None) -> None:
         super().__init__(config, inv_freq)
