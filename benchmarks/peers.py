@@ -12,7 +12,12 @@ grammar:
   own HF processor only moves forward, so it breaks under assisted generation, which calls the
   processor for each candidate prefix and then continues from a shorter one: this one rolls back;
 - llama.cpp through llama-cpp-python (the `[peers]` extra; skipped when not importable), with its
-  JSON-schema grammar, plain and with its prompt-lookup drafter.
+  JSON-schema grammar, plain and with its prompt-lookup drafter. llama-cpp-python 0.3.36's
+  prompt-lookup path fails on these prompts (ValueError in `Llama.eval`: its logits buffer
+  overflows), and a build with ggml's AMX backend segfaults on this CPU: build the wheel with
+  `CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"`. A peer that raises is reported
+  under "failures" in the saved file; the others keep their results.
 
 Timing: one warm-up request per system, then every prompt `--repeats` times; a prompt's figures are
 the medians over its repeats. End to end = output tokens / (submit -> last token); decode = (output
@@ -267,9 +272,11 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.json) if args.json else RESULTS / f"peers-{args.workload}-{datetime.date.today()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
+    failures: dict[str, str] = {}
 
     def save() -> None:         # after every system: a peer that crashes the process loses only itself
-        out.write_text(json.dumps({"args": vars(args), "load": load_average(), "results": results}))
+        out.write_text(json.dumps({"args": vars(args), "load": load_average(), "results": results,
+                                   "failures": failures}))
 
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
     for mode in filter(None, args.modes.split(",")):
@@ -284,7 +291,11 @@ def main(argv: list[str] | None = None) -> None:
         if runner is None:
             print(f"{peer}: llama-cpp-python is not importable (pip install 'interlock[peers]'); skipped")
             continue
-        results.append(measure(peer, runner, rows, args.repeats))
+        try:
+            results.append(measure(peer, runner, rows, args.repeats))
+        except Exception as exc:  # noqa: BLE001 - a peer's own bug: report it, keep the others
+            print(f"{peer} failed: {exc!r}")
+            failures[peer] = repr(exc)
         save()
     if not any(r["system"].startswith("interlock") for r in results):
         print_json_last({"file": str(out), **{r["system"]: round(r["e2e_tok_s"], 2) for r in results}})
