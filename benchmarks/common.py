@@ -43,6 +43,18 @@ def timed(fn: Callable[[], T]) -> tuple[T, float]:
     return result, time.perf_counter() - start
 
 
+def repeat_times(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[float]:
+    """Seconds of each of `repeats` calls of fn, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def load_average() -> tuple[float, float, float] | None:
     """The 1/5/15-minute load average, where the OS reports one (shared machines skew timings)."""
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from interlock.benchmarks.common import load_average, print_json_last, print_table
+from interlock.benchmarks.common import load_average, print_json_last, print_table, repeat_times
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.loader import LoadedModel, load_model
@@ -27,13 +27,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def best_of(fn, repeats: int) -> float:
-    fn()                                             # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+    return min(repeat_times(fn, repeats))
 
 
 def forward_chunk(lm: LoadedModel, context: int, chunk: int, repeats: int) -> float:

@@ -11,13 +11,12 @@ All times are medians over `repeats` after one warm-up.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from interlock.benchmarks.common import median
+from interlock.benchmarks.common import median, repeat_times
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.llama import Transformer
@@ -26,13 +25,7 @@ PREFILL_CHUNK = 256          # EngineConfig.prefill_chunk's default
 
 
 def _median_s(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return median(times)
+    return median(repeat_times(fn, repeats))
 
 
 def int8_weights(model: Transformer) -> list[torch.Tensor]:
