@@ -27,9 +27,13 @@ class NGramConfig:
     is_keep_all: keep every continuation seen for a key (else only the latest / oldest);
     is_use_oldest: with several continuations, propose the oldest (else the newest);
     is_public_pool: one pool shared by all requests (else one per request).
+
+    Default N = 8: on structured output a long match is the specific one (a key's whole context,
+    not just `":"`). Measured with ngram+forced, K = 3, first 50 rows: acceptance length 2.66 -> 2.83
+    on JME and 2.79 -> 2.82 on Glaiveai2K against N = 3 (README, Measured).
     """
 
-    max_matching_ngram_size: int = 3
+    max_matching_ngram_size: int = 8
     is_keep_all: bool = True
     is_use_oldest: bool = True
     is_public_pool: bool = False
@@ -118,7 +122,8 @@ class SpeculativeConfig:
     @classmethod
     def parse(cls, text: str | None, *, max_draft_len: int = 3, **fields: Any) -> SpeculativeConfig | None:
         """"none" / "" / None -> None; "ngram+forced+adaptive" -> drafters ngram, forced; adaptive on;
-        "self-draft:6" -> the self-draft over 6 layers; "draft:PATH" -> a draft checkpoint."""
+        "ngram:3" -> n-gram lookup of suffixes up to 3 tokens; "self-draft:6" -> the self-draft over
+        6 layers; "draft:PATH" -> a draft checkpoint."""
         if text is None or text.strip().lower() in ("", "none"):
             return None
         drafters: list[str] = []
@@ -136,6 +141,10 @@ class SpeculativeConfig:
                 if not arg.isdigit():
                     raise ValueError(f"self-draft:N needs a number of layers, got {arg!r}")
                 options["self_draft_layers"] = int(arg)
+            elif name == "ngram" and arg:
+                if not arg.isdigit() or int(arg) < 1:
+                    raise ValueError(f"ngram:N needs the longest suffix to look up (>= 1), got {arg!r}")
+                options["ngram"] = NGramConfig(max_matching_ngram_size=int(arg))
             elif arg:
                 raise ValueError(f"{name} takes no argument (got {part!r})")
             drafters.append(name)
@@ -150,5 +159,7 @@ class SpeculativeConfig:
     @property
     def label(self) -> str:
         names = [f"self-draft:{self.self_draft_layers}" if d == "self-draft" else
+                 f"ngram:{self.ngram.max_matching_ngram_size}" if d == "ngram"
+                 and self.ngram.max_matching_ngram_size != NGramConfig().max_matching_ngram_size else
                  f"draft:{self.draft_model or 'custom'}" if d == "draft" else d for d in self.drafters]
         return "+".join(names + (["adaptive"] if self.adaptive else []) + ([] if self.draft_masking else ["nomask"]))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from interlock.protocol.speculative import SELF_DRAFT_LAYERS, SpeculativeConfig
+from interlock.protocol.speculative import SELF_DRAFT_LAYERS, NGramConfig, SpeculativeConfig
 
 
 def test_none_disables_speculation() -> None:
@@ -17,6 +17,7 @@ def test_none_disables_speculation() -> None:
     ("self-draft:6+nomask", ("self-draft",), {"self_draft_layers": 6, "draft_masking": False}),
     ("draft:/models/Tiny Draft.gguf+forced", ("draft", "forced"), {"draft_model": "/models/Tiny Draft.gguf"}),
     ("Forced + NGRAM", ("forced", "ngram"), {}),
+    ("ngram:3+forced", ("ngram", "forced"), {"ngram": NGramConfig(max_matching_ngram_size=3)}),
 ])
 def test_parse(text: str, drafters: tuple[str, ...], fields: dict) -> None:
     config = SpeculativeConfig.parse(text, max_draft_len=4)
@@ -30,7 +31,9 @@ def test_parse(text: str, drafters: tuple[str, ...], fields: dict) -> None:
     ("eagle", "unknown drafter"),
     ("draft", "draft:PATH"),
     ("self-draft:x", "number of layers"),
-    ("ngram:3", "takes no argument"),
+    ("forced:3", "takes no argument"),
+    ("ngram:x", "longest suffix"),
+    ("ngram:0", "longest suffix"),
     ("self-draft+draft:/m", "one draft model"),
     ("self-draft:0", "self_draft_layers"),
     ("adaptive", "no drafters"),
