@@ -1,5 +1,6 @@
 #pragma once
-// Row-path attention and RMSNorm for the CPU forward (fp32 activations).
+// Row-path attention, RMSNorm and the elementwise parts of a layer (SiLU * up, RoPE) for the CPU
+// forward (fp32 activations).
 //
 // attend_rows: each new token of a sequence (a decode row or a verify row) attends over exactly
 // its own context -- positions 0 .. its own -- read in place from the paged KV cache through the

@@ -4,8 +4,8 @@
 //
 // Why our own: torch's _weight_int8pack_mm rounds activations to bf16 and its cost grows with
 // the row count (4 rows ~1.3-1.9x one row here), which makes a speculative verify step expensive.
-// This kernel converts each 16-weight chunk to fp32 once per pair of rows and feeds it to FMAs,
-// so extra rows cost only FMAs, and it keeps fp32 activations.
+// This kernel converts each 16-weight chunk to fp32 once per group of up to four activation rows
+// and feeds it to FMAs, so extra rows cost FMAs rather than weight bytes; activations stay fp32.
 //
 // Batch invariance: the result for one (row m, output n) is a fixed sequence of fp32 operations
 // -- two accumulators over alternating 16-wide chunks of K, added, reduced in a fixed tree, scaled
