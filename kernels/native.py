@@ -28,6 +28,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
+import sys
 from pathlib import Path
 
 import structlog
@@ -46,6 +48,8 @@ def available() -> bool:
     try:
         from torch.utils.cpp_extension import load
 
+        _put_ninja_on_path()
+
         # -fopenmp: at::parallel_for is header code that forks only when compiled with OpenMP; the
         # library it links is the libgomp.so.1 torch has already loaded (same soname), one pool.
         # torch's build cache hashes the .cpp only; naming the build after every file in csrc/ makes
@@ -60,6 +64,16 @@ def available() -> bool:
         log.warning("native CPU kernels unavailable; using torch ops", error=str(exc)[:300])
         return False
     return True
+
+
+def _put_ninja_on_path() -> None:
+    """torch runs `ninja` from PATH; the `ninja` wheel (a dependency) puts it beside this Python,
+    which is not on PATH when a venv's python is run without activating the venv."""
+    if shutil.which("ninja") is not None:
+        return
+    here = Path(sys.executable).parent
+    if (here / "ninja").exists():
+        os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, backend: str = "auto") -> torch.Tensor:
