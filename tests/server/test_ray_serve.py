@@ -48,10 +48,24 @@ def ray_url() -> Iterator[str]:
                         ReplicaConfig.fixed(2, cpus_per_replica=0.5, health_check_period_s=1.0,
                                             graceful_shutdown_timeout_s=2.0, engine_options=ENGINE))
         serve.run(app, name="interlock", route_prefix="/", blocking=False)
+        # Both replicas up before any request: otherwise the router sends everything to the one
+        # that started first (each replica loads its model, the first load on a machine compiles
+        # the native kernels).
+        wait_for_running_replicas(2, timeout_s=120)
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def wait_for_running_replicas(n: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        app = serve.status().applications.get("interlock")
+        if app is not None and any(d.replica_states.get("RUNNING", 0) >= n for d in app.deployments.values()):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{n} replicas were not running after {timeout_s} s: {serve.status()}")
 
 
 @pytest.fixture(scope="module")
