@@ -307,7 +307,6 @@ def main(argv: list[str] | None = None) -> None:
                 f"{args.threads} thread(s), load {load_average()}",
                 ["system", "e2e tok/s", "decode tok/s", "TTFT p50 s", "valid", f"{best['system']} is x faster"],
                 table)
-    save()
     print_json_last({"file": str(out), **{r["system"]: round(r["e2e_tok_s"], 2) for r in results}})
 
 

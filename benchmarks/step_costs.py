@@ -48,14 +48,18 @@ def _tokens(model: Transformer, n: int, seed: int) -> tuple[int, ...]:
     return tuple(torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist())
 
 
-def step_s(model: Transformer, context: int, rows: int, repeats: int) -> float:
-    kv = PagedKVCache(model.config, num_blocks=-(-(context + rows) // 16) + 1, block_size=16)
-    kv.add_sequence(0)
-    prompt = _tokens(model, context, seed=context)
-    for offset in range(0, context, PREFILL_CHUNK):
+def _prefill(model: Transformer, kv: PagedKVCache, prompt: tuple[int, ...]) -> None:
+    """Sequence 0's prompt into kv, in the engine's chunks."""
+    for offset in range(0, len(prompt), PREFILL_CHUNK):
         part = prompt[offset: offset + PREFILL_CHUNK]
         start = kv.reserve(0, len(part))
         model(build_batch([SeqChunk(0, part, start, (len(part) - 1,))], kv), kv)
+
+
+def step_s(model: Transformer, context: int, rows: int, repeats: int) -> float:
+    kv = PagedKVCache(model.config, num_blocks=-(-(context + rows) // 16) + 1, block_size=16)
+    kv.add_sequence(0)
+    _prefill(model, kv, _tokens(model, context, seed=context))
     new = _tokens(model, rows, seed=1)
 
     def step() -> None:
@@ -72,10 +76,7 @@ def prefill_tok_s(model: Transformer, prompt_len: int, repeats: int) -> float:
     def prefill() -> None:
         kv = PagedKVCache(model.config, num_blocks=-(-prompt_len // 16), block_size=16)
         kv.add_sequence(0)
-        for offset in range(0, prompt_len, PREFILL_CHUNK):
-            part = prompt[offset: offset + PREFILL_CHUNK]
-            start = kv.reserve(0, len(part))
-            model(build_batch([SeqChunk(0, part, start, (len(part) - 1,))], kv), kv)
+        _prefill(model, kv, prompt)
 
     return prompt_len / _median_s(prefill, repeats)
 

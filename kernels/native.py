@@ -1,7 +1,7 @@
 """Our native CPU kernels (csrc/): int8_linear, row_attention, rms_norm, and their references.
 
 The library is built on first use with the machine's compiler into torch's extension cache (one
-~10-30 s compile per machine and source version) and registers torch.ops.interlock_cpu.*. The
+~10 s compile per machine and source version) and registers torch.ops.interlock_cpu.*. The
 forward (models/) calls those ops directly once `available()` says they built; the functions here
 add argument checks and the slow obvious versions the tests compare against.
 
@@ -13,9 +13,8 @@ add argument checks and the slow obvious versions the tests compare against.
 Each computes a row from that row's data alone, in a fixed order: bitwise batch invariant.
 
 int8_linear backends:
-- "native": our AVX-512 kernel (csrc/int8_linear.cpp), built on first use with the machine's
-  compiler into torch's extension cache (one ~30 s compile per machine and source version).
-  fp32 activations, extra rows cost only FMAs, bitwise row-independent.
+- "native": our AVX-512 kernel (csrc/int8_linear.h): fp32 activations, extra rows cost FMAs
+  rather than weight bytes, bitwise row-independent.
 - "torch": torch's `_weight_int8pack_mm` (activations rounded to bf16; also row-independent).
 - "reference": the obvious float64 matmul, for tests.
 - "auto": "native" when it builds and the shapes fit (K a multiple of 16), else "torch". The

@@ -140,15 +140,18 @@ def split_rows(batch: ForwardBatch) -> RowSplit:
                         torch.arange(batch.num_tokens, device=device), rows)
     dense_views = [v for v in batch.seqs if v.mask is not None]
     index = torch.cat([torch.arange(v.offset, v.offset + v.length, device=device) for v in dense_views])
-    offsets = [0]
-    for v in dense_views[:-1]:
-        offsets.append(offsets[-1] + v.length)
-    views = tuple(replace(v, offset=o) for v, o in zip(dense_views, offsets))
+    views = _packed(dense_views)
     dense = ForwardBatch(input_ids=batch.input_ids[index], positions=batch.positions[index],
                          write_slots=batch.write_slots[index], logit_index=index[:0], seqs=views,
                          row_index=None, dense=tuple((v.offset, v.length) for v in views))
-    offsets = [0]
-    for v in rows[:-1]:
-        offsets.append(offsets[-1] + v.length)
     row_index = batch.row_index if batch.row_index is not None else index[:0]
-    return RowSplit(dense, index, row_index, tuple(replace(v, offset=o) for v, o in zip(rows, offsets)))
+    return RowSplit(dense, index, row_index, _packed(rows))
+
+
+def _packed(views: list[SeqView] | tuple[SeqView, ...]) -> tuple[SeqView, ...]:
+    """The views with offsets re-based as if they alone were packed, in order."""
+    out, offset = [], 0
+    for v in views:
+        out.append(replace(v, offset=offset))
+        offset += v.length
+    return tuple(out)

@@ -22,13 +22,13 @@ from interlock.models.linear import Weights, make_linear
 from interlock.models.rope import apply_rope, cos_sin_table
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, native: bool = False) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, use_native: bool = False) -> torch.Tensor:
     """RMSNorm computed in fp32 (as the reference implementations do), cast back to x's dtype.
 
-    native: our kernel (kernels/native.py), for fp32 CPU activations; one op instead of torch's
+    use_native: our kernel (kernels/native.py), for fp32 CPU activations; one op instead of torch's
     four-op decomposition, whose dispatch dominated a decode step's norms.
     """
-    if native:
+    if use_native:
         return torch.ops.interlock_cpu.rms_norm(x, weight, eps)
     if x.dtype == torch.float32:
         return F.rms_norm(x, weight.shape, weight, eps)

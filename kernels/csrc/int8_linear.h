@@ -23,11 +23,10 @@ namespace interlock_cpu {
 
 constexpr int64_t kChunk = 16;       // weights per vector
 constexpr int64_t kOutBlock = 4;     // output rows per task unit
-// Weights stream from L3 (the model is larger than L2): prefetch this far ahead of each row's read.
-#ifndef INTERLOCK_PREFETCH
-#define INTERLOCK_PREFETCH 4096
-#endif
-constexpr int64_t kPrefetch = INTERLOCK_PREFETCH;
+// Weights stream from L3 or memory (the model is larger than L2): prefetch this far ahead of each
+// row's read. Measured for all of SmolLM2's weights at 2 threads: 512 B 9.6 ms, 1 KB 8.5 ms,
+// 2 KB 6.7 ms, 4 KB 4.3 ms, 8 KB 4.6 ms, 16 KB 6.0 ms (one sweep, with a build running beside it).
+constexpr int64_t kPrefetch = 4096;
 
 #if defined(__AVX512F__)
 
