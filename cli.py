@@ -182,6 +182,19 @@ TP_HELP = ("N > 1: the model's forward on N worker processes (torch.distributed 
            "the weights; N must divide the model's heads, KV heads and MLP width")
 
 
+def _speculative(text: str) -> str:
+    """argparse type for --speculative: each comma-separated mode must parse (SpeculativeConfig.parse),
+    so a typo is a usage error naming the flag, not a traceback after the model has loaded."""
+    from interlock.protocol.speculative import SpeculativeConfig
+
+    for mode in text.split(","):
+        try:
+            SpeculativeConfig.parse(mode)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _positive_int(text: str) -> int:
     """argparse type for counts (threads, batch sizes, draft length): a usage error, not a traceback."""
     try:
@@ -204,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:
         p.add_argument("--model", default="smollm2-135m-instruct")
-        p.add_argument("--speculative", default="ngram+forced", help="none, or drafters joined by +: ngram[:N], suffix, forced, self-draft[:N], draft:PATH; options: adaptive, nomask (no draft-side grammar masking), e.g. ngram+forced+adaptive or self-draft+forced")
+        p.add_argument("--speculative", type=_speculative, default="ngram+forced", help="none, or drafters joined by +: ngram[:N], suffix, forced, self-draft[:N], draft:PATH; options: adaptive, nomask (no draft-side grammar masking), e.g. ngram+forced+adaptive or self-draft+forced")
         p.add_argument("--draft-len", type=_positive_int, default=3)
         p.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
         p.add_argument("--temperature", type=float, default=0.0)
@@ -250,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", default=None, help="the `model` id clients send (default: --model)")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--speculative", default="ngram+forced", help="as for generate; fixed for every request")
+    srv.add_argument("--speculative", type=_speculative, default="ngram+forced", help="as for generate; fixed for every request")
     srv.add_argument("--draft-len", type=_positive_int, default=3)
     srv.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
     srv.add_argument("--max-batch-size", type=_positive_int, default=8)

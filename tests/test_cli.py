@@ -1,0 +1,26 @@
+"""The CLI's argument checks: bad values are usage errors (exit 2, the flag named), not tracebacks."""
+from __future__ import annotations
+
+import pytest
+
+from interlock.cli import build_parser
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "--speculative", "eagle", "hi"],
+    ["generate", "--speculative", "ngram:0+forced", "hi"],
+    ["bench", "--dataset", "x.jsonl", "--speculative", "none,ngram:x"],
+    ["serve", "--speculative", "self-draft:x"],
+    ["generate", "--draft-len", "0", "hi"],
+])
+def test_bad_values_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    flag = next(a for a in argv if a.startswith("--") and a != "--dataset")
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_good_values_pass_through_unchanged() -> None:
+    args = build_parser().parse_args(["bench", "--dataset", "x.jsonl", "--speculative", "none,ngram:4+forced"])
+    assert args.speculative == "none,ngram:4+forced"
