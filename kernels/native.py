@@ -5,7 +5,8 @@ The library is built on first use with the machine's compiler into torch's exten
 forward (models/) calls those ops directly once `available()` says they built; the functions here
 add argument checks and the slow obvious versions the tests compare against.
 
-- int8_linear(x, q, scale): y = (x @ q^T) * scale, fp32 activations, per-row int8 weights.
+- int8_linear(x, q, scale): y = (x @ q^T) * scale, per-row int8 weights; the native kernel
+  quantizes the activations to int8 in blocks of 32 first (`quantize_activations`).
 - row_attention(q, k_cache, v_cache, blocks, block_size, start, scale): decode / verify rows of
   one sequence over its paged context (row r sees positions 0 .. start + r).
 - rms_norm(x, weight, eps): row-wise RMSNorm.
@@ -13,11 +14,12 @@ add argument checks and the slow obvious versions the tests compare against.
 Each computes a row from that row's data alone, in a fixed order: bitwise batch invariant.
 
 int8_linear backends:
-- "native": our AVX-512 kernel (csrc/int8_linear.h): fp32 activations, extra rows cost FMAs
-  rather than weight bytes, bitwise row-independent.
+- "native": our kernels (csrc/int8_linear.h, csrc/int8_amx.h): activations quantized per block
+  of 32 (one fp32 scale each, as llama.cpp's Q8_0), int8 dots on AMX tiles (Sapphire Rapids
+  and later) or AVX512-VNNI; 4 rows cost ~1.1x one row; bitwise row-independent.
 - "torch": torch's `_weight_int8pack_mm` (activations rounded to bf16; also row-independent).
-- "reference": the obvious float64 matmul, for tests.
-- "auto": "native" when it builds and the shapes fit (K a multiple of 16), else "torch". The
+- "reference": the obvious float64 matmul of the same quantized activations, for tests.
+- "auto": "native" when it builds and the shapes fit (K a multiple of 32), else "torch". The
   choice is made once per process (`available`), so a model never mixes the two.
 
 Set INTERLOCK_NATIVE_KERNELS=0 to never build or use the native kernels.
@@ -36,6 +38,7 @@ import torch
 
 _CSRC = Path(__file__).parent / "csrc"
 BACKENDS = ("auto", "native", "torch", "reference")
+ACT_BLOCK = 32           # activations per int8 quantization scale in the native int8_linear
 
 
 @functools.cache
@@ -57,7 +60,7 @@ def available() -> bool:
         load(name=f"interlock_cpu_{digest}", sources=[str(_CSRC / "ops.cpp")],
              extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
              is_python_module=False, verbose=False)
-        for op in ("int8_linear", "row_attention", "rms_norm", "rows_forward"):    # raises if the library did not register
+        for op in ("int8_linear", "int8_kernel", "row_attention", "rms_norm", "rows_forward"):    # raises if the library did not register
             getattr(torch.ops.interlock_cpu, op)
     except Exception as exc:                   # no compiler, no headers, an unsupported CPU ...
         log.warning("native CPU kernels unavailable; using torch ops", error=str(exc)[:300])
@@ -86,16 +89,41 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, backend: 
     if backend == "auto":
         backend = "native" if native_fits(q) else "torch"
     if backend == "reference":
-        return ((x.double() @ q.double().T) * scale.double()).float()
+        values, scales = quantize_activations(x)
+        xq = values.double() * scales.double().repeat_interleave(ACT_BLOCK, dim=1)
+        return ((xq @ q.double().T) * scale.double()).float()
     if backend == "torch":
         return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), q, scale.to(torch.bfloat16)).float()
     if not native_fits(q):
-        raise ValueError("native int8_linear needs a CPU int8 weight with K % 16 == 0 and a built kernel")
+        raise ValueError(f"native int8_linear needs a CPU int8 weight with K % {ACT_BLOCK} == 0 and a built kernel")
     return torch.ops.interlock_cpu.int8_linear(x.float().contiguous(), q.contiguous(), scale.float().contiguous())
 
 
+def int8_kernel() -> str:
+    """The native int8_linear this process runs: "amx" (tiles; one row on VNNI, bit-identical),
+    "vnni" (AVX512-VNNI; also where INTERLOCK_AMX=0 or the OS refuses the tiles), "portable"
+    (plain C++), or "none" when the native kernels did not build."""
+    return torch.ops.interlock_cpu.int8_kernel() if available() else "none"
+
+
 def native_fits(q: torch.Tensor) -> bool:
-    return q.device.type == "cpu" and q.shape[1] % 16 == 0 and available()
+    return q.device.type == "cpu" and q.shape[1] % ACT_BLOCK == 0 and available()
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [M, K] -> int8 values [M, K] and fp32 scales [M, K / 32], x ≈ values * scale of its block.
+
+    What the native int8_linear does to its activations, in fp32 as it does: scale = amax / 127,
+    values = round(x * (127 / amax)) to nearest even; an all-zero block gets scale 0.
+    """
+    m, k = x.shape
+    if k % ACT_BLOCK:
+        raise ValueError(f"K must be a multiple of {ACT_BLOCK}, got {k}")
+    blocks = x.float().reshape(m, k // ACT_BLOCK, ACT_BLOCK)
+    amax = blocks.abs().amax(-1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    values = torch.round(blocks * inv[..., None]).to(torch.int8).reshape(m, k)
+    return values, amax / 127.0
 
 
 def row_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,

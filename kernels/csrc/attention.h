@@ -35,6 +35,40 @@ inline float dot(const float* a, const float* b, int64_t D) {
 #endif
 }
 
+#if defined(__AVX512F__)
+// Horizontal sums of 16 vectors: lane i = sum of v[i]'s lanes, each in a fixed tree of its own
+// lanes (the shuffles only route), so a key's score does not depend on its neighbours.
+inline __m512 sum16(__m512 (&v)[16]) {
+  __m512 t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)       // per 128-bit quarter: [a0+a2, b0+b2, a1+a3, b1+b3]
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)       // per quarter: the quarter sums of four vectors
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44), _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
+  for (int i = 0; i < 2; ++i)       // quarters: half sums
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#endif
+
+// out[i] = dot(q, keys[i]) * scale for i < 16 (D a multiple of 16). All 16 pointers must be
+// valid (the caller pads with a zero vector), so the loop has a fixed count and the 16
+// accumulators stay in registers.
+inline void scores16(const float* q, const float* const* keys, int64_t D, float scale, float* out) {
+#if defined(__AVX512F__)
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 16) {
+    const __m512 qv = _mm512_loadu_ps(q + d);
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys[i] + d), acc[i]);
+  }
+  _mm512_storeu_ps(out, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+#else
+  for (int i = 0; i < 16; ++i) out[i] = dot(q, keys[i], D) * scale;
+#endif
+}
+
 // out[0:D] += p * v[0:D]
 inline void axpy(float p, const float* v, float* out, int64_t D) {
 #if defined(__AVX512F__)
@@ -100,26 +134,36 @@ inline const float* kv_at(const float* cache, const int64_t* table, int64_t bloc
   return cache + ((table[l / block_size] * block_size + l % block_size) * Hkv + h) * D;
 }
 
-// out[0:D] = sum over keys l0 .. l0 + L - 1 of p[l - l0] * V[l], in key order, accumulated in
-// registers when D <= 128.
-inline void weighted_sum(const float* p, const float* vp, const int64_t* table, int64_t block_size,
-                         int64_t l0, int64_t L, int64_t Hkv, int64_t h, int64_t D, float* out) {
+// out[0:D] = sum over l < L of p[l] * values[l], in key order. NV = D / 16 is a template
+// argument so the accumulators stay in registers (a runtime count spilled them to the stack,
+// where every FMA waited on a store).
+template <int NV>
+inline void weighted_sum_nv(const float* p, const float* const* values, int64_t L, float* out) {
 #if defined(__AVX512F__)
-  if (D <= 128) {
-    __m512 acc[8];
-    const int64_t nv = D / 16;
-    for (int64_t j = 0; j < nv; ++j) acc[j] = _mm512_setzero_ps();
-    for (int64_t l = 0; l < L; ++l) {
-      const float* value = kv_at(vp, table, block_size, l0 + l, Hkv, h, D);
-      const __m512 pl = _mm512_set1_ps(p[l]);
-      for (int64_t j = 0; j < nv; ++j) acc[j] = _mm512_fmadd_ps(pl, _mm512_loadu_ps(value + 16 * j), acc[j]);
-    }
-    for (int64_t j = 0; j < nv; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
-    return;
+  __m512 acc[NV];
+  for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t l = 0; l < L; ++l) {
+    const __m512 pl = _mm512_set1_ps(p[l]);
+    for (int j = 0; j < NV; ++j) acc[j] = _mm512_fmadd_ps(pl, _mm512_loadu_ps(values[l] + 16 * j), acc[j]);
   }
+  for (int j = 0; j < NV; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
+#else
+  for (int64_t d = 0; d < 16 * NV; ++d) out[d] = 0.f;
+  for (int64_t l = 0; l < L; ++l) axpy(p[l], values[l], out, 16 * NV);
 #endif
-  for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
-  for (int64_t l = 0; l < L; ++l) axpy(p[l], kv_at(vp, table, block_size, l0 + l, Hkv, h, D), out, D);
+}
+
+inline void weighted_sum(const float* p, const float* const* values, int64_t L, int64_t D, float* out) {
+  switch (D / 16) {
+    case 1: return weighted_sum_nv<1>(p, values, L, out);
+    case 2: return weighted_sum_nv<2>(p, values, L, out);
+    case 3: return weighted_sum_nv<3>(p, values, L, out);
+    case 4: return weighted_sum_nv<4>(p, values, L, out);
+    case 8: return weighted_sum_nv<8>(p, values, L, out);
+    default:
+      for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
+      for (int64_t l = 0; l < L; ++l) axpy(p[l], values[l], out, D);
+  }
 }
 
 // Row attention, split into fixed tiles of keys (flash-decoding).
@@ -165,17 +209,29 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
 
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores;
+    const std::vector<float> zeros(D, 0.f);
+    const float* keys[kTile];
+    const float* values[kTile];
     for (int64_t ti = t0; ti < t1; ++ti) {
       const Task& t = tasks[ti];
       const SeqRows& sq = seqs[t.seq];
       const int64_t l0 = t.tile * kTile, l1 = std::min(l0 + kTile, sq.pos0 + sq.n);
       const int64_t r0 = std::max<int64_t>(0, l0 - sq.pos0);       // rows that see this tile
-      scores.resize(sq.n * G * kTile);
+      // The tile's key and value vectors, looked up in the block table once.
       for (int64_t l = l0; l < l1; ++l) {
-        const float* key = kv_at(kp, sq.table, block_size, l, Hkv, t.h, D);
-        for (int64_t r = std::max(r0, l - sq.pos0); r < sq.n; ++r)
-          for (int64_t g = 0; g < G; ++g)
-            scores[(r * G + g) * kTile + (l - l0)] = dot(sq.q + r * sq.q_stride + (t.h * G + g) * D, key, D) * scale;
+        keys[l - l0] = kv_at(kp, sq.table, block_size, l, Hkv, t.h, D);
+        values[l - l0] = kv_at(vp, sq.table, block_size, l, Hkv, t.h, D);
+      }
+      for (int64_t l = l1; l < l0 + kTile && (l - l0) % 16 != 0; ++l) keys[l - l0] = zeros.data();
+      scores.resize(sq.n * G * kTile);
+      // Scores 16 keys at a time from the tile's start; a row's keys past its own position are
+      // computed with the others' and never used.
+      for (int64_t r = r0; r < sq.n; ++r) {
+        const int64_t len = std::min(l1, sq.pos0 + r + 1) - l0;
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t i = 0; i < len; i += 16)
+            scores16(sq.q + r * sq.q_stride + (t.h * G + g) * D, keys + i, D, scale,
+                     scores.data() + (r * G + g) * kTile + i);
       }
       float* part = partial.data() + part_offset[t.part];
       for (int64_t r = 0; r < sq.n; ++r)
@@ -189,7 +245,7 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
           const int64_t len = std::min(l1, sq.pos0 + r + 1) - l0;
           float* e = scores.data() + (r * G + g) * kTile;
           slot[1] = exp_shift_(e, len, slot);
-          weighted_sum(e, vp, sq.table, block_size, l0, len, Hkv, t.h, D, slot + 2);
+          weighted_sum(e, values, len, D, slot + 2);
         }
     }
   });

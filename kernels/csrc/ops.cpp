@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <string>
 #include <vector>
 
 #include "attention.h"
@@ -22,7 +23,7 @@ void check_f32(const at::Tensor& t, int64_t dim, const char* name) {
 
 void check_int8(const at::Tensor& q, const at::Tensor& scale, int64_t K, const char* name) {
   TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous() &&
-              q.size(1) == K && K % kChunk == 0, name, ": contiguous int8 [N, ", K, "], K a multiple of 16");
+              q.size(1) == K && K % kQBlock == 0, name, ": contiguous int8 [N, ", K, "], K a multiple of 32");
   check_f32(scale, 1, name);
   TORCH_CHECK(scale.size(0) == q.size(0), name, ": one scale per output row");
 }
@@ -43,6 +44,15 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   int8_linear_raw(x.data_ptr<float>(), q.data_ptr<int8_t>(), scale.data_ptr<float>(), y.data_ptr<float>(),
                   x.size(0), x.size(1), q.size(0));
   return y;
+}
+
+// Which int8 x int8 kernel this process runs: "amx", "vnni" or "portable" (kernels/native.py).
+std::string int8_kernel() {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  return amx_enabled() ? "amx" : "vnni";
+#else
+  return "portable";
+#endif
 }
 
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -174,6 +184,7 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
 
 TORCH_LIBRARY(interlock_cpu, m) {
   m.def("int8_linear(Tensor x, Tensor q, Tensor scale) -> Tensor");
+  m.def("int8_kernel() -> str", &interlock_cpu::int8_kernel);
   m.def("row_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor blocks, int block_size, int start, "
         "float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");

@@ -1,0 +1,309 @@
+#pragma once
+// y[M, N] = (x[M, K] . q[N, K]^T) * scale[N] on AMX tiles: the same int8 x int8 product as
+// int8_linear.h's AVX512-VNNI kernel (activations in blocks of 32, quantize_rows), for CPUs with
+// AMX-INT8 (Sapphire Rapids and later).
+//
+// Why: on VNNI every activation row costs two port-0 instructions per 64 weights (the dot and the
+// int32 -> fp32 conversion for the block scales), so 4 rows were compute-bound (1.4x one row over
+// all weights). One tile dot multiplies 16 output rows by 16 columns over 64 weights; the
+// activation rows of a step fit in its columns, so 1 and 4 rows cost the same tile work and a
+// verify step reads the weights at the speed a decode step does.
+//
+// Layout. A (tile 1): 16 weight rows x one 64-weight chunk, read in place (row stride K).
+// B (tile 2): the chunk's activations, 16 rows of 4 consecutive k x 16 columns. Up to 4
+// activation rows per pass; row m owns columns 4m + 2g + h: g the chunk's parity, h its half
+// (quantization block 2c + h); the other k of a column are zero. So after two chunks each column of
+// C (tile 0, int32) holds one block's exact integer dot for one (output row, activation row); it
+// is stored, converted, multiplied by the block scales and added to 16 fp32 lanes per output row
+// in chunk order, and C is zeroed. At the end a row's four lanes are added in a fixed tree and
+// scaled by scale[n]. Nothing in row m's arithmetic depends on the other rows: batch invariant.
+//
+// The tiles need the kernel's permission (arch_prctl, once per process); where it is refused, or
+// INTERLOCK_AMX=0, the VNNI kernel runs instead, for the whole process.
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "int8_quant.h"
+
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define INTERLOCK_HAVE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace interlock_cpu {
+
+#if defined(INTERLOCK_HAVE_AMX)
+
+constexpr int64_t kTileRows = 16;       // output rows per tile (and task)
+constexpr int64_t kRowsPerPass = 4;     // activation rows per pass: 4 columns each
+
+// Whether this process may use the tiles: asked once, the answer kept.
+inline bool amx_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("INTERLOCK_AMX");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return enabled;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles: 0, 1 C [16 x 16 int32] (alternate pairs of chunks, so one pair's products are stored
+// while the next pair's dots run); 2, 3 A [16 x 64 B] and 4, 5 B [16 x 64 B] (alternate chunks);
+// for a last half chunk (K % 64 == 32) 6 A [16 x 32 B] and 7 B [8 x 64 B].
+inline void load_tile_config() {
+  TileConfig cfg;
+  const int rows[8] = {16, 16, 16, 16, 16, 16, 16, 8}, cols[8] = {64, 64, 64, 64, 64, 64, 32, 64};
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(rows[t]);
+    cfg.colsb[t] = static_cast<uint16_t>(cols[t]);
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// The activations as B tiles and lane scales, per pass of up to 4 rows: tiles [pass][chunk][16 x
+// 64 B], scales [pass][chunk pair][16] (lane 4m + 2g + h: the scale of block 2(2p + g) + h).
+struct AmxRows {
+  int64_t passes = 0, chunks = 0, pairs = 0;
+  std::vector<int8_t> tiles;
+  std::vector<float> scales;
+
+  const int8_t* tile(int64_t p, int64_t c) const { return tiles.data() + (p * chunks + c) * 1024; }
+  const float* pair_scales(int64_t p, int64_t pair) const { return scales.data() + (p * pairs + pair) * 16; }
+};
+
+// The B tiles are mostly zero (a row fills 4 of 16 columns, half their k); the zeros stay where
+// they are between calls of the same shape, so only the row data is written each time.
+inline void amx_rows(const QuantRows& a, int64_t M, AmxRows& out) {
+  const int64_t passes = (M + kRowsPerPass - 1) / kRowsPerPass;
+  if (passes != out.passes || a.chunks != out.chunks) {
+    out.passes = passes;
+    out.chunks = a.chunks;
+    out.pairs = (a.chunks + 1) / 2;
+    out.tiles.assign(out.passes * out.chunks * 1024, 0);
+    out.scales.assign(out.passes * out.pairs * 16, 0.f);
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t p = m / kRowsPerPass, mm = m % kRowsPerPass;
+    for (int64_t c = 0; c < a.chunks; ++c) {
+      int32_t* tile = reinterpret_cast<int32_t*>(out.tiles.data() + (p * out.chunks + c) * 1024);
+      const int8_t* q = a.qs(m, c);
+      const int64_t col = 4 * mm + 2 * (c % 2);
+      for (int64_t r = 0; r < 16; ++r)              // tile row r: k = 4r .. 4r + 3, half r / 8
+        std::memcpy(tile + r * 16 + col + r / 8, q + 4 * r, 4);
+      for (int64_t h = 0; h < 2; ++h) out.scales[(p * out.pairs + c / 2) * 16 + col + h] = a.scales(m, c)[8 * h];
+    }
+  }
+}
+
+// Output rows n0 .. n0 + 16 of w (row stride K) for every activation row.
+// C tile `ct` += the dots of chunks c0, c0 + 1. GCC's tile intrinsics paste their tile numbers
+// into register names, so each tile number is spelled out.
+#define INTERLOCK_TILE_DOT(C, A, B)                       \
+  do {                                                   \
+    _tile_loadd(A, w + c * kChunk, K);                   \
+    _tile_loadd(B, act.tile(pass, c), 64);               \
+    _tile_dpbssd(C, A, B);                               \
+  } while (0)
+
+inline void pair_dots(int ct, const AmxRows& act, const int8_t* w, int64_t K, int64_t pass, int64_t c0) {
+  const int64_t full = K / kChunk;
+  for (int64_t c = c0; c < std::min(c0 + 2, act.chunks); ++c) {
+    if (ct == 0) {
+      if (c >= full) INTERLOCK_TILE_DOT(0, 6, 7);
+      else if (c % 2 == 0) INTERLOCK_TILE_DOT(0, 2, 4);
+      else INTERLOCK_TILE_DOT(0, 3, 5);
+    } else {
+      if (c >= full) INTERLOCK_TILE_DOT(1, 6, 7);
+      else if (c % 2 == 0) INTERLOCK_TILE_DOT(1, 2, 4);
+      else INTERLOCK_TILE_DOT(1, 3, 5);
+    }
+  }
+}
+#undef INTERLOCK_TILE_DOT
+
+// acc[n] += C[n] (int32 -> fp32, exact) * the pair's lane scales; C zeroed.
+inline void flush(int ct, const float* pair_scales, __m512 (&acc)[16]) {
+  alignas(64) int32_t out[16 * 16];
+  if (ct == 0) {
+    _tile_stored(0, out, 64);
+    _tile_zero(0);
+  } else {
+    _tile_stored(1, out, 64);
+    _tile_zero(1);
+  }
+  const __m512 s = _mm512_loadu_ps(pair_scales);
+  for (int n = 0; n < 16; ++n)
+    acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(out + 16 * n)), s, acc[n]);
+}
+
+// Output rows n0 .. n0 + 16 of w (row stride K) for every activation row.
+// C += chunk c's dot. Tile numbers are immediates, hence the templates.
+template <int C, int A, int B>
+inline void tile_dot(const int8_t* w, int64_t K, const int8_t* b) {
+  _tile_loadd(A, w, K);
+  _tile_loadd(B, b, 64);
+  _tile_dpbssd(C, A, B);
+}
+
+template <int C>
+inline void pair_dots(const AmxRows& act, const int8_t* w, int64_t K, int64_t pass, int64_t c0) {
+  const int64_t full = K / kChunk;
+  for (int64_t c = c0; c < std::min(c0 + 2, act.chunks); ++c) {
+    if (c >= full) tile_dot<C, 6, 7>(w + c * kChunk, K, act.tile(pass, c));
+    else if (c % 2 == 0) tile_dot<C, 2, 4>(w + c * kChunk, K, act.tile(pass, c));
+    else tile_dot<C, 3, 5>(w + c * kChunk, K, act.tile(pass, c));
+  }
+}
+
+// acc[n] += C[n] (int32 -> fp32, exact) * the pair's lane scales; C zeroed.
+template <int C>
+inline void flush(const float* pair_scales, __m512 (&acc)[16]) {
+  alignas(64) int32_t out[16 * 16];
+  _tile_stored(C, out, 64);
+  _tile_zero(C);
+  const __m512 s = _mm512_loadu_ps(pair_scales);
+  for (int n = 0; n < 16; ++n)
+    acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(out + 16 * n)), s, acc[n]);
+}
+
+// Output rows n0 .. n0 + 16 of w (row stride K) for every activation row.
+inline void amx_tile_rows(const AmxRows& act, const int8_t* w, int64_t K, const float* scale, float* y,
+                          int64_t M, int64_t N, int64_t n0, int64_t valid_rows, const int8_t* prefetch) {
+  alignas(64) float lanes[16];
+  for (int64_t p = 0; p < act.passes; ++p) {
+    __m512 acc[16];
+    for (int n = 0; n < 16; ++n) acc[n] = _mm512_setzero_ps();
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t pair = 0; pair < act.pairs; ++pair) {
+      // The next 16 rows are contiguous: pull two chunks' worth of their lines per pair, in address
+      // order, so the tile loads of the next task find them in cache (the tile rows are K apart,
+      // which the hardware prefetchers follow poorly).
+      if (p == 0 && prefetch != nullptr)
+        for (int64_t r = 0; r < 32 && (pair * 32 + r) * 64 < 16 * K; ++r)
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch + (pair * 32 + r) * 64), _MM_HINT_T1);
+      // Pair `pair` into one C tile, then the previous pair's tile into the lanes, in pair order.
+      pair_dots(pair % 2, act, w, K, p, 2 * pair);
+      if (pair > 0) flush((pair - 1) % 2, act.pair_scales(p, pair - 1), acc);
+    }
+    flush((act.pairs - 1) % 2, act.pair_scales(p, act.pairs - 1), acc);
+    const int64_t m_end = std::min<int64_t>(M, (p + 1) * kRowsPerPass);
+    for (int64_t n = 0; n < valid_rows; ++n) {
+      _mm512_store_ps(lanes, acc[n]);
+      for (int64_t m = p * kRowsPerPass; m < m_end; ++m) {
+        const float* l = lanes + 4 * (m % kRowsPerPass);
+        y[m * N + n0 + n] = ((l[0] + l[1]) + (l[2] + l[3])) * scale[n0 + n];
+      }
+    }
+  }
+}
+
+// One activation row on VNNI, bit-identical to amx_tile_rows: a tile pass costs the same for 1 row
+// as for 4, and a decode step has one row, so it takes the vector units. Each chunk's dot with the
+// unsigned trick (int8_linear.h) leaves 16 lanes of four products; the lanes of each 32-block are
+// added as integers (exact, so any order gives the tile's sum), and the fp32 part repeats the
+// tile path's: per output row the same four lanes (g, h), the same scales, in pair order, the same
+// final tree. Four output rows per pass: lane 8 (j / 2) + 4 h + 2 (j % 2) + g holds row j's (g, h).
+inline __m512i half_sums(const __m512i (&v)[8]) {       // v[2j + g]: output row j, chunk 2p + g
+  __m512i t[4], u[2];
+  for (int i = 0; i < 4; ++i)
+    t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 2; ++i)
+    u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]), _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+inline int one_row_lane(int j, int g, int h) { return 8 * (j / 2) + 4 * h + 2 * (j % 2) + g; }
+
+// Output rows n0 .. n0 + 4 (those below N) for the single activation row of `a`.
+inline void one_row_block(const QuantRows& a, const float* pair_scales, const int8_t* q, const float* scale,
+                          float* y, int64_t K, int64_t N, int64_t n0) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int64_t full = K / kChunk, pairs = (a.chunks + 1) / 2;
+  const int8_t* rows[4];
+  for (int j = 0; j < 4; ++j) rows[j] = q + std::min<int64_t>(n0 + j, N - 1) * K;   // past N: discarded
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512i v[8];
+    for (int g = 0; g < 2; ++g) {
+      const int64_t c = 2 * p + g;
+      if (c >= a.chunks) {
+        for (int j = 0; j < 4; ++j) v[2 * j + g] = _mm512_setzero_si512();
+        continue;
+      }
+      const __m512i xq = _mm512_loadu_si512(a.qs(0, c)), fix = _mm512_loadu_si512(a.fix(0, c));
+      for (int j = 0; j < 4; ++j) {
+        const int8_t* at = rows[j] + c * kChunk;
+        _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetch), _MM_HINT_T0);
+        const __m512i w = c < full ? _mm512_loadu_si512(at) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, at);
+        v[2 * j + g] = _mm512_dpbusd_epi32(fix, _mm512_xor_si512(w, flip), xq);
+      }
+    }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(half_sums(v)), _mm512_loadu_ps(pair_scales + 16 * p), acc);
+  }
+  alignas(64) float l[16];
+  _mm512_store_ps(l, acc);
+  for (int j = 0; j < 4 && n0 + j < N; ++j)
+    y[n0 + j] = ((l[one_row_lane(j, 0, 0)] + l[one_row_lane(j, 0, 1)]) +
+                 (l[one_row_lane(j, 1, 0)] + l[one_row_lane(j, 1, 1)])) * scale[n0 + j];
+}
+
+// a: the quantized rows (with lane corrections when M == 1).
+inline void int8_linear_amx(const QuantRows& a, const int8_t* q, const float* scale, float* y,
+                            int64_t M, int64_t K, int64_t N) {
+  if (M == 1) {
+    thread_local std::vector<float> scratch;
+    const int64_t pairs = (a.chunks + 1) / 2;
+    scratch.assign(pairs * 16, 0.f);
+    for (int64_t p = 0; p < pairs; ++p)
+      for (int j = 0; j < 4; ++j)
+        for (int g = 0; g < 2; ++g)
+          for (int h = 0; h < 2; ++h)
+            if (2 * p + g < a.chunks) scratch[16 * p + one_row_lane(j, g, h)] = a.scales(0, 2 * p + g)[8 * h];
+    const float* pair_scales = scratch.data();
+    at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) one_row_block(a, pair_scales, q, scale, y, K, N, 4 * b);
+    });
+    return;
+  }
+  thread_local AmxRows by_k[2];         // a layer alternates K = E and K = I: one buffer each
+  AmxRows& scratch = by_k[by_k[0].chunks == a.chunks ? 0 : by_k[1].chunks == a.chunks ? 1 : (a.chunks & 1)];
+  amx_rows(a, M, scratch);
+  const AmxRows& act = scratch;          // the caller's buffer, named so the workers read this one
+  const int64_t tiles = (N + kTileRows - 1) / kTileRows;
+  // 4 tiles (64 output rows) per task at least, as the VNNI kernel.
+  at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
+    load_tile_config();                  // per task: other code on this thread (oneDNN) sets its own
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kTileRows, valid = std::min(kTileRows, N - n0);
+      if (valid == kTileRows) {
+        const bool more = n0 + 2 * kTileRows <= N;          // a whole next tile to prefetch
+        amx_tile_rows(act, q + n0 * K, K, scale, y, M, N, n0, valid, more ? q + (n0 + kTileRows) * K : nullptr);
+      } else {                           // the last rows, zero-padded to a whole tile
+        std::vector<int8_t> pad(kTileRows * K, 0);
+        std::memcpy(pad.data(), q + n0 * K, valid * K);
+        amx_tile_rows(act, pad.data(), K, scale, y, M, N, n0, valid, nullptr);
+      }
+    }
+  });
+}
+
+#else
+
+inline bool amx_enabled() { return false; }
+inline void int8_linear_amx(const QuantRows&, const int8_t*, const float*, float*, int64_t, int64_t, int64_t) {}
+
+#endif
+
+}  // namespace interlock_cpu

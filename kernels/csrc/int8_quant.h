@@ -1,0 +1,100 @@
+#pragma once
+// Activations quantized to int8 for the int8 x int8 projections (int8_linear.h, int8_amx.h):
+// blocks of 32 along K, one fp32 scale each (llama.cpp's Q8_0 activations); and the constants
+// both kernels share.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace interlock_cpu {
+
+constexpr int64_t kQBlock = 32;      // activations per quantization scale
+constexpr int64_t kChunk = 64;       // weights per VNNI dot (two quantization blocks)
+constexpr int64_t kLanes = 16;       // int32 / fp32 lanes per chunk (four weights each)
+constexpr int64_t kOutBlock = 4;     // output rows per task unit
+// Weights stream from L3 or memory (the model is larger than L2): prefetch this far ahead of each
+// row's read. Measured for all of SmolLM2's weights at 2 threads (the fp32-activation kernel before this one): 512 B
+// 9.6 ms, 1 KB 8.5 ms, 2 KB 6.7 ms, 4 KB 4.3 ms, 8 KB 4.6 ms, 16 KB 6.0 ms.
+constexpr int64_t kPrefetch = 4096;
+
+// The activation rows in the form the dot wants, per row and 64-wide chunk c (K padded with zeros
+// to whole chunks): 64 int8 values, 16 fp32 lane scales (lanes 0-7 the scale of block 2c, 8-15
+// of block 2c + 1) and 16 int32 lane corrections (-128 * the sum of the lane's four values).
+struct QuantRows {
+  int64_t chunks = 0;
+  std::vector<int8_t> q;
+  std::vector<float> lane_scale;
+  std::vector<int32_t> lane_fix;
+
+  const int8_t* qs(int64_t m, int64_t c) const { return q.data() + (m * chunks + c) * kChunk; }
+  const float* scales(int64_t m, int64_t c) const { return lane_scale.data() + (m * chunks + c) * kLanes; }
+  const int32_t* fix(int64_t m, int64_t c) const { return lane_fix.data() + (m * chunks + c) * kLanes; }
+};
+
+// Block scale amax / 127; values round(x * (127 / amax)) to nearest even; a zero block gets scale
+// 0 and values 0. kernels/native.py's quantize_activations is the same in torch (fp32 throughout).
+inline void quantize_block(const float* v, int8_t* q, float* scale_out) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < kQBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (int64_t i = 0; i < kQBlock; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
+  *scale_out = amax / 127.f;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// The same arithmetic 16 lanes at a time (cvtps_epi32 rounds to nearest even, as nearbyint).
+inline void quantize_block_avx512(const float* v, int8_t* q, float* scale_out) {
+  const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16),
+                   _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))));
+  *scale_out = amax / 127.f;
+}
+#endif
+
+// with_fix: also the lane corrections (only the VNNI kernel's unsigned x signed dot needs them).
+inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out, bool with_fix) {
+  const int64_t chunks = (K + kChunk - 1) / kChunk, blocks = K / kQBlock;
+  out.chunks = chunks;
+  out.q.resize(M * chunks * kChunk);            // every byte is written below: no clearing
+  out.lane_scale.resize(M * chunks * kLanes);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      int8_t* q = out.q.data() + m * chunks * kChunk + b * kQBlock;
+      float s;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+      quantize_block_avx512(x + m * K + b * kQBlock, q, &s);
+#else
+      quantize_block(x + m * K + b * kQBlock, q, &s);
+#endif
+      float* lanes = out.lane_scale.data() + (m * chunks + b / 2) * kLanes + (b % 2) * (kLanes / 2);
+      std::fill(lanes, lanes + kLanes / 2, s);
+    }
+    if (blocks % 2 == 1) {                      // K % 64 == 32: the last chunk's second half is zero
+      std::fill_n(out.q.data() + (m * chunks + chunks - 1) * kChunk + kQBlock, kQBlock, int8_t{0});
+      std::fill_n(out.lane_scale.data() + (m * chunks + chunks - 1) * kLanes + kLanes / 2, kLanes / 2, 0.f);
+    }
+  }
+  if (!with_fix) return;
+  out.lane_fix.resize(M * chunks * kLanes);
+  for (int64_t i = 0; i < M * chunks; ++i) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)),
+                                             _mm512_loadu_si512(out.q.data() + i * kChunk));   // 128 * lane sums
+    _mm512_storeu_si512(out.lane_fix.data() + i * kLanes, _mm512_sub_epi32(_mm512_setzero_si512(), sums));
+#else
+    const int8_t* q = out.q.data() + i * kChunk;
+    for (int64_t lane = 0; lane < kLanes; ++lane)
+      out.lane_fix[i * kLanes + lane] = -128 * (q[4 * lane] + q[4 * lane + 1] + q[4 * lane + 2] + q[4 * lane + 3]);
+#endif
+  }
+}
+
+}  // namespace interlock_cpu
