@@ -219,9 +219,10 @@ class VerifierActor(Actor[object]):
     def _row_invalid(self, used: torch.Tensor, s: RequestSnapshot) -> bool:
         """True (and the request fails alone, SamplingError) when a logits row its tokens were drawn
         from [n, V] had a NaN or allowed no token. Rows are independent: its neighbours' results stand."""
-        used = used[:, : self.tokenizer_vocab]
-        nan = bool(torch.isnan(used).any())
-        if not nan and bool((used > float("-inf")).any(-1).all()):
+        # One pass: a row's max is NaN if any logit is (amax propagates NaN), -inf if none is allowed.
+        peak = used[:, : self.tokenizer_vocab].amax(-1)
+        nan = bool(torch.isnan(peak).any())
+        if not nan and bool((peak > float("-inf")).all()):
             return False
         what = "a NaN logit" if nan else "no allowed token"
         log.error("sampling_row_invalid", request_id=s.request_id, problem=what,

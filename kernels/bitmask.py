@@ -46,8 +46,9 @@ def apply_token_bitmask_(
             disallowed.
         mask_vocab_size: ids >= this are disallowed even if their bit is set (the padded
             ids of a model whose vocabulary is larger than the tokenizer's). Default 32*W.
-        backend: "auto" (the Triton kernel for CUDA tensors, else "torch") | "torch" |
-            "reference" | "cuda" (kernels/bitmask_triton.py; CUDA tensors only).
+        backend: "auto" (the Triton kernel for CUDA tensors, else "torch") | "torch" (on
+            the host: xgrammar's C++ kernel for contiguous fp32 CPU logits without d2t, torch
+            ops otherwise) | "reference" | "cuda" (kernels/bitmask_triton.py; CUDA tensors only).
 
     Token ids outside [0, min(mask_vocab_size, 32*W)) are always disallowed. A row whose
     every token is disallowed becomes all -inf; callers must not sample it. Index values
@@ -122,10 +123,32 @@ def _apply_torch_(
     n_rows, vocab = logits.shape
     if rows is None:
         bitmask = bitmask[:n_rows]
+    if d2t is None and logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
+        _apply_xgrammar_cpu_(logits, bitmask, rows, skip, limit)
+        return
     banned = ~allowed_tokens(bitmask, rows, d2t, vocab, limit)  # [R, V]
     if skip is not None:
         banned &= ~skip.unsqueeze(1)
     logits.masked_fill_(banned, float("-inf"))
+
+
+def _apply_xgrammar_cpu_(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None, skip: torch.Tensor | None, limit: int
+) -> None:
+    """xgrammar's C++ kernel: one pass over each masked row. The torch version above builds ~8
+    [R, V] temporaries (1.1 ms of a ~8 ms verify step at R = 4, V = 49,152, measured with py-spy
+    on `interlock bench`); this one costs tens of microseconds."""
+    import xgrammar
+
+    words = bitmask if rows is None else bitmask.index_select(0, rows.long())   # [R, W]
+    masked = list(range(logits.shape[0])) if skip is None else (~skip).nonzero().flatten().tolist()
+    if not masked:
+        return
+    # xgrammar masks ids < vocab_size and leaves the rest alone; ours disallows ids >= limit.
+    xgrammar.apply_token_bitmask_inplace(logits, words, vocab_size=min(limit, logits.shape[1]),
+                                         indices=masked, backend="cpu")
+    if limit < logits.shape[1]:
+        logits[masked, limit:] = float("-inf")
 
 
 def apply_token_bitmask_reference_(

@@ -43,6 +43,22 @@ def test_rows_skip_d2t_and_vocab_limit(dtype: torch.dtype, gen: torch.Generator,
     assert bool((fast[~skip][:, outside] == float("-inf")).all())
 
 
+@pytest.mark.parametrize("vocab", [1000, 1088])
+def test_rows_skip_and_vocab_limit_on_the_target_vocabulary(vocab: int, gen: torch.Generator, random_bitmask) -> None:
+    # fp32 CPU rows without d2t: the path a verify step takes (xgrammar's C++ kernel).
+    bitmask = random_bitmask(5, 1024, gen)
+    logits = torch.randn(6, vocab, generator=gen)
+    rows = torch.tensor([4, 0, 0, 2, 1, 4])
+    skip = torch.tensor([False, True, False, False, True, False])
+    fast, ref = _both(logits, bitmask, rows=rows, skip=skip, mask_vocab_size=990)
+    assert torch.equal(fast, ref)
+    assert torch.equal(fast[skip], logits[skip])
+    assert bool((fast[~skip][:, 990:] == float("-inf")).all())
+    everything = torch.ones(6, dtype=torch.bool)
+    fast, ref = _both(logits, bitmask, rows=rows, skip=everything)
+    assert torch.equal(fast, logits) and torch.equal(ref, logits)
+
+
 def test_bit_convention_by_hand() -> None:
     # Word 0: only bit 31 (the sign bit) set; word 1: every bit set (-1); word 2: bit 0 only.
     bitmask = torch.tensor([[-(2**31), -1, 1]], dtype=torch.int32)
