@@ -166,6 +166,42 @@ inline void weighted_sum(const float* p, const float* const* values, int64_t L, 
   }
 }
 
+// The G query heads of one KV head at once: each value vector is loaded once for all of them.
+// Per head the FMAs are the ones weighted_sum does, in the same order (same bits).
+template <int G, int NV>
+inline void weighted_sums_g(const float* p, int64_t p_stride, const float* const* values, int64_t L, float* out,
+                            int64_t out_stride) {
+#if defined(__AVX512F__)
+  __m512 acc[G][NV];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_setzero_ps();
+  for (int64_t l = 0; l < L; ++l) {
+    __m512 v[NV];
+    for (int j = 0; j < NV; ++j) v[j] = _mm512_loadu_ps(values[l] + 16 * j);
+    for (int g = 0; g < G; ++g) {
+      const __m512 pl = _mm512_set1_ps(p[g * p_stride + l]);
+      for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_fmadd_ps(pl, v[j], acc[g][j]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < NV; ++j) _mm512_storeu_ps(out + g * out_stride + 16 * j, acc[g][j]);
+#else
+  for (int g = 0; g < G; ++g) weighted_sum_nv<NV>(p + g * p_stride, values, L, out + g * out_stride);
+#endif
+}
+
+// out[g * out_stride ...] = the weighted sum with weights p[g * p_stride ...], for g < G.
+inline void weighted_sums(const float* p, int64_t p_stride, const float* const* values, int64_t L, int64_t G,
+                          int64_t D, float* out, int64_t out_stride) {
+#define INTERLOCK_WS(GG, NV) \
+  if (G == GG && D == 16 * NV) return weighted_sums_g<GG, NV>(p, p_stride, values, L, out, out_stride)
+  INTERLOCK_WS(1, 4); INTERLOCK_WS(2, 4); INTERLOCK_WS(3, 4); INTERLOCK_WS(4, 4);     // D = 64
+  INTERLOCK_WS(1, 8); INTERLOCK_WS(2, 8);                                            // D = 128
+  INTERLOCK_WS(1, 1); INTERLOCK_WS(2, 1); INTERLOCK_WS(4, 1);                         // D = 16 (tests)
+#undef INTERLOCK_WS
+  for (int64_t g = 0; g < G; ++g) weighted_sum(p + g * p_stride, values, L, D, out + g * out_stride);
+}
+
 // Row attention, split into fixed tiles of keys (flash-decoding).
 //
 // The rows of one sequence are consecutive tokens: row r, at position pos0 + r, attends over
@@ -234,19 +270,21 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
                      scores.data() + (r * G + g) * kTile + i);
       }
       float* part = partial.data() + part_offset[t.part];
-      for (int64_t r = 0; r < sq.n; ++r)
+      for (int64_t r = 0; r < sq.n; ++r) {
+        if (r < r0) {                                 // the row ends before this tile
+          for (int64_t g = 0; g < G; ++g) {
+            part[(r * G + g) * (2 + D)] = -INFINITY;
+            part[(r * G + g) * (2 + D) + 1] = 0.f;
+          }
+          continue;
+        }
+        const int64_t len = std::min(l1, sq.pos0 + r + 1) - l0;
         for (int64_t g = 0; g < G; ++g) {
           float* slot = part + (r * G + g) * (2 + D);
-          if (r < r0) {                               // the row ends before this tile
-            slot[0] = -INFINITY;
-            slot[1] = 0.f;
-            continue;
-          }
-          const int64_t len = std::min(l1, sq.pos0 + r + 1) - l0;
-          float* e = scores.data() + (r * G + g) * kTile;
-          slot[1] = exp_shift_(e, len, slot);
-          weighted_sum(e, values, len, D, slot + 2);
+          slot[1] = exp_shift_(scores.data() + (r * G + g) * kTile, len, slot);
         }
+        weighted_sums(scores.data() + r * G * kTile, kTile, values, len, G, D, part + r * G * (2 + D) + 2, 2 + D);
+      }
     }
   });
 

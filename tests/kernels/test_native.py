@@ -98,7 +98,16 @@ def _paged_cache(gen: torch.Generator, blocks: list[int], block_size: int, hkv: 
 @pytest.mark.parametrize(("start", "n", "block_size"), [(0, 1, 16), (5, 4, 16), (40, 3, 4), (17, 16, 8), (0, 9, 1),
                                                       (120, 16, 16), (250, 5, 8), (383, 2, 16)])  # across 128-key tiles
 def test_row_attention_matches_reference(start: int, n: int, block_size: int, gen: torch.Generator) -> None:
-    h, hkv, d = 6, 2, 32
+    _row_attention_case(6, 2, 32, start, n, block_size, gen)
+
+
+@needs_native
+@pytest.mark.parametrize(("h", "hkv", "d"), [(9, 3, 64), (4, 1, 64), (2, 1, 128), (4, 2, 16)])   # the unrolled shapes
+def test_row_attention_matches_reference_per_head_shape(h: int, hkv: int, d: int, gen: torch.Generator) -> None:
+    _row_attention_case(h, hkv, d, 140, 4, 16, gen)
+
+
+def _row_attention_case(h: int, hkv: int, d: int, start: int, n: int, block_size: int, gen: torch.Generator) -> None:
     need = -(-(start + n) // block_size)
     table = list(torch.randperm(need + 3, generator=gen)[:need].tolist())     # scattered blocks
     k, v, blocks = _paged_cache(gen, table, block_size, hkv, d)
