@@ -35,6 +35,7 @@ class ModelConfig:
     tie_embeddings: bool = False
     qkv_bias: bool = False                  # Qwen2
     dtype: Dtype = "float32"
+    kv_dtype: Dtype | None = None           # the KV cache's; None: dtype
     bos_token_id: int | None = None
     eos_token_id: int | None = None
 
@@ -50,6 +51,13 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.kv_dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(f"unsupported kv_dtype {self.kv_dtype!r}")
+
+    @property
+    def cache_dtype(self) -> Dtype:
+        """dtype of the K/V the cache stores (models/kv_cache.py)."""
+        return self.kv_dtype or self.dtype
 
     @property
     def q_size(self) -> int:

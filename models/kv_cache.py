@@ -39,7 +39,7 @@ def slots_of(table: tuple[BlockId, ...] | list[BlockId], block_size: int, start:
 
 def block_bytes(config: ModelConfig, block_size: int) -> int:
     """Bytes one block takes in the pool: K and V for every layer, KV head and position."""
-    itemsize = torch.empty((), dtype=_DTYPES[config.dtype]).element_size()
+    itemsize = torch.empty((), dtype=_DTYPES[config.cache_dtype]).element_size()
     return 2 * config.n_layers * block_size * config.n_kv_heads * config.head_dim * itemsize
 
 
@@ -59,7 +59,7 @@ class PagedKVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (config.n_layers, num_blocks * block_size, config.n_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape, dtype=_DTYPES[config.dtype], device=device)   # [L, N*S, Hkv, D]
+        self.k = torch.zeros(shape, dtype=_DTYPES[config.cache_dtype], device=device)   # [L, N*S, Hkv, D]
         self.v = torch.zeros_like(self.k)
         self.prefix_caching = prefix_caching
         self.namespace = namespace              # the model (and adapter) the cached K/V belong to

@@ -21,6 +21,8 @@ from interlock.models.kv_cache import _DTYPES, PagedKVCache
 from interlock.models.linear import Weights, make_linear
 from interlock.models.rope import apply_rope, cos_sin_table
 
+NATIVE_CACHE_DTYPES = (torch.float32, torch.bfloat16)      # the KV caches the native kernels read
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, use_native: bool = False) -> torch.Tensor:
     """RMSNorm computed in fp32 (as the reference implementations do), cast back to x's dtype.
@@ -150,7 +152,7 @@ class Transformer(nn.Module):
         if self.weights is None:
             raise RuntimeError("call build() after loading weights")
         dt = self.act_dtype
-        if self.fused_rows is not None and kv.k.dtype == torch.float32:
+        if self.fused_rows is not None and kv.k.dtype in NATIVE_CACHE_DTYPES:
             x = self._hidden_fused(batch, kv, n_layers)
         else:
             x = self._hidden(batch, kv, n_layers)
@@ -229,7 +231,7 @@ class Transformer(nn.Module):
     def _attend_seq(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     s: SeqView, block_size: int) -> torch.Tensor:
         c = self.config
-        if s.mask is None and self.native and k_cache.dtype == torch.float32:
+        if s.mask is None and self.native and k_cache.dtype in NATIVE_CACHE_DTYPES:
             qs = q[s.offset: s.offset + s.length].contiguous()
             return torch.ops.interlock_cpu.row_attention(qs, k_cache, v_cache, s.blocks, block_size, s.start,
                                                          c.head_dim ** -0.5)

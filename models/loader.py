@@ -58,16 +58,19 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
 
 
 def load_model(name_or_path: str, *, weights: Weights = "int8", dtype: Dtype = "float32",
-               seed: int = 0) -> LoadedModel:
+               kv_dtype: Dtype | None = None, seed: int = 0) -> LoadedModel:
     """Load a model by name or path. Raises ModelNotFoundError / UnsupportedModelError / ModelLoadError.
 
     weights: "int8" (default: weight-only int8, fast and batch-invariant on CPU, see linear.py) or
     "float" (the checkpoint's values in `dtype`; float32 is the reference that matches HF).
+    kv_dtype: what the KV cache stores; default `dtype`. "bfloat16" halves the bytes a long
+    context's decode step reads (the native row kernels read it directly); opt-in, see README.
     seed: the random weights of the "tiny" preset.
     """
     start = time.perf_counter()
+    kv = kv_dtype or dtype
     if name_or_path == TINY:
-        config = tiny_config(TINY_PADDED_VOCAB, dtype=dtype)
+        config = tiny_config(TINY_PADDED_VOCAB, dtype=dtype).replace(kv_dtype=kv)
         tokenizer = load_tokenizer(TINY)
         config = config.replace(eos_token_id=tokenizer.eos_token_ids[0])
         model = random_transformer(config, seed=seed).build(weights)
@@ -81,6 +84,7 @@ def load_model(name_or_path: str, *, weights: Weights = "int8", dtype: Dtype = "
         model = Transformer(config)
         model.load_hf_state_dict(state)
         tokenizer = load_hf_tokenizer(path)
+    model.config = model.config.replace(kv_dtype=kv)
     model.build(weights)
     return LoadedModel(name_or_path, model.config, model, tokenizer, time.perf_counter() - start)
 

@@ -10,6 +10,7 @@
 //
 // rms_norm: one row at a time, sum of squares in a fixed 16-lane order.
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,15 +23,32 @@
 
 namespace interlock_cpu {
 
+// The KV cache holds fp32 or bf16 (half the bytes a long context reads per row); the arithmetic
+// is fp32 either way. bf16 -> fp32 is exact (the bits shifted up), so both give the same kind
+// of fixed per-row computation.
+using bf16 = c10::BFloat16;
+
+inline float to_f32(float v) { return v; }
+inline float to_f32(bf16 v) { return static_cast<float>(v); }
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+#endif
+
 // Dot product of two fp32 vectors of length D (a multiple of 16), fixed order.
-inline float dot(const float* a, const float* b, int64_t D) {
+template <class T>
+inline float dot(const float* a, const T* b, int64_t D) {
 #if defined(__AVX512F__)
   __m512 acc = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+  for (int64_t d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), load16(b + d), acc);
   return _mm512_reduce_add_ps(acc);
 #else
   float acc = 0.f;
-  for (int64_t d = 0; d < D; ++d) acc += a[d] * b[d];
+  for (int64_t d = 0; d < D; ++d) acc += a[d] * to_f32(b[d]);
   return acc;
 #endif
 }
@@ -55,13 +73,14 @@ inline __m512 sum16(__m512 (&v)[16]) {
 // out[i] = dot(q, keys[i]) * scale for i < 16 (D a multiple of 16). All 16 pointers must be
 // valid (the caller pads with a zero vector), so the loop has a fixed count and the 16
 // accumulators stay in registers.
-inline void scores16(const float* q, const float* const* keys, int64_t D, float scale, float* out) {
+template <class T>
+inline void scores16(const float* q, const T* const* keys, int64_t D, float scale, float* out) {
 #if defined(__AVX512F__)
   __m512 acc[16];
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t d = 0; d < D; d += 16) {
     const __m512 qv = _mm512_loadu_ps(q + d);
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys[i] + d), acc[i]);
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, load16(keys[i] + d), acc[i]);
   }
   _mm512_storeu_ps(out, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
 #else
@@ -70,13 +89,14 @@ inline void scores16(const float* q, const float* const* keys, int64_t D, float 
 }
 
 // out[0:D] += p * v[0:D]
-inline void axpy(float p, const float* v, float* out, int64_t D) {
+template <class T>
+inline void axpy(float p, const T* v, float* out, int64_t D) {
 #if defined(__AVX512F__)
   const __m512 pv = _mm512_set1_ps(p);
   for (int64_t d = 0; d < D; d += 16)
-    _mm512_storeu_ps(out + d, _mm512_fmadd_ps(pv, _mm512_loadu_ps(v + d), _mm512_loadu_ps(out + d)));
+    _mm512_storeu_ps(out + d, _mm512_fmadd_ps(pv, load16(v + d), _mm512_loadu_ps(out + d)));
 #else
-  for (int64_t d = 0; d < D; ++d) out[d] += p * v[d];
+  for (int64_t d = 0; d < D; ++d) out[d] += p * to_f32(v[d]);
 #endif
 }
 
@@ -129,7 +149,8 @@ inline float exp_shift_(float* s, int64_t L, float* peak_out) {
 #endif
 }
 
-inline const float* kv_at(const float* cache, const int64_t* table, int64_t block_size, int64_t l, int64_t Hkv,
+template <class T>
+inline const T* kv_at(const T* cache, const int64_t* table, int64_t block_size, int64_t l, int64_t Hkv,
                           int64_t h, int64_t D) {
   return cache + ((table[l / block_size] * block_size + l % block_size) * Hkv + h) * D;
 }
@@ -137,14 +158,14 @@ inline const float* kv_at(const float* cache, const int64_t* table, int64_t bloc
 // out[0:D] = sum over l < L of p[l] * values[l], in key order. NV = D / 16 is a template
 // argument so the accumulators stay in registers (a runtime count spilled them to the stack,
 // where every FMA waited on a store).
-template <int NV>
-inline void weighted_sum_nv(const float* p, const float* const* values, int64_t L, float* out) {
+template <int NV, class T>
+inline void weighted_sum_nv(const float* p, const T* const* values, int64_t L, float* out) {
 #if defined(__AVX512F__)
   __m512 acc[NV];
   for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
   for (int64_t l = 0; l < L; ++l) {
     const __m512 pl = _mm512_set1_ps(p[l]);
-    for (int j = 0; j < NV; ++j) acc[j] = _mm512_fmadd_ps(pl, _mm512_loadu_ps(values[l] + 16 * j), acc[j]);
+    for (int j = 0; j < NV; ++j) acc[j] = _mm512_fmadd_ps(pl, load16(values[l] + 16 * j), acc[j]);
   }
   for (int j = 0; j < NV; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
 #else
@@ -153,7 +174,8 @@ inline void weighted_sum_nv(const float* p, const float* const* values, int64_t 
 #endif
 }
 
-inline void weighted_sum(const float* p, const float* const* values, int64_t L, int64_t D, float* out) {
+template <class T>
+inline void weighted_sum(const float* p, const T* const* values, int64_t L, int64_t D, float* out) {
   switch (D / 16) {
     case 1: return weighted_sum_nv<1>(p, values, L, out);
     case 2: return weighted_sum_nv<2>(p, values, L, out);
@@ -168,8 +190,8 @@ inline void weighted_sum(const float* p, const float* const* values, int64_t L, 
 
 // The G query heads of one KV head at once: each value vector is loaded once for all of them.
 // Per head the FMAs are the ones weighted_sum does, in the same order (same bits).
-template <int G, int NV>
-inline void weighted_sums_g(const float* p, int64_t p_stride, const float* const* values, int64_t L, float* out,
+template <int G, int NV, class T>
+inline void weighted_sums_g(const float* p, int64_t p_stride, const T* const* values, int64_t L, float* out,
                             int64_t out_stride) {
 #if defined(__AVX512F__)
   __m512 acc[G][NV];
@@ -177,7 +199,7 @@ inline void weighted_sums_g(const float* p, int64_t p_stride, const float* const
     for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_setzero_ps();
   for (int64_t l = 0; l < L; ++l) {
     __m512 v[NV];
-    for (int j = 0; j < NV; ++j) v[j] = _mm512_loadu_ps(values[l] + 16 * j);
+    for (int j = 0; j < NV; ++j) v[j] = load16(values[l] + 16 * j);
     for (int g = 0; g < G; ++g) {
       const __m512 pl = _mm512_set1_ps(p[g * p_stride + l]);
       for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_fmadd_ps(pl, v[j], acc[g][j]);
@@ -191,10 +213,11 @@ inline void weighted_sums_g(const float* p, int64_t p_stride, const float* const
 }
 
 // out[g * out_stride ...] = the weighted sum with weights p[g * p_stride ...], for g < G.
-inline void weighted_sums(const float* p, int64_t p_stride, const float* const* values, int64_t L, int64_t G,
+template <class T>
+inline void weighted_sums(const float* p, int64_t p_stride, const T* const* values, int64_t L, int64_t G,
                           int64_t D, float* out, int64_t out_stride) {
 #define INTERLOCK_WS(GG, NV) \
-  if (G == GG && D == 16 * NV) return weighted_sums_g<GG, NV>(p, p_stride, values, L, out, out_stride)
+  if (G == GG && D == 16 * NV) return weighted_sums_g<GG, NV, T>(p, p_stride, values, L, out, out_stride)
   INTERLOCK_WS(1, 4); INTERLOCK_WS(2, 4); INTERLOCK_WS(3, 4); INTERLOCK_WS(4, 4);     // D = 64
   INTERLOCK_WS(1, 8); INTERLOCK_WS(2, 8);                                            // D = 128
   INTERLOCK_WS(1, 1); INTERLOCK_WS(2, 1); INTERLOCK_WS(4, 1);                         // D = 16 (tests)
@@ -224,7 +247,8 @@ struct SeqRows {
   int64_t out_stride;
 };
 
-inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, const float* kp, const float* vp,
+template <class T>
+inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, const T* kp, const T* vp,
                         int64_t Hkv, int64_t block_size, float scale) {
   const int64_t G = H / Hkv;
   struct Task { int64_t seq, h, tile, part; };
@@ -245,9 +269,9 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
 
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores;
-    const std::vector<float> zeros(D, 0.f);
-    const float* keys[kTile];
-    const float* values[kTile];
+    const std::vector<T> zeros(D, T(0.f));
+    const T* keys[kTile];
+    const T* values[kTile];
     for (int64_t ti = t0; ti < t1; ++ti) {
       const Task& t = tasks[ti];
       const SeqRows& sq = seqs[t.seq];

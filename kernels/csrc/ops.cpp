@@ -21,6 +21,11 @@ void check_f32(const at::Tensor& t, int64_t dim, const char* name) {
               name, ": a contiguous fp32 CPU tensor with ", dim, " dims");
 }
 
+void check_cache(const at::Tensor& t, int64_t dim, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16) &&
+              t.dim() == dim && t.is_contiguous(), name, ": a contiguous fp32 or bf16 CPU tensor with ", dim, " dims");
+}
+
 void check_int8(const at::Tensor& q, const at::Tensor& scale, int64_t K, const char* name) {
   TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous() &&
               q.size(1) == K && K % kQBlock == 0, name, ": contiguous int8 [N, ", K, "], K a multiple of 32");
@@ -58,18 +63,22 @@ std::string int8_kernel() {
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                          const at::Tensor& blocks, int64_t block_size, int64_t start, double scale) {
   check_f32(q, 3, "q");
-  check_f32(k_cache, 3, "k_cache");
-  check_f32(v_cache, 3, "v_cache");
+  check_cache(k_cache, 3, "k_cache");
+  check_cache(v_cache, 3, "v_cache");
   const int64_t n = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_cache.size(1);
-  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == D && H % Hkv == 0 && D % 16 == 0,
-              "head shapes do not match");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type() &&
+              k_cache.size(2) == D && H % Hkv == 0 && D % 16 == 0, "head shapes do not match");
   check_table(blocks, start + n, block_size, k_cache.size(0));
   at::Tensor out = at::empty({n, H * D}, q.options());
-  const float *qp = q.data_ptr<float>(), *kp = k_cache.data_ptr<float>(), *vp = v_cache.data_ptr<float>();
-  const int64_t* table = blocks.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-  attend_rows({SeqRows{qp, H * D, n, start, table, op, H * D}}, H, D, kp, vp, Hkv, block_size,
-              static_cast<float>(scale));
+  const std::vector<SeqRows> seqs{SeqRows{q.data_ptr<float>(), H * D, n, start, blocks.data_ptr<int64_t>(),
+                                          out.data_ptr<float>(), H * D}};
+  if (k_cache.scalar_type() == at::kFloat)
+    attend_rows(seqs, H, D, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), Hkv, block_size,
+                static_cast<float>(scale));
+  else
+    attend_rows(seqs, H, D, reinterpret_cast<const bf16*>(k_cache.data_ptr<at::BFloat16>()),
+                reinterpret_cast<const bf16*>(v_cache.data_ptr<at::BFloat16>()), Hkv, block_size,
+                static_cast<float>(scale));
   return out;
 }
 
@@ -95,15 +104,16 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
                         at::TensorList up_q, at::TensorList up_s, at::TensorList down_q, at::TensorList down_s,
                         int64_t n_heads, int64_t n_kv_heads, double eps, int64_t block_size) {
   check_f32(x_in, 2, "x");
-  check_f32(k_all, 4, "k_all");
-  check_f32(v_all, 4, "v_all");
+  check_cache(k_all, 4, "k_all");
+  check_cache(v_all, 4, "v_all");
   const int64_t T = x_in.size(0), E = x_in.size(1), layers = static_cast<int64_t>(attn_norms.size());
   const int64_t H = n_heads, Hkv = n_kv_heads, D = k_all.size(3), slots = k_all.size(1);
   const int64_t QKV = (H + 2 * Hkv) * D;
   check_f32(cos, 2, "cos");
   check_f32(sin, 2, "sin");
   TORCH_CHECK(cos.size(0) == T && cos.size(1) == D && sin.sizes() == cos.sizes(), "cos/sin: [T, D]");
-  TORCH_CHECK(k_all.sizes() == v_all.sizes() && k_all.size(2) == Hkv && k_all.size(0) >= layers &&
+  TORCH_CHECK(k_all.sizes() == v_all.sizes() && k_all.scalar_type() == v_all.scalar_type() &&
+              k_all.size(2) == Hkv && k_all.size(0) >= layers &&
               H % Hkv == 0 && D % 16 == 0, "KV caches do not match the heads");
   TORCH_CHECK(write_slots.scalar_type() == at::kLong && write_slots.dim() == 1 && write_slots.size(0) == T &&
               write_slots.is_contiguous(), "write_slots: long [T]");
@@ -148,9 +158,12 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int64_t layer_slots = slots * Hkv * D;
 
+  // The layer loop for either cache type (T = float or bf16; K/V rounded to T as they are written,
+  // as torch's .to() does on the prompt path).
+  auto run_layers = [&](auto* k_base, auto* v_base) {
   for (int64_t l = 0; l < layers; ++l) {
-    float* kc = k_all.data_ptr<float>() + l * layer_slots;
-    float* vc = v_all.data_ptr<float>() + l * layer_slots;
+    auto* kc = k_base + l * layer_slots;
+    auto* vc = v_base + l * layer_slots;
     rms_norm_raw(xp, attn_norms[l].data_ptr<float>(), T, E, static_cast<float>(eps), h.data());
     int8_linear_raw(h.data(), qkv_q[l].data_ptr<int8_t>(), qkv_s[l].data_ptr<float>(), qkv.data(), T, E, QKV);
     for (int64_t t = 0; t < T; ++t) {
@@ -176,6 +189,12 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
     int8_linear_raw(act.data(), down_q[l].data_ptr<int8_t>(), down_s[l].data_ptr<float>(), tmp.data(), T, I, E);
     for (int64_t i = 0; i < T * E; ++i) xp[i] += tmp[i];
   }
+  };
+  if (k_all.scalar_type() == at::kFloat)
+    run_layers(k_all.data_ptr<float>(), v_all.data_ptr<float>());
+  else
+    run_layers(reinterpret_cast<bf16*>(k_all.data_ptr<at::BFloat16>()),
+               reinterpret_cast<bf16*>(v_all.data_ptr<at::BFloat16>()));
   return x;
 }
 

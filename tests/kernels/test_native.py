@@ -107,10 +107,18 @@ def test_row_attention_matches_reference_per_head_shape(h: int, hkv: int, d: int
     _row_attention_case(h, hkv, d, 140, 4, 16, gen)
 
 
-def _row_attention_case(h: int, hkv: int, d: int, start: int, n: int, block_size: int, gen: torch.Generator) -> None:
+@needs_native
+@pytest.mark.parametrize("start", [0, 140, 383])
+def test_row_attention_reads_a_bf16_cache(start: int, gen: torch.Generator) -> None:
+    _row_attention_case(9, 3, 64, start, 4, 16, gen, cache_dtype=torch.bfloat16)
+
+
+def _row_attention_case(h: int, hkv: int, d: int, start: int, n: int, block_size: int, gen: torch.Generator,
+                        cache_dtype: torch.dtype = torch.float32) -> None:
     need = -(-(start + n) // block_size)
     table = list(torch.randperm(need + 3, generator=gen)[:need].tolist())     # scattered blocks
     k, v, blocks = _paged_cache(gen, table, block_size, hkv, d)
+    k, v = k.to(cache_dtype), v.to(cache_dtype)               # the reference reads the same rounded values
     q = torch.randn(n, h, d, generator=gen)
     out = native.row_attention(q, k, v, blocks, block_size, start, d ** -0.5)
     ref = native.row_attention(q, k, v, blocks, block_size, start, d ** -0.5, backend="reference")
