@@ -202,7 +202,7 @@ class Engine:
         # the step buffers; the Scheduler alone sends to the others.
         kv_actor = KVActor(kv)
         verifier = VerifierActor(loaded.model, kv, timeline, buffers, step, self.tokenizer.vocab_size, eos)
-        drafter = self._drafter = (ModelDrafter(self._draft_lm, c.num_blocks, c.block_size, eos)
+        drafter = self._drafter = (ModelDrafter(self._draft_lm, c.num_blocks, c.block_size, eos, c.prefill_chunk)
                                    if self._draft_lm is not None else None)
         if drafter is not None and isinstance(drafter.lm.model, TensorParallelModel):
             drafter.kv.k = drafter.kv.v = torch.empty(0)        # a self-draft's K/V live on the ranks too

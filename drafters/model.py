@@ -86,9 +86,11 @@ class ModelDrafter:
     Owned by the DraftChain; `feed` runs the model (on the model lane), everything else is
     O(tokens touched)."""
 
-    def __init__(self, lm: DraftLM, num_blocks: int, block_size: int, eos_token_ids: tuple[int, ...] = ()) -> None:
+    def __init__(self, lm: DraftLM, num_blocks: int, block_size: int, eos_token_ids: tuple[int, ...] = (),
+                 prefill_chunk: int = 256) -> None:
         self.lm = lm
         self.kv = lm.new_cache(num_blocks, block_size)
+        self.prefill_chunk = prefill_chunk      # the target's (actors/planner.py), see _prefill
         self.eos = frozenset(eos_token_ids)     # a draft stops after one of these
         self._seqs: dict[RequestId, _Seq] = {}
         self._next_seq = 0
@@ -133,6 +135,7 @@ class ModelDrafter:
         chunks = []
         for request_id, drafts in feeds:
             s = self._seqs[request_id]
+            self._prefill(s)
             tokens = tuple(s.pending) + tuple(drafts)
             start = self.kv.length(s.seq)
             self.kv.reserve(s.seq, len(tokens))
@@ -140,6 +143,22 @@ class ModelDrafter:
             s.pending.clear()
             s.fed.extend(drafts)
         return self.lm(chunks, self.kv).clone()     # a normal tensor: the caller masks it in place
+
+    def _prefill(self, s: _Seq) -> None:
+        """A new prompt's tokens but the last, in the chunks the target prefills them in.
+
+        Prompt chunks take the dense path, whose GEMMs round a row differently for another chunk
+        length; chunked as the target's, the draft's prompt K/V are bitwise the target's, so a
+        draft model that is the target proposes exactly the target's tokens (a bf16 KV cache turns
+        the last-bit differences of unaligned chunks into whole bf16 steps)."""
+        if self.kv.length(s.seq) or len(s.pending) <= 1:
+            return
+        body, c = s.pending[:-1], self.prefill_chunk
+        for offset in range(0, len(body), c):
+            part = tuple(body[offset: offset + c])
+            start = self.kv.reserve(s.seq, len(part))
+            self.lm([SeqChunk(s.seq, part, start, ())], self.kv)
+        del s.pending[:-1]
 
     def commit(self, request_id: RequestId, new_tokens: tuple[TokenId, ...]) -> None:
         """The step's outcome: keep the KV of fed drafts that were accepted, rewind the others."""
