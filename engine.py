@@ -103,7 +103,8 @@ def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> 
     if speculative.draft_lm is not None:
         return speculative.draft_lm
     assert speculative.draft_model is not None
-    draft = load_model(speculative.draft_model, weights=target.model.weights or "int8")
+    draft = load_model(speculative.draft_model, weights=target.model.weights or "int8",
+                       kv_dtype=target.config.kv_dtype)         # the target's cache numerics
     if draft.tokenizer.vocab_size != target.tokenizer.vocab_size or \
             draft.tokenizer.eos_token_ids != target.tokenizer.eos_token_ids:
         raise UnsupportedModelError(
