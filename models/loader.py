@@ -70,9 +70,8 @@ def load_model(name_or_path: str, *, weights: Weights = "int8", dtype: Dtype = "
     seed: the random weights of the "tiny" preset.
     """
     start = time.perf_counter()
-    kv = kv_dtype or dtype
     if name_or_path == TINY:
-        config = tiny_config(TINY_PADDED_VOCAB, dtype=dtype).replace(kv_dtype=kv)
+        config = tiny_config(TINY_PADDED_VOCAB, dtype=dtype).replace(kv_dtype=kv_dtype)
         tokenizer = load_tokenizer(TINY)
         config = config.replace(eos_token_id=tokenizer.eos_token_ids[0])
         model = random_transformer(config, seed=seed).build(weights)
@@ -86,7 +85,7 @@ def load_model(name_or_path: str, *, weights: Weights = "int8", dtype: Dtype = "
         model = Transformer(config)
         model.load_hf_state_dict(state)
         tokenizer = load_hf_tokenizer(path)
-    model.config = model.config.replace(kv_dtype=kv)
+    model.config = model.config.replace(kv_dtype=kv_dtype)
     model.build(weights)
     return LoadedModel(name_or_path, model.config, model, tokenizer, time.perf_counter() - start)
 

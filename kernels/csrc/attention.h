@@ -155,41 +155,11 @@ inline const T* kv_at(const T* cache, const int64_t* table, int64_t block_size, 
   return cache + ((table[l / block_size] * block_size + l % block_size) * Hkv + h) * D;
 }
 
-// out[0:D] = sum over l < L of p[l] * values[l], in key order. NV = D / 16 is a template
-// argument so the accumulators stay in registers (a runtime count spilled them to the stack,
-// where every FMA waited on a store).
-template <int NV, class T>
-inline void weighted_sum_nv(const float* p, const T* const* values, int64_t L, float* out) {
-#if defined(__AVX512F__)
-  __m512 acc[NV];
-  for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
-  for (int64_t l = 0; l < L; ++l) {
-    const __m512 pl = _mm512_set1_ps(p[l]);
-    for (int j = 0; j < NV; ++j) acc[j] = _mm512_fmadd_ps(pl, load16(values[l] + 16 * j), acc[j]);
-  }
-  for (int j = 0; j < NV; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
-#else
-  for (int64_t d = 0; d < 16 * NV; ++d) out[d] = 0.f;
-  for (int64_t l = 0; l < L; ++l) axpy(p[l], values[l], out, 16 * NV);
-#endif
-}
-
-template <class T>
-inline void weighted_sum(const float* p, const T* const* values, int64_t L, int64_t D, float* out) {
-  switch (D / 16) {
-    case 1: return weighted_sum_nv<1>(p, values, L, out);
-    case 2: return weighted_sum_nv<2>(p, values, L, out);
-    case 3: return weighted_sum_nv<3>(p, values, L, out);
-    case 4: return weighted_sum_nv<4>(p, values, L, out);
-    case 8: return weighted_sum_nv<8>(p, values, L, out);
-    default:
-      for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
-      for (int64_t l = 0; l < L; ++l) axpy(p[l], values[l], out, D);
-  }
-}
-
-// The G query heads of one KV head at once: each value vector is loaded once for all of them.
-// Per head the FMAs are the ones weighted_sum does, in the same order (same bits).
+// out[g * out_stride + 0:D] = sum over l < L of p[g * p_stride + l] * values[l], in key order, for
+// the G query heads of one KV head at once: each value vector is loaded once for all of them.
+// G and NV = D / 16 are template arguments so the accumulators stay in registers (a runtime count
+// spilled them to the stack, where every FMA waited on a store). Per head the FMAs are the same,
+// in the same order, whatever G is: the same bits as one head alone.
 template <int G, int NV, class T>
 inline void weighted_sums_g(const float* p, int64_t p_stride, const T* const* values, int64_t L, float* out,
                             int64_t out_stride) {
@@ -208,21 +178,38 @@ inline void weighted_sums_g(const float* p, int64_t p_stride, const T* const* va
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < NV; ++j) _mm512_storeu_ps(out + g * out_stride + 16 * j, acc[g][j]);
 #else
-  for (int g = 0; g < G; ++g) weighted_sum_nv<NV>(p + g * p_stride, values, L, out + g * out_stride);
+  for (int g = 0; g < G; ++g) {
+    for (int64_t d = 0; d < 16 * NV; ++d) out[g * out_stride + d] = 0.f;
+    for (int64_t l = 0; l < L; ++l) axpy(p[g * p_stride + l], values[l], out + g * out_stride, 16 * NV);
+  }
 #endif
 }
 
-// out[g * out_stride ...] = the weighted sum with weights p[g * p_stride ...], for g < G.
+// The same for any G and D: unrolled shapes where one exists, else head by head (unrolled D where
+// possible, else a plain loop).
 template <class T>
 inline void weighted_sums(const float* p, int64_t p_stride, const T* const* values, int64_t L, int64_t G,
                           int64_t D, float* out, int64_t out_stride) {
 #define INTERLOCK_WS(GG, NV) \
   if (G == GG && D == 16 * NV) return weighted_sums_g<GG, NV, T>(p, p_stride, values, L, out, out_stride)
-  INTERLOCK_WS(1, 4); INTERLOCK_WS(2, 4); INTERLOCK_WS(3, 4); INTERLOCK_WS(4, 4);     // D = 64
-  INTERLOCK_WS(1, 8); INTERLOCK_WS(2, 8);                                            // D = 128
-  INTERLOCK_WS(1, 1); INTERLOCK_WS(2, 1); INTERLOCK_WS(4, 1);                         // D = 16 (tests)
+  INTERLOCK_WS(2, 4); INTERLOCK_WS(3, 4); INTERLOCK_WS(4, 4);     // D = 64
+  INTERLOCK_WS(2, 8);                                            // D = 128
+  INTERLOCK_WS(2, 1); INTERLOCK_WS(4, 1);                         // D = 16 (tests)
 #undef INTERLOCK_WS
-  for (int64_t g = 0; g < G; ++g) weighted_sum(p + g * p_stride, values, L, D, out + g * out_stride);
+  for (int64_t g = 0; g < G; ++g) {
+    const float* pg = p + g * p_stride;
+    float* og = out + g * out_stride;
+    switch (D / 16) {
+      case 1: weighted_sums_g<1, 1, T>(pg, 0, values, L, og, 0); continue;
+      case 2: weighted_sums_g<1, 2, T>(pg, 0, values, L, og, 0); continue;
+      case 3: weighted_sums_g<1, 3, T>(pg, 0, values, L, og, 0); continue;
+      case 4: weighted_sums_g<1, 4, T>(pg, 0, values, L, og, 0); continue;
+      case 8: weighted_sums_g<1, 8, T>(pg, 0, values, L, og, 0); continue;
+      default:
+        for (int64_t d = 0; d < D; ++d) og[d] = 0.f;
+        for (int64_t l = 0; l < L; ++l) axpy(pg[l], values[l], og, D);
+    }
+  }
 }
 
 // Row attention, split into fixed tiles of keys (flash-decoding).

@@ -27,7 +27,7 @@
 
 #include "int8_quant.h"
 
-#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(INTERLOCK_VNNI)
 #define INTERLOCK_HAVE_AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -105,7 +105,6 @@ inline void amx_rows(const QuantRows& a, int64_t M, AmxRows& out) {
   }
 }
 
-// Output rows n0 .. n0 + 16 of w (row stride K) for every activation row.
 // C tile `ct` += the dots of chunks c0, c0 + 1. GCC's tile intrinsics paste their tile numbers
 // into register names, so each tile number is spelled out.
 #define INTERLOCK_TILE_DOT(C, A, B)                       \
@@ -141,36 +140,6 @@ inline void flush(int ct, const float* pair_scales, __m512 (&acc)[16]) {
     _tile_stored(1, out, 64);
     _tile_zero(1);
   }
-  const __m512 s = _mm512_loadu_ps(pair_scales);
-  for (int n = 0; n < 16; ++n)
-    acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(out + 16 * n)), s, acc[n]);
-}
-
-// Output rows n0 .. n0 + 16 of w (row stride K) for every activation row.
-// C += chunk c's dot. Tile numbers are immediates, hence the templates.
-template <int C, int A, int B>
-inline void tile_dot(const int8_t* w, int64_t K, const int8_t* b) {
-  _tile_loadd(A, w, K);
-  _tile_loadd(B, b, 64);
-  _tile_dpbssd(C, A, B);
-}
-
-template <int C>
-inline void pair_dots(const AmxRows& act, const int8_t* w, int64_t K, int64_t pass, int64_t c0) {
-  const int64_t full = K / kChunk;
-  for (int64_t c = c0; c < std::min(c0 + 2, act.chunks); ++c) {
-    if (c >= full) tile_dot<C, 6, 7>(w + c * kChunk, K, act.tile(pass, c));
-    else if (c % 2 == 0) tile_dot<C, 2, 4>(w + c * kChunk, K, act.tile(pass, c));
-    else tile_dot<C, 3, 5>(w + c * kChunk, K, act.tile(pass, c));
-  }
-}
-
-// acc[n] += C[n] (int32 -> fp32, exact) * the pair's lane scales; C zeroed.
-template <int C>
-inline void flush(const float* pair_scales, __m512 (&acc)[16]) {
-  alignas(64) int32_t out[16 * 16];
-  _tile_stored(C, out, 64);
-  _tile_zero(C);
   const __m512 s = _mm512_loadu_ps(pair_scales);
   for (int n = 0; n < 16; ++n)
     acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(out + 16 * n)), s, acc[n]);

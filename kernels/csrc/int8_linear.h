@@ -26,7 +26,7 @@
 
 namespace interlock_cpu {
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(INTERLOCK_VNNI)
 
 // One 64-weight chunk of NB output rows against MB activation rows (the rows' chunk data loaded
 // once, in registers, for all NB output rows).
@@ -113,7 +113,11 @@ inline void int8_linear_raw(const float* x, const int8_t* q, const float* scale,
                             int64_t M, int64_t K, int64_t N) {
   thread_local QuantRows scratch;      // reused: a step calls this ~150 times on small rows
   const bool amx = amx_enabled();
-  quantize_rows(x, M, K, scratch, /*with_fix=*/!amx || M == 1);
+#if defined(INTERLOCK_VNNI)
+  quantize_rows(x, M, K, scratch, /*with_fix=*/!amx || M == 1);     // the VNNI kernels read the fix
+#else
+  quantize_rows(x, M, K, scratch, /*with_fix=*/false);             // the portable kernel is signed x signed
+#endif
   const QuantRows& a = scratch;        // the caller's buffer, named so the workers read this one
   if (amx) {
     int8_linear_amx(a, q, scale, y, M, K, N);

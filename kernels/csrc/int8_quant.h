@@ -11,6 +11,11 @@
 #include <immintrin.h>
 #endif
 
+// The int8 x int8 kernels need AVX512-VNNI (the dot) and AVX512-BW (byte loads and packs).
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define INTERLOCK_VNNI 1
+#endif
+
 namespace interlock_cpu {
 
 constexpr int64_t kQBlock = 32;      // activations per quantization scale
@@ -46,7 +51,7 @@ inline void quantize_block(const float* v, int8_t* q, float* scale_out) {
   *scale_out = amax / 127.f;
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(INTERLOCK_VNNI)
 // The same arithmetic 16 lanes at a time (cvtps_epi32 rounds to nearest even, as nearbyint).
 inline void quantize_block_avx512(const float* v, int8_t* q, float* scale_out) {
   const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
@@ -59,7 +64,7 @@ inline void quantize_block_avx512(const float* v, int8_t* q, float* scale_out) {
 }
 #endif
 
-// with_fix: also the lane corrections (only the VNNI kernel's unsigned x signed dot needs them).
+// with_fix: also the lane corrections (only the VNNI kernels' unsigned x signed dot reads them).
 inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out, bool with_fix) {
   const int64_t chunks = (K + kChunk - 1) / kChunk, blocks = K / kQBlock;
   out.chunks = chunks;
@@ -69,7 +74,7 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out, 
     for (int64_t b = 0; b < blocks; ++b) {
       int8_t* q = out.q.data() + m * chunks * kChunk + b * kQBlock;
       float s;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(INTERLOCK_VNNI)
       quantize_block_avx512(x + m * K + b * kQBlock, q, &s);
 #else
       quantize_block(x + m * K + b * kQBlock, q, &s);
@@ -83,18 +88,14 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out, 
     }
   }
   if (!with_fix) return;
+#if defined(INTERLOCK_VNNI)
   out.lane_fix.resize(M * chunks * kLanes);
   for (int64_t i = 0; i < M * chunks; ++i) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)),
                                              _mm512_loadu_si512(out.q.data() + i * kChunk));   // 128 * lane sums
     _mm512_storeu_si512(out.lane_fix.data() + i * kLanes, _mm512_sub_epi32(_mm512_setzero_si512(), sums));
-#else
-    const int8_t* q = out.q.data() + i * kChunk;
-    for (int64_t lane = 0; lane < kLanes; ++lane)
-      out.lane_fix[i * kLanes + lane] = -128 * (q[4 * lane] + q[4 * lane + 1] + q[4 * lane + 2] + q[4 * lane + 3]);
-#endif
   }
+#endif
 }
 
 }  // namespace interlock_cpu

@@ -26,6 +26,15 @@ void check_cache(const at::Tensor& t, int64_t dim, const char* name) {
               t.dim() == dim && t.is_contiguous(), name, ": a contiguous fp32 or bf16 CPU tensor with ", dim, " dims");
 }
 
+// f(k, v) with the caches' data as float* or bf16* (check_cache has allowed only those two).
+template <class F>
+void with_cache_type(const at::Tensor& k, const at::Tensor& v, F&& f) {
+  if (k.scalar_type() == at::kFloat)
+    f(k.data_ptr<float>(), v.data_ptr<float>());
+  else
+    f(reinterpret_cast<bf16*>(k.data_ptr<at::BFloat16>()), reinterpret_cast<bf16*>(v.data_ptr<at::BFloat16>()));
+}
+
 void check_int8(const at::Tensor& q, const at::Tensor& scale, int64_t K, const char* name) {
   TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous() &&
               q.size(1) == K && K % kQBlock == 0, name, ": contiguous int8 [N, ", K, "], K a multiple of 32");
@@ -53,7 +62,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
 
 // Which int8 x int8 kernel this process runs: "amx", "vnni" or "portable" (kernels/native.py).
 std::string int8_kernel() {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(INTERLOCK_VNNI)
   return amx_enabled() ? "amx" : "vnni";
 #else
   return "portable";
@@ -72,13 +81,9 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
   at::Tensor out = at::empty({n, H * D}, q.options());
   const std::vector<SeqRows> seqs{SeqRows{q.data_ptr<float>(), H * D, n, start, blocks.data_ptr<int64_t>(),
                                           out.data_ptr<float>(), H * D}};
-  if (k_cache.scalar_type() == at::kFloat)
-    attend_rows(seqs, H, D, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), Hkv, block_size,
-                static_cast<float>(scale));
-  else
-    attend_rows(seqs, H, D, reinterpret_cast<const bf16*>(k_cache.data_ptr<at::BFloat16>()),
-                reinterpret_cast<const bf16*>(v_cache.data_ptr<at::BFloat16>()), Hkv, block_size,
-                static_cast<float>(scale));
+  with_cache_type(k_cache, v_cache, [&](const auto* kp, const auto* vp) {
+    attend_rows(seqs, H, D, kp, vp, Hkv, block_size, static_cast<float>(scale));
+  });
   return out;
 }
 
@@ -190,11 +195,7 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
     for (int64_t i = 0; i < T * E; ++i) xp[i] += tmp[i];
   }
   };
-  if (k_all.scalar_type() == at::kFloat)
-    run_layers(k_all.data_ptr<float>(), v_all.data_ptr<float>());
-  else
-    run_layers(reinterpret_cast<bf16*>(k_all.data_ptr<at::BFloat16>()),
-               reinterpret_cast<bf16*>(v_all.data_ptr<at::BFloat16>()));
+  with_cache_type(k_all, v_all, run_layers);
   return x;
 }
 
