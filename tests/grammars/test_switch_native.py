@@ -78,8 +78,12 @@ def hinted(matcher, tokenizer, texts: list[str], switched: list[int] | None = No
             self.seen.clear()
 
         def marker_hints(self):
-            hints = {s[k] for s in seqs for k in range(1, len(s)) if self.seen[-k:] == s[:k]}
-            hints = hints or {s[0] for s in seqs}
+            # Until this walk has crossed the switch, only the first marker: the others (a tag
+            # inside free reasoning text) would interleave with it and make crossings rare.
+            crossed = any(self.seen[i: i + len(first)] == first for i in range(len(self.seen) - len(first) + 1))
+            live = seqs if crossed else [first]
+            hints = {s[k] for s in live for k in range(1, len(s)) if self.seen[-k:] == s[:k]}
+            hints = hints or {s[0] for s in live}
             return sorted(t for t in hints if self.validate([t]) == 1)
 
     out = Hinted.__new__(Hinted)
