@@ -113,6 +113,13 @@ def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> 
     return DraftLM.full(draft.model)
 
 
+def prefix_granularity(model: object, c: SchedulerConfig) -> int:
+    """Positions a prefix-cache hit is rounded down to. A prompt's K/V must be bit-identical with
+    and without the cache: a model whose prompt chunks take the batch-invariant rows path computes
+    them the same for any chunking, so any whole block; the dense path only for whole chunks."""
+    return c.block_size if getattr(model, "rows_prefill", False) else math.lcm(c.prefill_chunk, c.block_size)
+
+
 def lane_threads(threads: int | None) -> int:
     """The model lane's torch threads for EngineConfig.threads (see there)."""
     if threads is not None:
@@ -193,7 +200,7 @@ class Engine:
         tp = isinstance(loaded.model, TensorParallelModel)
         kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size,
                                       prefix_caching=self.config.prefix_caching and not tp,
-                                      prefix_granularity=math.lcm(c.prefill_chunk, c.block_size))
+                                      prefix_granularity=prefix_granularity(loaded.model, c))
         if tp:
             kv.k = kv.v = torch.empty(0)    # the ranks hold the K/V; here only the block tables matter
         buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)

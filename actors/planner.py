@@ -7,8 +7,9 @@ Prompt chunks sit at fixed boundaries (multiples of `prefill_chunk`) so a reques
 computed the same way whatever else shares its steps: with the batch-invariant forward, a request
 produces exactly the tokens it produces alone. A CFG request's companion prefills side by side and
 the pair samples only when both prefills are done. A prompt whose start is in the prefix cache
-begins prefilling at the cached count (a multiple of the block size): its first chunk runs to the
-next boundary, so the chunks it computes are the ones it would compute without the cache.
+begins prefilling at the cached count (a multiple of the prefix granularity, engine.py): its first
+chunk runs to the next boundary, so the chunks it computes are the ones it would compute without
+the cache, or, on the rows path, compute the same bits as those.
 """
 from __future__ import annotations
 

@@ -132,10 +132,11 @@ class RowSplit:
     rows: tuple[SeqView, ...]       # the row-path views, offsets counting row tokens only
 
 
-def split_rows(batch: ForwardBatch) -> RowSplit:
-    rows = tuple(v for v in batch.seqs if v.mask is None)
+def split_rows(batch: ForwardBatch, all_rows: bool = False) -> RowSplit:
+    """all_rows: every chunk takes the row path, prompt chunks included."""
+    rows = tuple(v for v in batch.seqs if v.mask is None or all_rows)
     device = batch.input_ids.device
-    if not batch.dense:
+    if not batch.dense or all_rows:
         return RowSplit(None, torch.zeros(0, dtype=torch.long, device=device),
                         torch.arange(batch.num_tokens, device=device), rows)
     dense_views = [v for v in batch.seqs if v.mask is not None]

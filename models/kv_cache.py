@@ -13,10 +13,12 @@ a sequence on the cached blocks of its prompt's longest cached prefix. Shared bl
 committed; a sequence only ever writes at positions >= its length, so it never writes into them.
 
 `prefix_granularity` (positions, a multiple of the block size) rounds every hit down to a multiple
-of itself. The engine sets it to the prefill chunk: a prompt then resumes at a chunk boundary and
-computes exactly the chunks a cold prefill computes, bit for bit. A hit inside a chunk would
-compute that chunk's tail as a shorter GEMM, and the bf16 GEMM picks its kernel (so its rounding)
-by the number of rows: logits would move by a few hundredths on SmolLM2.
+of itself. Where prompt chunks take the dense path the engine sets it to the prefill chunk: a
+prompt then resumes at a chunk boundary and computes exactly the chunks a cold prefill computes,
+bit for bit. A hit inside a chunk would compute that chunk's tail as a shorter GEMM, and the bf16
+GEMM picks its kernel (so its rounding) by the number of rows: logits would move by a few
+hundredths on SmolLM2. Where they take the batch-invariant rows path (`Transformer.rows_prefill`,
+on AMX) any chunking computes the same bits, and a hit is any whole number of blocks.
 """
 from __future__ import annotations
 

@@ -228,6 +228,160 @@ inline void one_row_block(const QuantRows& a, const float* pair_scales, const in
                  (l[one_row_lane(j, 1, 0)] + l[one_row_lane(j, 1, 1)])) * scale[n0 + j];
 }
 
+// Many rows (a prompt chunk): 16 activation rows per B tile, one quantization block per dot.
+//
+// The pass kernel above gives each row 4 of B's 16 columns, so it reads every weight tile once per
+// 4 rows; a 256-row chunk would read the weights 64 times. Here B holds one 32-value block of 16
+// rows (tile row r: values 4r .. 4r + 3, column m: activation row m) against A = 16 weight rows x
+// the same 32 values, so C[n][m] is that block's exact integer dot, as a column of the pass
+// kernel's C holds. The fp32 work is the pass kernel's, reordered only where operations are
+// independent: lane l = b % 4 of (n, m) gets blocks l, l + 4, ... by FMA in block order (the
+// pass kernel's lane 2g + h), and the same final tree. So every row's bits equal the pass and
+// one-row kernels': a prompt row computed here equals that row decoded, whatever the chunk.
+constexpr int64_t kGroupRows = 16;      // activation rows per B tile
+constexpr int64_t kGemmMinRows = 8;     // fewer rows: the pass kernel (measured, README)
+
+// Tiles: 0-3 C [16 x 16 int32] (a ring: a block's products are read two dots after its own);
+// 4, 5 A [16 x 32 B] and 6, 7 B [8 x 64 B] (alternate blocks).
+inline void load_group_tile_config() {
+  TileConfig cfg;
+  const int rows[8] = {16, 16, 16, 16, 16, 16, 8, 8}, cols[8] = {64, 64, 64, 64, 32, 32, 64, 64};
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(rows[t]);
+    cfg.colsb[t] = static_cast<uint16_t>(cols[t]);
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// The activations as B tiles [group][block][8 x 64 B] and scales [group][block][16] (0 past M).
+struct AmxGroups {
+  int64_t groups = 0, blocks = 0;
+  std::vector<int8_t> tiles;
+  std::vector<float> scales;
+
+  const int8_t* tile(int64_t g, int64_t b) const { return tiles.data() + (g * blocks + b) * 512; }
+  const float* block_scales(int64_t g, int64_t b) const { return scales.data() + (g * blocks + b) * 16; }
+};
+
+inline void amx_groups(const QuantRows& a, int64_t M, int64_t K, AmxGroups& out) {
+  out.groups = (M + kGroupRows - 1) / kGroupRows;
+  out.blocks = K / kQBlock;
+  out.tiles.resize(out.groups * out.blocks * 512);
+  out.scales.resize(out.groups * out.blocks * 16);
+  at::parallel_for(0, out.groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < out.blocks; ++b) {
+        int32_t* tile = reinterpret_cast<int32_t*>(out.tiles.data() + (g * out.blocks + b) * 512);
+        float* s = out.scales.data() + (g * out.blocks + b) * 16;
+        for (int64_t m = 0; m < kGroupRows; ++m) {
+          const int64_t row = g * kGroupRows + m;
+          if (row >= M) {                  // padding rows: zero values, zero scale
+            for (int64_t r = 0; r < 8; ++r) tile[r * 16 + m] = 0;
+            s[m] = 0.f;
+            continue;
+          }
+          const int8_t* q = a.qs(row, b / 2) + kQBlock * (b % 2);
+          for (int64_t r = 0; r < 8; ++r) std::memcpy(tile + r * 16 + m, q + 4 * r, 4);
+          s[m] = a.scales(row, b / 2)[8 * (b % 2)];
+        }
+      }
+  });
+}
+
+// C tile `ct` = block b's dots of 16 weight rows (w, row stride K) x group g's 16 rows.
+#define INTERLOCK_BLOCK_DOT(C, A, B)                                   \
+  do {                                                                \
+    _tile_zero(C);                                                    \
+    _tile_loadd(A, w + (b / 2) * kChunk + (b % 2) * kQBlock, K);      \
+    _tile_loadd(B, act.tile(g, b), 64);                               \
+    _tile_dpbssd(C, A, B);                                            \
+  } while (0)
+
+inline void block_dot(int ct, const AmxGroups& act, const int8_t* w, int64_t K, int64_t g, int64_t b) {
+  switch (ct) {
+    case 0: INTERLOCK_BLOCK_DOT(0, 4, 6); break;
+    case 1: INTERLOCK_BLOCK_DOT(1, 5, 7); break;
+    case 2: INTERLOCK_BLOCK_DOT(2, 4, 6); break;
+    default: INTERLOCK_BLOCK_DOT(3, 5, 7); break;
+  }
+}
+#undef INTERLOCK_BLOCK_DOT
+
+// lane[n] += C[n] (int32 -> fp32, exact) * the block's scales, for the 16 output rows n.
+inline void flush_lane(int ct, const float* block_scales, float (*lane)[16]) {
+  alignas(64) int32_t out[16 * 16];
+  switch (ct) {
+    case 0: _tile_stored(0, out, 64); break;
+    case 1: _tile_stored(1, out, 64); break;
+    case 2: _tile_stored(2, out, 64); break;
+    default: _tile_stored(3, out, 64); break;
+  }
+  const __m512 s = _mm512_loadu_ps(block_scales);
+  for (int n = 0; n < 16; ++n)
+    _mm512_store_ps(lane[n], _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(out + 16 * n)), s,
+                                             _mm512_load_ps(lane[n])));
+}
+
+// Output rows n0 .. n0 + 16 of w for every activation row. The (group, block) pairs run as one
+// stream: block i's dot is issued, then block i - 2's products (two dots old, so ready) go into
+// its lane, so the tile unit and the vector units overlap instead of waiting on each other.
+inline void amx_group_rows(const AmxGroups& act, const int8_t* w, int64_t K, const float* scale, float* y,
+                           int64_t M, int64_t N, int64_t n0, int64_t valid_rows, const int8_t* prefetch) {
+  if (prefetch != nullptr)             // the next tile's weights, while this one computes
+    for (int64_t i = 0; i < 16 * K; i += 64) _mm_prefetch(reinterpret_cast<const char*>(prefetch + i), _MM_HINT_T1);
+  alignas(64) float lanes[2][4][16][16] = {};     // [group parity][lane][output row][activation row]
+  const int64_t total = act.groups * act.blocks;
+  for (int64_t i = 0; i < total + 2; ++i) {
+    if (i < total) block_dot(static_cast<int>(i % 4), act, w, K, i / act.blocks, i % act.blocks);
+    const int64_t j = i - 2;
+    if (j < 0 || j >= total) continue;
+    const int64_t g = j / act.blocks, b = j % act.blocks;
+    float (*lane)[16][16] = lanes[g % 2];
+    flush_lane(static_cast<int>(j % 4), act.block_scales(g, b), lane[b % 4]);
+    if (b + 1 < act.blocks) continue;
+    // The group's last block is in: the final tree, then its lanes are zeroed for group g + 2.
+    alignas(64) float out[16][16];                // [output row][activation row]
+    for (int n = 0; n < 16; ++n) {
+      const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(lane[0][n]), _mm512_load_ps(lane[1][n])),
+                                       _mm512_add_ps(_mm512_load_ps(lane[2][n]), _mm512_load_ps(lane[3][n])));
+      _mm512_store_ps(out[n], _mm512_mul_ps(sum, _mm512_set1_ps(n < valid_rows ? scale[n0 + n] : 0.f)));
+    }
+    // One 64-byte store per activation row (a column of `out`): scattered 4-byte stores into y,
+    // whose rows are N * 4 bytes apart, thrashed one L1 set when that is a multiple of 4 KB.
+    const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32(16));
+    const __mmask16 valid = static_cast<__mmask16>((1u << valid_rows) - 1);
+    const int64_t m0 = g * kGroupRows, m_end = std::min(M, m0 + kGroupRows);
+    for (int64_t m = m0; m < m_end; ++m)
+      _mm512_mask_storeu_ps(y + m * N + n0, valid,
+                            _mm512_i32gather_ps(_mm512_add_epi32(column, _mm512_set1_epi32(static_cast<int>(m - m0))),
+                                                &out[0][0], 4));
+    std::memset(lane, 0, sizeof(lanes[0]));
+  }
+}
+
+inline void int8_linear_amx_groups(const QuantRows& a, const int8_t* q, const float* scale, float* y,
+                                   int64_t M, int64_t K, int64_t N) {
+  thread_local AmxGroups scratch;
+  amx_groups(a, M, K, scratch);
+  const AmxGroups& act = scratch;
+  const int64_t tiles = (N + kTileRows - 1) / kTileRows;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    load_group_tile_config();
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kTileRows, valid = std::min(kTileRows, N - n0);
+      if (valid == kTileRows) {
+        const bool more = t + 1 < t1 && n0 + 2 * kTileRows <= N;
+        amx_group_rows(act, q + n0 * K, K, scale, y, M, N, n0, valid, more ? q + (n0 + kTileRows) * K : nullptr);
+      } else {
+        std::vector<int8_t> pad(kTileRows * K, 0);
+        std::memcpy(pad.data(), q + n0 * K, valid * K);
+        amx_group_rows(act, pad.data(), K, scale, y, M, N, n0, valid, nullptr);
+      }
+    }
+  });
+}
+
 // a: the quantized rows (with lane corrections when M == 1).
 inline void int8_linear_amx(const QuantRows& a, const int8_t* q, const float* scale, float* y,
                             int64_t M, int64_t K, int64_t N) {
@@ -244,6 +398,10 @@ inline void int8_linear_amx(const QuantRows& a, const int8_t* q, const float* sc
     at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) one_row_block(a, pair_scales, q, scale, y, K, N, 4 * b);
     });
+    return;
+  }
+  if (M >= kGemmMinRows) {
+    int8_linear_amx_groups(a, q, scale, y, M, K, N);
     return;
   }
   thread_local AmxRows by_k[2];         // a layer alternates K = E and K = I: one buffer each

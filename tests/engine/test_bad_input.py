@@ -183,8 +183,10 @@ CATALOGUE: dict[str, Bad] = {
                                                                      grammar=JsonSchema(SLOW_SCHEMA))),
     "cancel: while prefilling": Bad(CANCELLED, lambda e: _cancel_when(
         e, lambda r, s: r["requests"] == 2 and s >= 1, prompt="word " * 100), {"prefill_chunk": 16}),
+    # Not `requests == 2`: the neighbour can finish within the poll's blind spot, and the wait would
+    # then never end; the two start together, so they shared the first steps anyway.
     "cancel: mid-step (after its first tokens)": Bad(CANCELLED, lambda e: _cancel_when(
-        e, lambda r, s: r["requests"] == 2 and s >= 3)),
+        e, lambda r, s: r["requests"] >= 1 and s >= 3)),
 }
 MARKS: dict[str, pytest.MarkDecorator] = {}
 

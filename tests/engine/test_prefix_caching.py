@@ -216,10 +216,17 @@ async def test_repetition_penalty_sees_the_cached_part_of_the_prompt(tiny, mode:
     assert second == first
 
 
-async def test_a_cache_hit_gives_bit_identical_logprobs_through_the_dense_prefill_path(tiny) -> None:
-    """Prefill chunks longer than the row path (here 32 tokens) go through the bf16 GEMM, whose
-    rounding depends on its row count; hits are rounded down to whole chunks, so a prompt that hits
-    the cache computes exactly the chunks a cold prefill computes: the same logprobs, bit for bit."""
+@pytest.mark.parametrize("rows_prefill", [False, True])
+async def test_a_cache_hit_gives_bit_identical_logprobs_through_either_prefill_path(tiny, rows_prefill: bool) -> None:
+    """Prefill chunks longer than the row path's threshold (here 32 tokens) go through the bf16
+    GEMM, whose rounding depends on its row count, unless the model prefills on the rows path
+    (rows_prefill). Dense: hits are rounded down to whole chunks, so a prompt that hits the cache
+    computes exactly the chunks a cold prefill computes; rows: any chunking computes the same
+    bits, so hits are whole blocks. Either way: the same logprobs, bit for bit."""
+    from interlock.kernels import native
+
+    if rows_prefill and not native.available():
+        pytest.skip("no C++ compiler: no rows path")
     config = dict(block_size=BLOCK, prefill_chunk=32)
     sampling = SamplingParams(max_tokens=6, logprobs=3)
     shared = HEAD * 2                                  # > 2 chunks of tokens in common
@@ -232,9 +239,49 @@ async def test_a_cache_hit_gives_bit_identical_logprobs_through_the_dense_prefil
             n_shared = len(engine._encode(shared))
         return out, cached, n_shared
 
-    warm, cached, n_shared = await run(True)
-    cold, none_cached, _ = await run(False)
-    assert none_cached == 0 and cached > 0 and cached % 32 == 0 and cached <= n_shared
+    saved, tiny.model.rows_prefill = tiny.model.rows_prefill, rows_prefill
+    try:
+        warm, cached, n_shared = await run(True)
+        cold, none_cached, _ = await run(False)
+    finally:
+        tiny.model.rows_prefill = saved
+    assert none_cached == 0 and cached > 0 and cached % (BLOCK if rows_prefill else 32) == 0 and cached <= n_shared
+    if rows_prefill:
+        assert cached % 32 != 0                        # some hit ended inside a chunk
     for hit, ref in zip(warm, cold):
         assert hit.token_ids == ref.token_ids
         assert [(t.logprob, t.top) for t in hit.logprobs] == [(t.logprob, t.top) for t in ref.logprobs]
+
+
+@pytest.mark.parametrize("rows_prefill", [True, False])
+async def test_a_hit_starts_mid_chunk_when_prompt_chunks_take_the_rows_path(tiny, rows_prefill: bool) -> None:
+    """Chunks of 32 tokens, above the dense path's threshold: with prompt chunks on the
+    batch-invariant rows path a hit covers every whole block two prompts share, else only whole
+    chunks (the dense path rounds a row by its chunk). Either way the output is a cold engine's."""
+    from dataclasses import replace
+
+    from interlock.kernels import native
+
+    if rows_prefill and not native.available():
+        pytest.skip("no C++ compiler: no rows path")
+    first, second = HEAD + TEXTS[1], HEAD + TEXTS[2]
+    sampling = SamplingParams(max_tokens=16)
+    config = EngineConfig(speculative=MODES["ngram+forced"], block_size=BLOCK, prefill_chunk=32)
+    saved, tiny.model.rows_prefill = tiny.model.rows_prefill, rows_prefill
+    try:
+        async with Engine(tiny, config) as engine:
+            a, b = engine._encode(first), engine._encode(second)
+            shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+            await engine.complete(first, grammar=JsonSchema(SCHEMA), sampling=sampling)
+            m1 = await engine.metrics()
+            got = await engine.complete(second, grammar=JsonSchema(SCHEMA), sampling=sampling)
+            m2 = await engine.metrics()
+            await assert_all_free(engine)
+        async with Engine(tiny, replace(config, prefix_caching=False)) as cold:
+            want = await cold.complete(second, grammar=JsonSchema(SCHEMA), sampling=sampling)
+    finally:
+        tiny.model.rows_prefill = saved
+    unit = BLOCK if rows_prefill else 32
+    assert m2.cached_prompt_tokens - m1.cached_prompt_tokens == shared // unit * unit
+    assert shared % 32 >= BLOCK               # so the two cases differ: a hit inside the second chunk
+    assert got.token_ids == want.token_ids

@@ -22,7 +22,8 @@ def test_builds_where_a_compiler_exists() -> None:
 
 @needs_native
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 4, 32), (1, 7, 96), (3, 9, 32), (4, 64, 576), (5, 13, 1536),
-                                           (8, 130, 64), (11, 6, 160)])      # 96, 160: a half chunk at the end
+                                           (8, 130, 64), (11, 6, 160), (16, 40, 576), (37, 21, 160),
+                                           (70, 33, 96)])      # 96, 160: a half chunk at the end
 def test_int8_linear_matches_reference(m: int, n: int, k: int, gen: torch.Generator) -> None:
     x = torch.randn(m, k, generator=gen)
     x[0, :32] = 0.0                               # an all-zero block: scale 0
@@ -36,6 +37,10 @@ def test_int8_linear_matches_reference(m: int, n: int, k: int, gen: torch.Genera
     # Each row alone is bit-identical to the same row in the batch: what speculative decoding needs.
     for r in range(m):
         assert torch.equal(native.int8_linear(x[r: r + 1], q, scale, backend="native")[0], y[r])
+    # And any slice of rows (a verify step's few rows vs a prompt chunk's many: different kernels).
+    for r0, r1 in ((0, min(m, 4)), (m // 3, m), (1, m)):
+        if r1 > r0:
+            assert torch.equal(native.int8_linear(x[r0: r1], q, scale, backend="native"), y[r0: r1]), (r0, r1)
 
 
 @needs_native

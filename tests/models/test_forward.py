@@ -121,10 +121,44 @@ def test_fused_rows_track_the_torch_layer_loop(tiny_int8: LoadedModel) -> None:
 
     lm = tiny_int8
     assert (lm.model.fused_rows is not None) == native.available()      # the tiny int8 model takes it
-    fused = run_alone(lm, PROMPTS[0], [5, 6, 7, 8])
-    saved, lm.model.fused_rows = lm.model.fused_rows, None
+    saved, prefill = lm.model.fused_rows, lm.model.rows_prefill
+    lm.model.rows_prefill = False          # both prefill the prompt the same way: compare the rows
     try:
+        fused = run_alone(lm, PROMPTS[0], [5, 6, 7, 8])
+        lm.model.fused_rows = None
         loop = run_alone(lm, PROMPTS[0], [5, 6, 7, 8])
     finally:
-        lm.model.fused_rows = saved
+        lm.model.fused_rows, lm.model.rows_prefill = saved, prefill
     torch.testing.assert_close(fused, loop, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cuts", [(), (12,), (4, 36), (1, 2, 3)])
+def test_rows_prefill_is_bitwise_the_same_for_any_chunking(tiny_int8: LoadedModel, cuts: tuple[int, ...]) -> None:
+    """Prompt chunks through the rows path (what lets a prefix-cache hit start at any block): the
+    K/V and the next steps' logits do not depend on where the prompt was cut. 40 tokens: above
+    the dense path's threshold, so without rows_prefill the one-chunk prefill would take it."""
+    from interlock.kernels import native
+
+    if not native.available():
+        pytest.skip("no C++ compiler: no rows path")
+    lm = tiny_int8
+    prompt, extra = list(range(100, 140)), [5, 6, 7]
+
+    def run(cut_at: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        kv = PagedKVCache(lm.config, num_blocks=32, block_size=4)
+        kv.add_sequence(0)
+        for a, b in zip((0, *cut_at), (*cut_at, len(prompt))):
+            lm.model(build_batch([SeqChunk(0, tuple(prompt[a:b]), kv.reserve(0, b - a), ())], kv), kv)
+        logits = torch.cat([lm.model(build_batch([SeqChunk(0, (t,), kv.reserve(0, 1), (0,))], kv), kv)
+                            for t in extra])
+        slots = torch.tensor([s for b in kv.block_table(0) for s in range(b * 4, b * 4 + 4)][: len(prompt)])
+        return logits, kv.k[:, slots], kv.v[:, slots]
+
+    saved = lm.model.rows_prefill
+    lm.model.rows_prefill = True          # also where the CPU has no AMX (the VNNI kernels)
+    try:
+        whole, cut = run(()), run(cuts)
+    finally:
+        lm.model.rows_prefill = saved
+    for a, b in zip(whole, cut):
+        assert torch.equal(a, b)
