@@ -2,6 +2,8 @@
 // Activations quantized to int8 for the int8 x int8 projections (int8_linear.h, int8_amx.h):
 // blocks of 32 along K, one fp32 scale each (llama.cpp's Q8_0 activations); and the constants
 // both kernels share.
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -70,7 +72,8 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out, 
   out.chunks = chunks;
   out.q.resize(M * chunks * kChunk);            // every byte is written below: no clearing
   out.lane_scale.resize(M * chunks * kLanes);
-  for (int64_t m = 0; m < M; ++m) {
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {    // a prompt chunk's rows, across threads
+  for (int64_t m = m0; m < m1; ++m) {
     for (int64_t b = 0; b < blocks; ++b) {
       int8_t* q = out.q.data() + m * chunks * kChunk + b * kQBlock;
       float s;
@@ -87,6 +90,7 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out, 
       std::fill_n(out.lane_scale.data() + (m * chunks + chunks - 1) * kLanes + kLanes / 2, kLanes / 2, 0.f);
     }
   }
+  });
   if (!with_fix) return;
 #if defined(INTERLOCK_VNNI)
   out.lane_fix.resize(M * chunks * kLanes);

@@ -157,7 +157,17 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
   }
 
   at::Tensor x = x_in.clone();
-  std::vector<float> h(T * E), qkv(T * QKV), attn(T * H * D), tmp(T * E), gu(T * 2 * I), act(T * I);
+  // Scratch kept per thread between calls: a prompt chunk's buffers are megabytes, and fresh ones
+  // cost a page fault per 4 KB on first touch. Every element is written before it is read.
+  thread_local std::vector<float> scratch[6];
+  auto buffer = [](std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+    return v.data();
+  };
+  float *h = buffer(scratch[0], T * E), *qkv = buffer(scratch[1], T * QKV), *attn = buffer(scratch[2], T * H * D),
+        *tmp = buffer(scratch[3], T * E), *gu = buffer(scratch[4], T * 2 * I), *act = buffer(scratch[5], T * I);
+  // Per-row elementwise work, across the threads for a prompt chunk (a few rows run inline).
+  auto each_row = [T](auto&& f) { at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) { for (int64_t t = t0; t < t1; ++t) f(t); }); };
   float* xp = x.data_ptr<float>();
   const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
@@ -169,10 +179,10 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
   for (int64_t l = 0; l < layers; ++l) {
     auto* kc = k_base + l * layer_slots;
     auto* vc = v_base + l * layer_slots;
-    rms_norm_raw(xp, attn_norms[l].data_ptr<float>(), T, E, static_cast<float>(eps), h.data());
-    int8_linear_raw(h.data(), qkv_q[l].data_ptr<int8_t>(), qkv_s[l].data_ptr<float>(), qkv.data(), T, E, QKV);
-    for (int64_t t = 0; t < T; ++t) {
-      float* row = qkv.data() + t * QKV;
+    rms_norm_raw(xp, attn_norms[l].data_ptr<float>(), T, E, static_cast<float>(eps), h);
+    int8_linear_raw(h, qkv_q[l].data_ptr<int8_t>(), qkv_s[l].data_ptr<float>(), qkv, T, E, QKV);
+    each_row([&](int64_t t) {
+      float* row = qkv + t * QKV;
       if (!qkv_b.empty()) {
         const float* b = qkv_b[l].data_ptr<float>();
         for (int64_t i = 0; i < QKV; ++i) row[i] += b[i];
@@ -180,19 +190,19 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
       rope_raw(row, H + Hkv, D, cp + t * D, sp + t * D);          // q and k heads are adjacent
       std::copy(row + H * D, row + (H + Hkv) * D, kc + ws[t] * Hkv * D);
       std::copy(row + (H + Hkv) * D, row + QKV, vc + ws[t] * Hkv * D);
-    }
+    });
     std::vector<SeqRows> seqs;
     for (size_t s = 0; s < S; ++s)
-      seqs.push_back({qkv.data() + seq_offsets[s] * QKV, QKV, seq_lengths[s], seq_starts[s],
-                      tables[s].data_ptr<int64_t>(), attn.data() + seq_offsets[s] * H * D, H * D});
+      seqs.push_back({qkv + seq_offsets[s] * QKV, QKV, seq_lengths[s], seq_starts[s],
+                      tables[s].data_ptr<int64_t>(), attn + seq_offsets[s] * H * D, H * D});
     attend_rows(seqs, H, D, kc, vc, Hkv, block_size, scale);
-    int8_linear_raw(attn.data(), o_q[l].data_ptr<int8_t>(), o_s[l].data_ptr<float>(), tmp.data(), T, H * D, E);
-    for (int64_t i = 0; i < T * E; ++i) xp[i] += tmp[i];
-    rms_norm_raw(xp, ffn_norms[l].data_ptr<float>(), T, E, static_cast<float>(eps), h.data());
-    int8_linear_raw(h.data(), up_q[l].data_ptr<int8_t>(), up_s[l].data_ptr<float>(), gu.data(), T, E, 2 * I);
-    for (int64_t t = 0; t < T; ++t) silu_mul_raw(gu.data() + t * 2 * I, gu.data() + t * 2 * I + I, I, act.data() + t * I);
-    int8_linear_raw(act.data(), down_q[l].data_ptr<int8_t>(), down_s[l].data_ptr<float>(), tmp.data(), T, I, E);
-    for (int64_t i = 0; i < T * E; ++i) xp[i] += tmp[i];
+    int8_linear_raw(attn, o_q[l].data_ptr<int8_t>(), o_s[l].data_ptr<float>(), tmp, T, H * D, E);
+    each_row([&](int64_t t) { for (int64_t i = t * E; i < (t + 1) * E; ++i) xp[i] += tmp[i]; });
+    rms_norm_raw(xp, ffn_norms[l].data_ptr<float>(), T, E, static_cast<float>(eps), h);
+    int8_linear_raw(h, up_q[l].data_ptr<int8_t>(), up_s[l].data_ptr<float>(), gu, T, E, 2 * I);
+    each_row([&](int64_t t) { silu_mul_raw(gu + t * 2 * I, gu + t * 2 * I + I, I, act + t * I); });
+    int8_linear_raw(act, down_q[l].data_ptr<int8_t>(), down_s[l].data_ptr<float>(), tmp, T, I, E);
+    each_row([&](int64_t t) { for (int64_t i = t * E; i < (t + 1) * E; ++i) xp[i] += tmp[i]; });
   }
   };
   with_cache_type(k_all, v_all, run_layers);
