@@ -57,7 +57,8 @@ def _engine(args: argparse.Namespace, speculative: str | None = None):
 
     return Engine.from_pretrained(args.model, speculative=speculative or args.speculative, draft_len=args.draft_len,
                                   grammar_backend=args.backend, max_batch_size=getattr(args, "concurrency", 1),
-                                  tensor_parallel=getattr(args, "tensor_parallel", 1), threads=args.threads)
+                                  tensor_parallel=getattr(args, "tensor_parallel", 1), threads=args.threads,
+                                  prefill=args.prefill)
 
 
 async def _run(args: argparse.Namespace) -> None:
@@ -85,7 +86,7 @@ async def _run(args: argparse.Namespace) -> None:
             stats = delta.stats or stats
         print()
     base_config = EngineConfig(speculative=None, grammar=GrammarConfig(backend=args.backend), max_batch_size=1,
-                               threads=args.threads)
+                               threads=args.threads, prefill=args.prefill)
     async with Engine(engine.model, base_config) as baseline:
         base = (await baseline.complete(messages, grammar=grammar, sampling=sampling)).stats
     assert stats is not None
@@ -131,7 +132,7 @@ async def _bench(args: argparse.Namespace) -> None:
                       backend=args.backend, concurrency=args.concurrency,
                       max_tokens=args.max_tokens, temperature=args.temperature,
                       presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                      repetition_penalty=args.repetition_penalty, threads=args.threads)
+                      repetition_penalty=args.repetition_penalty, threads=args.threads, prefill=args.prefill)
     modes = [m.strip() for m in args.speculative.split(",") if m.strip()]
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
     results = await run_modes(load_model(args.model), cfg, modes, prefix_caching=caching)
@@ -172,7 +173,8 @@ async def _serve(args: argparse.Namespace) -> None:
     config = _server_config(args)
     engine = Engine.from_pretrained(args.model, speculative=args.speculative, draft_len=args.draft_len,
                                     grammar_backend=args.backend, max_batch_size=args.max_batch_size,
-                                    tensor_parallel=args.tensor_parallel, threads=args.threads)
+                                    tensor_parallel=args.tensor_parallel, threads=args.threads,
+                                    prefill=args.prefill)
     print(f"interlock serve: {config.model_name} on http://{config.host}:{config.port}/v1 "
           f"(speculative {args.speculative}, batch {args.max_batch_size})", file=sys.stderr, flush=True)
     await serve(engine, config, log_level=args.log_level)
@@ -213,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=_positive_int, default=None,
                         help="torch intra-op threads of the model lane (default: min(2, cores); every other "
                              "thread runs torch at 1)")
+    parser.add_argument("--prefill", default="auto", choices=["auto", "rows", "dense"],
+                        help="how prompt chunks are computed (EngineConfig.prefill): rows (int8, batch invariant: "
+                             "prefix-cache hits at any block), dense (bf16, unquantized weights), auto (rows "
+                             "where the CPU has AMX)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:

@@ -82,8 +82,16 @@ class EngineConfig:
     # thread that starts the engine runs torch at 1 thread (`torch.set_num_threads(1)` before
     # loading, as the CLI does), else 1 (that thread's pool is then the only one).
     threads: int | None = None
+    # How prompt chunks are computed. "rows": on the int8 rows path every decode step takes, batch
+    # invariant, so a prefix-cache hit may end at any block and cover earlier outputs (multi-turn);
+    # "dense": bf16 GEMMs with the unquantized weights, a little closer to the checkpoint (mean KL
+    # to the fp32 model 0.0018 vs 0.0032, README), hits at whole prefill chunks of a prompt only.
+    # "auto": rows where the CPU has AMX (as fast as dense there: models/llama.py), else dense.
+    prefill: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.prefill not in ("auto", "rows", "dense"):
+            raise ValueError(f"prefill must be 'auto', 'rows' or 'dense', got {self.prefill!r}")
         if self.max_batch_size < 1 or self.output_buffer < 1 or self.block_size < 1 or self.kv_cache_bytes < 1:
             raise ValueError("max_batch_size, output_buffer, block_size and kv_cache_bytes must be >= 1")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
@@ -113,10 +121,21 @@ def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> 
     return DraftLM.full(draft.model)
 
 
+def set_prefill(model: object, prefill: str) -> None:
+    """Point the model's prompt chunks at the path EngineConfig.prefill names."""
+    fused = getattr(model, "fused_rows", None) is not None
+    if prefill == "rows" and not fused:
+        raise UnsupportedModelError("prefill='rows' needs the native int8 rows path (int8 weights on a CPU where "
+                                    "the native kernels build, no tensor parallelism)")
+    if hasattr(model, "rows_prefill"):
+        model.rows_prefill = {"auto": getattr(model, "rows_prefill_default", False), "rows": True, "dense": False}[prefill]
+
+
 def prefix_granularity(model: object, c: SchedulerConfig) -> int:
     """Positions a prefix-cache hit is rounded down to. A prompt's K/V must be bit-identical with
     and without the cache: a model whose prompt chunks take the batch-invariant rows path computes
-    them the same for any chunking, so any whole block; the dense path only for whole chunks."""
+    them the same for any chunking, so any whole block; the dense path only for whole chunks (and
+    then the cache shares only what prefill chunks computed: models/kv_cache.py)."""
     return c.block_size if getattr(model, "rows_prefill", False) else math.lcm(c.prefill_chunk, c.block_size)
 
 
@@ -194,13 +213,15 @@ class Engine:
     async def __aenter__(self) -> Engine:
         c = self._sched_config
         loaded = self.model
+        set_prefill(loaded.model, self.config.prefill)          # first: it may refuse, before anything starts
         if isinstance(loaded.model, TensorParallelModel):
             await self._start_workers(loaded.model)
         timeline = self._timeline = CpuTimeline(model_threads=lane_threads(self.config.threads))
         tp = isinstance(loaded.model, TensorParallelModel)
         kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size,
                                       prefix_caching=self.config.prefix_caching and not tp,
-                                      prefix_granularity=prefix_granularity(loaded.model, c))
+                                      prefix_granularity=prefix_granularity(loaded.model, c),
+                                      share_outputs=getattr(loaded.model, "rows_prefill", False))
         if tp:
             kv.k = kv.v = torch.empty(0)    # the ranks hold the K/V; here only the block tables matter
         buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)

@@ -42,6 +42,7 @@ class BenchConfig:
     repetition_penalty: float = 1.0
     prefix_caching: bool = True
     threads: int | None = None          # the model lane's torch threads (EngineConfig.threads)
+    prefill: str = "auto"               # EngineConfig.prefill
 
 
 def valid(completion: Completion, row: Row) -> bool:
@@ -58,7 +59,7 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     rows = load_rows(cfg.dataset, limit=cfg.limit)
     config = EngineConfig(speculative=SpeculativeConfig.parse(cfg.speculative, max_draft_len=cfg.draft_len),
                           grammar=GrammarConfig(backend=cfg.backend), max_batch_size=cfg.concurrency,
-                          prefix_caching=cfg.prefix_caching, threads=cfg.threads)
+                          prefix_caching=cfg.prefix_caching, threads=cfg.threads, prefill=cfg.prefill)
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=0,
                               presence_penalty=cfg.presence_penalty, frequency_penalty=cfg.frequency_penalty,
                               repetition_penalty=cfg.repetition_penalty)
@@ -92,7 +93,7 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     step_tokens = sum(c.stats.step_tokens for _, c in done)
     return {
         "mode": cfg.speculative + ("" if cfg.prefix_caching else " (no prefix cache)"),
-        "prefix_caching": cfg.prefix_caching, "prompt_tokens": metrics.prompt_tokens,
+        "prefix_caching": cfg.prefix_caching, "prefill": cfg.prefill, "prompt_tokens": metrics.prompt_tokens,
         "cached_prompt_tokens": metrics.cached_prompt_tokens, "backend": cfg.backend, "concurrency": cfg.concurrency,
         "requests": len(rows), "completed": len(done), "valid": sum(valid(c, r) for r, c in done),
         "finish_reasons": {k: reasons.get(k, 0) for k in ("stop", "length", "error")},

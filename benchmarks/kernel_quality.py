@@ -9,6 +9,8 @@ reference's:
 
 - int8 native: int8 weights, activations quantized to int8 in blocks of 32 (what the engine runs
   where the native kernels build: kernels/csrc/int8_linear.h, int8_amx.h);
+- int8 native, bf16 prefill: the same, with the prompt prefilled by the dense path's bf16 GEMMs
+  (what runs where the CPU has no AMX; with AMX the prompt takes the int8 rows path too);
 - int8 torch:  int8 weights, bf16 activations (torch's `_weight_int8pack_mm`, the fallback).
 
 Reports top-1 agreement with the reference, mean and max KL(reference || model) in nats, and
@@ -88,7 +90,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     reference = load_model(EMBEDDED, weights="float")
-    models = {"int8 native": load_model(EMBEDDED).model, "int8 torch": torch_int8(load_model(EMBEDDED).model)}
+    dense_prefill = load_model(EMBEDDED).model
+    dense_prefill.rows_prefill = False
+    models = {"int8 native": load_model(EMBEDDED).model, "int8 native, bf16 prefill": dense_prefill,
+              "int8 torch": torch_int8(load_model(EMBEDDED).model)}
     tokenizer = reference.tokenizer
     stats = {name: {"agree": 0, "positions": 0, "kl_sum": 0.0, "kl_max": 0.0, "same_greedy": 0} for name in models}
     prompts = []

@@ -198,7 +198,7 @@ def llama_cpp_runner(max_tokens: int, lookup: int, threads: int) -> Runner | Non
 # --- interlock -----------------------------------------------------------------------------------
 
 def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: int,
-                      prefix_caching: bool = True, threads: int = 1) -> dict[str, Any]:
+                      prefix_caching: bool = True, threads: int = 1, prefill: str = "auto") -> dict[str, Any]:
     """Like `measure`, inside one event loop: an engine is entered and left by one task."""
     import anyio
 
@@ -221,11 +221,12 @@ def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: 
 
     async def collect() -> list[list[Sample]]:
         async with Engine.from_pretrained("smollm2-135m-instruct", speculative=mode,
-                                          prefix_caching=prefix_caching, threads=threads) as engine:
+                                          prefix_caching=prefix_caching, threads=threads, prefill=prefill) as engine:
             await one(engine, rows[0])                  # warm-up
             return [[await one(engine, row) for _ in range(repeats)] for row in rows]
 
-    label = f"interlock {mode}" + ("" if prefix_caching else " (no prefix cache)")
+    label = (f"interlock {mode}" + ("" if prefix_caching else " (no prefix cache)")
+             + ("" if prefill == "auto" else f" ({prefill} prefill)"))
     return summarize(label, rows, anyio.run(collect))
 
 
@@ -263,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--peers", default="hf,hf+lookup,llama.cpp,llama.cpp+lookup")
     p.add_argument("--prefix-caching", choices=["on", "off", "both"], default="on",
                    help="interlock's prefix cache; both: each mode with, then without")
+    p.add_argument("--prefill", default="auto", help="interlock's prompt path, comma-separated to run each: "
+                   "auto, rows, dense (EngineConfig.prefill)")
     p.add_argument("--json", help="where to save the raw results (default benchmarks/results/peers-...)")
     args = p.parse_args(argv)
     configure_logging(level="warning")
@@ -281,8 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
     for mode in filter(None, args.modes.split(",")):
         for on in caching:
-            results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens, on, args.threads))
-            save()
+            for prefill in filter(None, args.prefill.split(",")):
+                results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens, on, args.threads, prefill))
+                save()
     torch.set_num_threads(args.threads)
     for peer in filter(None, args.peers.split(",")):
         lookup = 3 if peer.endswith("+lookup") else 0

@@ -17,8 +17,11 @@ of itself. Where prompt chunks take the dense path the engine sets it to the pre
 prompt then resumes at a chunk boundary and computes exactly the chunks a cold prefill computes,
 bit for bit. A hit inside a chunk would compute that chunk's tail as a shorter GEMM, and the bf16
 GEMM picks its kernel (so its rounding) by the number of rows: logits would move by a few
-hundredths on SmolLM2. Where they take the batch-invariant rows path (`Transformer.rows_prefill`,
-on AMX) any chunking computes the same bits, and a hit is any whole number of blocks.
+hundredths on SmolLM2. For the same reason such a cache shares only what whole prefill chunks of
+a prompt computed (`share_outputs=False`): a later prompt that repeats an output (multi-turn) would
+otherwise hit K/V that decode rows wrote, where a cold prefill computes them in a chunk. Where prompt
+chunks take the batch-invariant rows path (`Transformer.rows_prefill`) every token's K/V are the
+same whichever step computed them: a hit is any whole number of blocks, outputs included.
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ class PagedKVCache:
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
                  device: torch.device | str = "cpu", *, prefix_caching: bool = False,
-                 namespace: bytes = b"", prefix_granularity: int | None = None) -> None:
+                 namespace: bytes = b"", prefix_granularity: int | None = None, share_outputs: bool = True) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         granularity = prefix_granularity or block_size
@@ -66,6 +69,8 @@ class PagedKVCache:
         self.prefix_caching = prefix_caching
         self.namespace = namespace              # the model (and adapter) the cached K/V belong to
         self._hit_blocks = granularity // block_size    # a hit is a multiple of this many blocks
+        self._share_outputs = share_outputs
+        self._shareable: dict[SeqId, int] = {}             # blocks of it that may be shared
         self._pool = BlockPool(num_blocks)
         self._tables: dict[SeqId, list[BlockId]] = {}
         self._lengths: dict[SeqId, int] = {}
@@ -142,6 +147,9 @@ class PagedKVCache:
         if self.prefix_caching:
             self._tokens[seq] = list(prompt[:n])
             self._hashes[seq] = chain_hashes(prompt[:n], self.block_size, self.namespace)
+            # Without share_outputs: the whole granules of the prompt's prefill (never its last token).
+            granules = max(len(prompt) - 1, 0) // (self._hit_blocks * self.block_size)
+            self._shareable[seq] = 1 << 62 if self._share_outputs else granules * self._hit_blocks
         return n
 
     def commit(self, seq: SeqId, tokens: Sequence[TokenId]) -> None:
@@ -158,7 +166,8 @@ class PagedKVCache:
             parent = hashes[-1] if hashes else None
             new = chain_hashes(done[len(hashes) * s: full * s], s, self.namespace, parent)
             for i, h in enumerate(new, start=len(hashes)):
-                self._pool.register(self._tables[seq][i], h)
+                if i < self._shareable[seq]:
+                    self._pool.register(self._tables[seq][i], h)
             hashes.extend(new)
 
     def _hit_hashes(self, prompt: Sequence[TokenId]) -> list[BlockHash]:
@@ -226,3 +235,4 @@ class PagedKVCache:
             del self._lengths[seq]
             self._tokens.pop(seq, None)
             self._hashes.pop(seq, None)
+            self._shareable.pop(seq, None)

@@ -113,11 +113,7 @@ class Transformer(nn.Module):
         self.weights = weights
         self.native = self.act_dtype == torch.float32 and self.norm.device.type == "cpu" and native.available()
         self.fused_rows = self._fused_weights() if self.native and weights == "int8" and self.FUSABLE else None
-        # Prompt chunks through the rows path too, where its many-row kernel runs on AMX tiles (as
-        # fast as the bf16 GEMMs at 256-token chunks, README): every token's bits are then the same
-        # however the prompt is chunked, so a prefix-cache hit can start at any block (the engine
-        # reads this). Elsewhere the VNNI rows path prefills at half the dense path's speed.
-        self.rows_prefill = self.fused_rows is not None and native.int8_kernel() == "amx"
+        self.rows_prefill = self.rows_prefill_default
         if weights != "float":     # the float matrices are no longer needed: drop them, keep the embedding
             for layer in self.layers:
                 for name in ("wqkv", "wo", "w13", "w2"):
@@ -126,6 +122,15 @@ class Transformer(nn.Module):
                 self.output = None
             self.tok_embeddings.data = self.tok_embeddings.data.float()
         return self
+
+    @property
+    def rows_prefill_default(self) -> bool:
+        """Prompt chunks through the rows path too, where its many-row kernel runs on AMX tiles (as
+        fast as the bf16 GEMMs at 256-token chunks, README): every token's bits are then the same
+        however the prompt is chunked and whichever step computed it, so a prefix-cache hit can
+        start at any block (EngineConfig.prefill). Elsewhere the VNNI rows path prefills at half
+        the dense path's speed."""
+        return self.fused_rows is not None and native.int8_kernel() == "amx"
 
     # The fused rows path (one native call for every layer) has no hooks for collectives: a
     # tensor-parallel subclass turns it off.

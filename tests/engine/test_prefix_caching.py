@@ -233,18 +233,15 @@ async def test_a_cache_hit_gives_bit_identical_logprobs_through_either_prefill_p
     prompts = [shared + TEXTS[0], shared + TEXTS[1]]
 
     async def run(prefix_caching: bool):
-        async with Engine(tiny, EngineConfig(prefix_caching=prefix_caching, **config)) as engine:
+        async with Engine(tiny, EngineConfig(prefix_caching=prefix_caching, prefill=prefill, **config)) as engine:
             out = [await engine.complete(p, sampling=sampling) for p in prompts]
             cached = (await engine.metrics()).cached_prompt_tokens
             n_shared = len(engine._encode(shared))
         return out, cached, n_shared
 
-    saved, tiny.model.rows_prefill = tiny.model.rows_prefill, rows_prefill
-    try:
-        warm, cached, n_shared = await run(True)
-        cold, none_cached, _ = await run(False)
-    finally:
-        tiny.model.rows_prefill = saved
+    prefill = "rows" if rows_prefill else "dense"
+    warm, cached, n_shared = await run(True)
+    cold, none_cached, _ = await run(False)
     assert none_cached == 0 and cached > 0 and cached % (BLOCK if rows_prefill else 32) == 0 and cached <= n_shared
     if rows_prefill:
         assert cached % 32 != 0                        # some hit ended inside a chunk
@@ -266,22 +263,64 @@ async def test_a_hit_starts_mid_chunk_when_prompt_chunks_take_the_rows_path(tiny
         pytest.skip("no C++ compiler: no rows path")
     first, second = HEAD + TEXTS[1], HEAD + TEXTS[2]
     sampling = SamplingParams(max_tokens=16)
-    config = EngineConfig(speculative=MODES["ngram+forced"], block_size=BLOCK, prefill_chunk=32)
-    saved, tiny.model.rows_prefill = tiny.model.rows_prefill, rows_prefill
-    try:
-        async with Engine(tiny, config) as engine:
-            a, b = engine._encode(first), engine._encode(second)
-            shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-            await engine.complete(first, grammar=JsonSchema(SCHEMA), sampling=sampling)
-            m1 = await engine.metrics()
-            got = await engine.complete(second, grammar=JsonSchema(SCHEMA), sampling=sampling)
-            m2 = await engine.metrics()
-            await assert_all_free(engine)
-        async with Engine(tiny, replace(config, prefix_caching=False)) as cold:
-            want = await cold.complete(second, grammar=JsonSchema(SCHEMA), sampling=sampling)
-    finally:
-        tiny.model.rows_prefill = saved
+    config = EngineConfig(speculative=MODES["ngram+forced"], block_size=BLOCK, prefill_chunk=32,
+                          prefill="rows" if rows_prefill else "dense")
+    async with Engine(tiny, config) as engine:
+        a, b = engine._encode(first), engine._encode(second)
+        shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        await engine.complete(first, grammar=JsonSchema(SCHEMA), sampling=sampling)
+        m1 = await engine.metrics()
+        got = await engine.complete(second, grammar=JsonSchema(SCHEMA), sampling=sampling)
+        m2 = await engine.metrics()
+        await assert_all_free(engine)
+    async with Engine(tiny, replace(config, prefix_caching=False)) as cold:
+        want = await cold.complete(second, grammar=JsonSchema(SCHEMA), sampling=sampling)
     unit = BLOCK if rows_prefill else 32
     assert m2.cached_prompt_tokens - m1.cached_prompt_tokens == shared // unit * unit
     assert shared % 32 >= BLOCK               # so the two cases differ: a hit inside the second chunk
     assert got.token_ids == want.token_ids
+
+
+@pytest.mark.parametrize("rows_prefill", [False, True])
+async def test_a_follow_up_that_repeats_an_output_gets_a_cold_prefills_bits(tiny, rows_prefill: bool) -> None:
+    """Multi-turn: the next prompt is the last prompt + its output + more. The output's K/V came
+    from decode / verify rows; a cold engine prefills those tokens as a prompt chunk. On the rows
+    path both compute the same bits, so the hit may cover them; on the dense path the chunk's GEMM
+    rounds differently, so only blocks a whole prefill chunk computed may be shared."""
+    from interlock.kernels import native
+
+    if rows_prefill and not native.available():
+        pytest.skip("no C++ compiler: no rows path")
+    config = dict(block_size=BLOCK, prefill_chunk=32, prefill="rows" if rows_prefill else "dense")
+    sampling = SamplingParams(max_tokens=40, ignore_eos=True, logprobs=2)
+    first = HEAD + TEXTS[0]
+
+    async def run(prefix_caching: bool):
+        async with Engine(tiny, EngineConfig(prefix_caching=prefix_caching, **config)) as engine:
+            a = await engine.complete(first, sampling=sampling)
+            follow = engine._encode(first) + list(a.token_ids) + engine._encode(" And again:")
+            b = await engine.complete(follow, sampling=sampling)
+            cached = (await engine.metrics()).cached_prompt_tokens
+            await assert_all_free(engine)
+        return a, b, cached, len(engine._encode(first))
+
+    warm_a, warm_b, cached, n_first = await run(True)
+    cold_a, cold_b, _, _ = await run(False)
+    assert warm_a.token_ids == cold_a.token_ids
+    if rows_prefill:
+        assert cached > n_first                        # the hit reaches into the first output
+    assert warm_b.token_ids == cold_b.token_ids
+    assert [(t.logprob, t.top) for t in warm_b.logprobs] == [(t.logprob, t.top) for t in cold_b.logprobs]
+
+
+async def test_prefill_option_is_checked_and_sets_the_path(tiny) -> None:
+    from interlock.kernels import native
+
+    with pytest.raises(ValueError, match="prefill"):
+        EngineConfig(prefill="fast")
+    for prefill, want in (("dense", False), ("auto", tiny.model.rows_prefill_default)):
+        async with Engine(tiny, EngineConfig(prefill=prefill)) as engine:
+            assert engine.model.model.rows_prefill is want
+    if native.available():
+        async with Engine(tiny, EngineConfig(prefill="rows")) as engine:
+            assert engine.model.model.rows_prefill is True

@@ -81,3 +81,17 @@ def test_prefix_hits_round_down_to_the_granularity() -> None:
     assert kv.refcount(third) == 1 and all(kv.refcount(b) == 2 for b in kv.block_table(1))
     with pytest.raises(ValueError):
         PagedKVCache(tiny_config(64), num_blocks=4, block_size=4, prefix_granularity=6)
+
+
+@pytest.mark.parametrize("share_outputs", [True, False])
+def test_without_share_outputs_only_whole_prefill_granules_are_shared(share_outputs: bool) -> None:
+    """A sequence's output (and its prompt's last, partial granule) is shareable only where every
+    step computes K/V the way a prefill chunk would (share_outputs: the rows path)."""
+    kv = PagedKVCache(tiny_config(64), num_blocks=16, block_size=4, prefix_caching=True, prefix_granularity=8,
+                      share_outputs=share_outputs)
+    prompt, output = list(range(1, 12)), list(range(50, 62))       # prefill computes 10: one whole granule
+    kv.add_sequence(0, prompt)
+    kv.reserve(0, len(prompt) + len(output))
+    kv.commit(0, prompt + output)
+    follow_up = prompt + output + [7, 8]
+    assert kv.cached_prefix(follow_up) == (16 if share_outputs else 8)
