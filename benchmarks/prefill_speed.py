@@ -1,11 +1,11 @@
 """`python -m interlock.benchmarks.prefill_speed`: prompt-chunk prefill speed of the forward.
 
 Per context length (tokens already in the cache): the best-of-N time of one forward over a
-prompt chunk (the engine's default 256 tokens), as tokens/s, and the attention op alone in the
-two call forms measured side by side: SDPA on 3-D inputs [H, n, D] (what models/llama.py passed
-until 2026-11-23; on the CPU it takes the math path, materializing the [H, n, L] scores) and on
-4-D inputs [1, H, n, D] (what it passes now; the flash kernel). Prints a table and one JSON
-line; saves the JSON under benchmarks/results/.
+prompt chunk (the engine's default 256 tokens), as tokens/s, on the two prompt paths measured side
+by side: the rows path (int8 rows kernels, batch invariant: `EngineConfig.prefill="rows"`, the
+default where the CPU has AMX) and the dense path (bf16 GEMMs with the unquantized weights and
+SDPA). Prints a table and one JSON line; saves the JSON under benchmarks/results/. (Until
+2026-11-25 it compared SDPA's 3-D and 4-D call forms instead: benchmarks/results/prefill-2026-11-23.json.)
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from datetime import date
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from interlock.kernels import native
 from interlock.benchmarks.common import load_average, print_json_last, print_table, repeat_times
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
@@ -51,42 +51,32 @@ def forward_chunk(lm: LoadedModel, context: int, chunk: int, repeats: int) -> fl
     return min(once() for _ in range(repeats))
 
 
-def attention_forms(lm: LoadedModel, context: int, chunk: int, repeats: int) -> tuple[float, float]:
-    c = lm.config
-    dt = lm.model.act_dtype
-    n_ctx = context + chunk
-    q = torch.randn(c.n_heads, chunk, c.head_dim, dtype=dt)
-    k = torch.randn(c.n_kv_heads, n_ctx, c.head_dim, dtype=dt)
-    v = torch.randn(c.n_kv_heads, n_ctx, c.head_dim, dtype=dt)
-    mask = torch.arange(n_ctx)[None, :] <= torch.arange(context, n_ctx)[:, None]
-    gqa = c.n_heads != c.n_kv_heads
-    three = best_of(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa), repeats)
-    four = best_of(lambda: F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
-                                                          enable_gqa=gqa), repeats)
-    return three, four
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[0, 200, 512, 1000])
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the engine's default: 1)")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (the engine's model lane: 2)")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/prefill-DATE.json)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model(args.model)
     load_before = load_average()
     rows = []
+    can_rows = lm.model.fused_rows is not None
     for context in args.contexts:
-        forward = forward_chunk(lm, context, args.chunk, args.repeats)
-        three, four = attention_forms(lm, context, args.chunk, args.repeats)
-        rows.append({"context": context, "chunk": args.chunk, "forward_ms": round(forward * 1e3, 2),
-                     "prefill_tokens_per_s": round(args.chunk / forward, 1),
-                     "sdpa_3d_ms_per_layer": round(three * 1e3, 3), "sdpa_4d_ms_per_layer": round(four * 1e3, 3),
-                     "sdpa_3d_over_4d": round(three / four, 2)})
-    result = {"model": args.model, "threads": args.threads, "repeats": args.repeats, "weights": lm.model.weights,
+        row = {"context": context, "chunk": args.chunk}
+        for path in ("rows", "dense") if can_rows else ("dense",):
+            lm.model.rows_prefill = path == "rows"
+            forward = forward_chunk(lm, context, args.chunk, args.repeats)
+            row[f"{path}_ms"] = round(forward * 1e3, 2)
+            row[f"{path}_tokens_per_s"] = round(args.chunk / forward, 1)
+        if can_rows:
+            row["dense_over_rows"] = round(row["dense_ms"] / row["rows_ms"], 2)
+        rows.append(row)
+    lm.model.rows_prefill = lm.model.rows_prefill_default
+    result = {"model": args.model, "threads": args.threads, "int8_kernel": native.int8_kernel(), "repeats": args.repeats, "weights": lm.model.weights,
               "n_layers": lm.config.n_layers, "load_average_before": load_before, "load_average_after": load_average(),
               "rows": rows}
     keys = list(rows[0])

@@ -21,8 +21,9 @@ captured CUDA graph; the "reference" versions loop in Python and are the obvious
                  position's counts: output + the drafts before it, so penalties stay exact)
 - types.py       RejectionResult
 - native.py      our CPU kernels (csrc/, built on first use with the machine's compiler):
-                 int8_linear (decode / verify projections), row_attention and rms_norm, and
-                 rows_forward, every layer of a decode / verify step in one call; each computes
+                 int8_linear (decode / verify projections, and prompt chunks on AMX tiles),
+                 row_attention and rms_norm, and rows_forward, every layer of a decode / verify
+                 step (or a prompt chunk, Transformer.rows_prefill) in one call; each computes
                  a row from that row alone, in a fixed order (batch invariant). models/ uses
                  them when they build and falls back to torch ops when they do not
 - *_reference.py the slow obvious versions; _checks.py the shared argument checks

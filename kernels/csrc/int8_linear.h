@@ -1,7 +1,8 @@
 #pragma once
 // y[M, N] = (x[M, K] . q[N, K]^T) * scale[N]: int8 weights with one scale per output row, and
 // activations quantized on the fly to int8 in blocks of 32 along K with one fp32 scale per block
-// (the Q8_0 activations of llama.cpp). The CPU decode and verify projections.
+// (the Q8_0 activations of llama.cpp). The CPU decode and verify projections, and prompt chunks
+// where AMX runs them (int8_amx.h).
 //
 // Why int8 activations: with fp32 activations every weight is converted to fp32 and fed to one
 // FMA per activation row, which made 4 rows compute-bound (the GEMV over all weights took
