@@ -57,17 +57,22 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles: 0, 1 C [16 x 16 int32] (alternate pairs of chunks, so one pair's products are stored
-// while the next pair's dots run); 2, 3 A [16 x 64 B] and 4, 5 B [16 x 64 B] (alternate chunks);
-// for a last half chunk (K % 64 == 32) 6 A [16 x 32 B] and 7 B [8 x 64 B].
-inline void load_tile_config() {
+// Tiles 0-7 shaped rows[t] x cols[t] bytes, for this thread.
+inline void load_tiles(const int (&rows)[8], const int (&cols)[8]) {
   TileConfig cfg;
-  const int rows[8] = {16, 16, 16, 16, 16, 16, 16, 8}, cols[8] = {64, 64, 64, 64, 64, 64, 32, 64};
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = static_cast<uint8_t>(rows[t]);
     cfg.colsb[t] = static_cast<uint16_t>(cols[t]);
   }
   _tile_loadconfig(&cfg);
+}
+
+// Tiles: 0, 1 C [16 x 16 int32] (alternate pairs of chunks, so one pair's products are stored
+// while the next pair's dots run); 2, 3 A [16 x 64 B] and 4, 5 B [16 x 64 B] (alternate chunks);
+// for a last half chunk (K % 64 == 32) 6 A [16 x 32 B] and 7 B [8 x 64 B].
+inline void load_tile_config() {
+  static constexpr int rows[8] = {16, 16, 16, 16, 16, 16, 16, 8}, cols[8] = {64, 64, 64, 64, 64, 64, 32, 64};
+  load_tiles(rows, cols);
 }
 
 // The activations as B tiles and lane scales, per pass of up to 4 rows: tiles [pass][chunk][16 x
@@ -244,13 +249,8 @@ constexpr int64_t kGemmMinRows = 12;    // fewer: the pass kernel (8 rows 4.6 vs
 // Tiles: 0-3 C [16 x 16 int32] (a ring: a block's products are read two dots after its own);
 // 4, 5 A [16 x 32 B] and 6, 7 B [8 x 64 B] (alternate blocks).
 inline void load_group_tile_config() {
-  TileConfig cfg;
-  const int rows[8] = {16, 16, 16, 16, 16, 16, 8, 8}, cols[8] = {64, 64, 64, 64, 32, 32, 64, 64};
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = static_cast<uint8_t>(rows[t]);
-    cfg.colsb[t] = static_cast<uint16_t>(cols[t]);
-  }
-  _tile_loadconfig(&cfg);
+  static constexpr int rows[8] = {16, 16, 16, 16, 16, 16, 8, 8}, cols[8] = {64, 64, 64, 64, 32, 32, 64, 64};
+  load_tiles(rows, cols);
 }
 
 // The activations as B tiles [group][block][8 x 64 B] and scales [group][block][16] (0 past M).
