@@ -2,7 +2,9 @@
 
 `load_model(name_or_path)` gives a `LoadedModel` (weights, config, tokenizer); `PagedKVCache`
 owns the KV blocks, drawn from `prefix_cache.BlockPool` (refcounts, content-addressed full blocks
-shared between requests, an LRU of cached ones); `Transformer.forward(batch, kv)` runs one packed batch.
+shared between requests, an LRU of cached ones); `Transformer.forward(batch, kv)` runs one packed batch:
+decode / verify rows (and, with `rows_prefill`, prompt chunks) through the native batch-invariant
+rows path, other prompt chunks through bf16 GEMMs (`batch.py` splits them).
 `cuda_llama.py` is the same forward on CUDA in bf16 over `StepInputs` tensors (batch-invariant,
 capturable in a CUDA graph), with its row-independent Triton ops in `triton_ops.py`.
 Tensor parallelism: `parallel.py` (which slice each rank holds; the sharded forward's collectives),
