@@ -131,14 +131,6 @@ def set_prefill(model: object, prefill: str) -> None:
         model.rows_prefill = {"auto": getattr(model, "rows_prefill_default", False), "rows": True, "dense": False}[prefill]
 
 
-def prefix_granularity(model: object, c: SchedulerConfig) -> int:
-    """Positions a prefix-cache hit is rounded down to. A prompt's K/V must be bit-identical with
-    and without the cache: a model whose prompt chunks take the batch-invariant rows path computes
-    them the same for any chunking, so any whole block; the dense path only for whole chunks (and
-    then the cache shares only what prefill chunks computed: models/kv_cache.py)."""
-    return c.block_size if getattr(model, "rows_prefill", False) else math.lcm(c.prefill_chunk, c.block_size)
-
-
 def lane_threads(threads: int | None) -> int:
     """The model lane's torch threads for EngineConfig.threads (see there)."""
     if threads is not None:
@@ -218,10 +210,15 @@ class Engine:
             await self._start_workers(loaded.model)
         timeline = self._timeline = CpuTimeline(model_threads=lane_threads(self.config.threads))
         tp = isinstance(loaded.model, TensorParallelModel)
+        # A prompt's K/V must be bit-identical with and without the cache. On the batch-invariant
+        # rows path a token's K/V are the same whichever chunk or step computed them: hits at any
+        # block, outputs included. The dense path rounds by chunk: hits at whole chunks, and only
+        # what prefill chunks computed is shared (models/kv_cache.py).
+        rows = getattr(loaded.model, "rows_prefill", False)
         kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size,
                                       prefix_caching=self.config.prefix_caching and not tp,
-                                      prefix_granularity=prefix_granularity(loaded.model, c),
-                                      share_outputs=getattr(loaded.model, "rows_prefill", False))
+                                      prefix_granularity=c.block_size if rows else math.lcm(c.prefill_chunk, c.block_size),
+                                      share_outputs=rows)
         if tp:
             kv.k = kv.v = torch.empty(0)    # the ranks hold the K/V; here only the block tables matter
         buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)

@@ -147,8 +147,8 @@ class ModelDrafter:
     def _prefill(self, s: _Seq) -> None:
         """A new prompt's tokens but the last, in the chunks the target prefills them in.
 
-        Prompt chunks take the dense path, whose GEMMs round a row differently for another chunk
-        length; chunked as the target's, the draft's prompt K/V are bitwise the target's, so a
+        On the dense prompt path (no rows_prefill) the GEMMs round a row differently for another
+        chunk length; chunked as the target's, the draft's prompt K/V are bitwise the target's, so a
         draft model that is the target proposes exactly the target's tokens (a bf16 KV cache turns
         the last-bit differences of unaligned chunks into whole bf16 steps)."""
         if self.kv.length(s.seq) or len(s.pending) <= 1:

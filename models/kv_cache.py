@@ -70,7 +70,7 @@ class PagedKVCache:
         self.namespace = namespace              # the model (and adapter) the cached K/V belong to
         self._hit_blocks = granularity // block_size    # a hit is a multiple of this many blocks
         self._share_outputs = share_outputs
-        self._shareable: dict[SeqId, int] = {}             # blocks of it that may be shared
+        self._shareable: dict[SeqId, int] = {}             # without share_outputs: its blocks that may be
         self._pool = BlockPool(num_blocks)
         self._tables: dict[SeqId, list[BlockId]] = {}
         self._lengths: dict[SeqId, int] = {}
@@ -147,9 +147,9 @@ class PagedKVCache:
         if self.prefix_caching:
             self._tokens[seq] = list(prompt[:n])
             self._hashes[seq] = chain_hashes(prompt[:n], self.block_size, self.namespace)
-            # Without share_outputs: the whole granules of the prompt's prefill (never its last token).
-            granules = max(len(prompt) - 1, 0) // (self._hit_blocks * self.block_size)
-            self._shareable[seq] = 1 << 62 if self._share_outputs else granules * self._hit_blocks
+            if not self._share_outputs:       # the whole granules of its prompt's prefill (never the last token)
+                granules = max(len(prompt) - 1, 0) // (self._hit_blocks * self.block_size)
+                self._shareable[seq] = granules * self._hit_blocks
         return n
 
     def commit(self, seq: SeqId, tokens: Sequence[TokenId]) -> None:
@@ -165,8 +165,9 @@ class PagedKVCache:
         if full > len(hashes):
             parent = hashes[-1] if hashes else None
             new = chain_hashes(done[len(hashes) * s: full * s], s, self.namespace, parent)
+            limit = self._shareable.get(seq)
             for i, h in enumerate(new, start=len(hashes)):
-                if i < self._shareable[seq]:
+                if limit is None or i < limit:
                     self._pool.register(self._tables[seq][i], h)
             hashes.extend(new)
 

@@ -73,23 +73,23 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out, 
   out.q.resize(M * chunks * kChunk);            // every byte is written below: no clearing
   out.lane_scale.resize(M * chunks * kLanes);
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {    // a prompt chunk's rows, across threads
-  for (int64_t m = m0; m < m1; ++m) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      int8_t* q = out.q.data() + m * chunks * kChunk + b * kQBlock;
-      float s;
+    for (int64_t m = m0; m < m1; ++m) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        int8_t* q = out.q.data() + m * chunks * kChunk + b * kQBlock;
+        float s;
 #if defined(INTERLOCK_VNNI)
-      quantize_block_avx512(x + m * K + b * kQBlock, q, &s);
+        quantize_block_avx512(x + m * K + b * kQBlock, q, &s);
 #else
-      quantize_block(x + m * K + b * kQBlock, q, &s);
+        quantize_block(x + m * K + b * kQBlock, q, &s);
 #endif
-      float* lanes = out.lane_scale.data() + (m * chunks + b / 2) * kLanes + (b % 2) * (kLanes / 2);
-      std::fill(lanes, lanes + kLanes / 2, s);
+        float* lanes = out.lane_scale.data() + (m * chunks + b / 2) * kLanes + (b % 2) * (kLanes / 2);
+        std::fill(lanes, lanes + kLanes / 2, s);
+      }
+      if (blocks % 2 == 1) {                      // K % 64 == 32: the last chunk's second half is zero
+        std::fill_n(out.q.data() + (m * chunks + chunks - 1) * kChunk + kQBlock, kQBlock, int8_t{0});
+        std::fill_n(out.lane_scale.data() + (m * chunks + chunks - 1) * kLanes + kLanes / 2, kLanes / 2, 0.f);
+      }
     }
-    if (blocks % 2 == 1) {                      // K % 64 == 32: the last chunk's second half is zero
-      std::fill_n(out.q.data() + (m * chunks + chunks - 1) * kChunk + kQBlock, kQBlock, int8_t{0});
-      std::fill_n(out.lane_scale.data() + (m * chunks + chunks - 1) * kLanes + kLanes / 2, kLanes / 2, 0.f);
-    }
-  }
   });
   if (!with_fix) return;
 #if defined(INTERLOCK_VNNI)

@@ -157,6 +157,7 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
   }
 
   at::Tensor x = x_in.clone();
+  float* xp = x.data_ptr<float>();
   // Scratch kept per thread between calls: a prompt chunk's buffers are megabytes, and fresh ones
   // cost a page fault per 4 KB on first touch. Every element is written before it is read.
   thread_local std::vector<float> scratch[6];
@@ -168,7 +169,7 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
         *tmp = buffer(scratch[3], T * E), *gu = buffer(scratch[4], T * 2 * I), *act = buffer(scratch[5], T * I);
   // Per-row elementwise work, across the threads for a prompt chunk (a few rows run inline).
   auto each_row = [T](auto&& f) { at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) { for (int64_t t = t0; t < t1; ++t) f(t); }); };
-  float* xp = x.data_ptr<float>();
+  auto add_tmp = [&](int64_t t) { for (int64_t i = t * E; i < (t + 1) * E; ++i) xp[i] += tmp[i]; };   // the residual
   const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int64_t layer_slots = slots * Hkv * D;
@@ -197,12 +198,12 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
                       tables[s].data_ptr<int64_t>(), attn + seq_offsets[s] * H * D, H * D});
     attend_rows(seqs, H, D, kc, vc, Hkv, block_size, scale);
     int8_linear_raw(attn, o_q[l].data_ptr<int8_t>(), o_s[l].data_ptr<float>(), tmp, T, H * D, E);
-    each_row([&](int64_t t) { for (int64_t i = t * E; i < (t + 1) * E; ++i) xp[i] += tmp[i]; });
+    each_row(add_tmp);
     rms_norm_raw(xp, ffn_norms[l].data_ptr<float>(), T, E, static_cast<float>(eps), h);
     int8_linear_raw(h, up_q[l].data_ptr<int8_t>(), up_s[l].data_ptr<float>(), gu, T, E, 2 * I);
     each_row([&](int64_t t) { silu_mul_raw(gu + t * 2 * I, gu + t * 2 * I + I, I, act + t * I); });
     int8_linear_raw(act, down_q[l].data_ptr<int8_t>(), down_s[l].data_ptr<float>(), tmp, T, I, E);
-    each_row([&](int64_t t) { for (int64_t i = t * E; i < (t + 1) * E; ++i) xp[i] += tmp[i]; });
+    each_row(add_tmp);
   }
   };
   with_cache_type(k_all, v_all, run_layers);
