@@ -29,27 +29,25 @@ namespace interlock_cpu {
 
 #if defined(INTERLOCK_VNNI)
 
-// One 64-weight chunk of NB output rows against MB activation rows (the rows' chunk data loaded
-// once, in registers, for all NB output rows).
+// One 64-weight chunk of NB output rows against MB activation rows: the NB weight chunks are
+// loaded once, in registers, and each activation row's chunk data streams past them. (Holding the
+// MB rows' data instead spilled at MB = 4 and made a 4-row step compute-bound on Zen 4.)
 template <int NB, int MB, bool Tail>
 inline void step(const QuantRows& a, const int8_t* q, int64_t K, int64_t n0, int64_t m0, int64_t c,
                  __m512 (&acc)[NB][MB]) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512i xq[MB], fix[MB];
-  __m512 sc[MB];
-  for (int m = 0; m < MB; ++m) {
-    xq[m] = _mm512_loadu_si512(a.qs(m0 + m, c));
-    fix[m] = _mm512_loadu_si512(a.fix(m0 + m, c));
-    sc[m] = _mm512_loadu_ps(a.scales(m0 + m, c));
-  }
+  __m512i w[NB];
   for (int n = 0; n < NB; ++n) {
     const int8_t* at = q + (n0 + n) * K + c * kChunk;
-    _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetch), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchL2), _MM_HINT_T1);
     // A last half chunk (K % 64 == 32) reads 32 bytes; its other lanes meet zero activations.
-    const __m512i w = _mm512_xor_si512(flip, Tail ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, at)
-                                                  : _mm512_loadu_si512(at));
-    for (int m = 0; m < MB; ++m)
-      acc[n][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(fix[m], w, xq[m])), sc[m], acc[n][m]);
+    w[n] = _mm512_xor_si512(flip, Tail ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, at) : _mm512_loadu_si512(at));
+  }
+  for (int m = 0; m < MB; ++m) {
+    const __m512i xq = _mm512_loadu_si512(a.qs(m0 + m, c)), fix = _mm512_loadu_si512(a.fix(m0 + m, c));
+    const __m512 sc = _mm512_loadu_ps(a.scales(m0 + m, c));
+    for (int n = 0; n < NB; ++n)
+      acc[n][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(fix, w[n], xq)), sc, acc[n][m]);
   }
 }
 
@@ -94,18 +92,13 @@ inline void block(const QuantRows& a, const int8_t* q, const float* scale, float
 
 #endif
 
-// All M rows against output rows n0 .. n0 + NB. Four activation rows share each loaded weight
-// chunk (eight accumulators for two output rows); the remainder goes two or one at a time.
+// All M rows against output rows n0 .. n0 + NB, two activation rows at a time: the block's weights
+// come from memory on the first pair and from L1 after it (NB rows of K bytes).
 template <int NB>
 inline void rows(const QuantRows& a, const int8_t* q, const float* scale, float* y,
                  int64_t M, int64_t K, int64_t N, int64_t n0) {
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4)
-    for (int64_t n = n0; n < n0 + NB; n += 2) {
-      if (n + 2 <= n0 + NB) block<2, 4>(a, q, scale, y, K, N, n, m);
-      else block<1, 4>(a, q, scale, y, K, N, n, m);
-    }
-  if (m + 2 <= M) { block<NB, 2>(a, q, scale, y, K, N, n0, m); m += 2; }
+  for (; m + 2 <= M; m += 2) block<NB, 2>(a, q, scale, y, K, N, n0, m);
   if (m < M) block<NB, 1>(a, q, scale, y, K, N, n0, m);
 }
 

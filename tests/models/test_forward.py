@@ -98,7 +98,9 @@ def test_logit_rows_select_only_requested_rows(tiny_float: LoadedModel) -> None:
     kv.reserve(0, 6)
     some = lm.model(build_batch([SeqChunk(0, (1, 2, 3, 4, 5, 6), 0, (1, 4))], kv), kv)
     assert some.shape == (2, lm.config.vocab_size)
-    torch.testing.assert_close(some, all_rows[[1, 4]], atol=1e-5, rtol=0)
+    # Float weights: BLAS may pick another kernel for 2 rows than for 6 (MKL on Zen 4 does), so the
+    # last bits can differ; the int8 rows path is the one held to bit-identity (tests above).
+    torch.testing.assert_close(some, all_rows[[1, 4]], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
