@@ -16,8 +16,7 @@ Each computes a row from that row's data alone, in a fixed order: bitwise batch 
 int8_linear backends:
 - "native": our kernels (csrc/int8_linear.h, csrc/int8_amx.h): activations quantized per block
   of 32 (one fp32 scale each, as llama.cpp's Q8_0), int8 dots on AMX tiles (Sapphire Rapids
-  and later) or AVX512-VNNI; 4 rows cost ~1.1x one row; bitwise row-independent. The plain VNNI
-  kernel groups K into blocks differently (`act_blocks`): its wide units sum 16 values per lane.
+  and later) or AVX512-VNNI; 4 rows cost ~1.1x one row; bitwise row-independent.
 - "torch": torch's `_weight_int8pack_mm` (activations rounded to bf16; also row-independent).
 - "reference": the obvious float64 matmul of the same quantized activations, for tests.
 - "auto": "native" when it builds and the shapes fit (K a multiple of 32), else "torch". The
@@ -40,7 +39,6 @@ import torch
 _CSRC = Path(__file__).parent / "csrc"
 BACKENDS = ("auto", "native", "torch", "reference")
 ACT_BLOCK = 32           # activations per int8 quantization scale in the native int8_linear
-WIDE_UNIT = 256          # K values per wide unit of the plain VNNI kernel (csrc/int8_quant.h)
 
 
 @functools.cache
@@ -92,9 +90,7 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, backend: 
         backend = "native" if native_fits(q) else "torch"
     if backend == "reference":
         values, scales = quantize_activations(x)
-        order = act_blocks(x.shape[1])
-        xq = torch.empty(x.shape, dtype=torch.float64)
-        xq[:, order] = values[:, order].double() * scales.double().repeat_interleave(ACT_BLOCK, dim=1)
+        xq = values.double() * scales.double().repeat_interleave(ACT_BLOCK, dim=1)
         return ((xq @ q.double().T) * scale.double()).float()
     if backend == "torch":
         return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), q, scale.to(torch.bfloat16)).float()
@@ -114,26 +110,8 @@ def native_fits(q: torch.Tensor) -> bool:
     return q.device.type == "cpu" and q.shape[1] % ACT_BLOCK == 0 and available()
 
 
-def act_blocks(k: int, wide: bool | None = None) -> torch.Tensor:
-    """The K indices of each activation block of 32, block after block: a permutation of range(k).
-
-    Contiguous runs of 32 for the tile kernels and their one-row companion. The plain VNNI kernel
-    (`wide`; default: whether this process runs it) sums 16 values per lane over each leading
-    256-value unit, so its block j of a unit is the four 8-value runs at 64 r + 8 j (r = 0..3);
-    the values after the last whole unit are in contiguous blocks.
-    """
-    if wide is None:
-        wide = int8_kernel() == "vnni"
-    units = k // WIDE_UNIT if wide else 0
-    r, j, u = torch.arange(4), torch.arange(8), torch.arange(8)
-    unit = (64 * r[None, :, None] + 8 * j[:, None, None] + u[None, None, :]).reshape(-1)     # [256], by block
-    head = (WIDE_UNIT * torch.arange(units)[:, None] + unit[None, :]).reshape(-1)
-    return torch.cat([head, torch.arange(units * WIDE_UNIT, k)])
-
-
-def quantize_activations(x: torch.Tensor, wide: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: [M, K] -> int8 values [M, K] (in K order) and fp32 scales [M, K / 32], one per block of
-    `act_blocks(K, wide)` in that order; x ≈ values * the scale of the value's block.
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [M, K] -> int8 values [M, K] and fp32 scales [M, K / 32], x ≈ values * scale of its block.
 
     What the native int8_linear does to its activations, in fp32 as it does: scale = amax / 127,
     values = round(x * (127 / amax)) to nearest even; an all-zero block gets scale 0.
@@ -141,12 +119,10 @@ def quantize_activations(x: torch.Tensor, wide: bool | None = None) -> tuple[tor
     m, k = x.shape
     if k % ACT_BLOCK:
         raise ValueError(f"K must be a multiple of {ACT_BLOCK}, got {k}")
-    order = act_blocks(k, wide)
-    blocks = x.float()[:, order].reshape(m, k // ACT_BLOCK, ACT_BLOCK)
+    blocks = x.float().reshape(m, k // ACT_BLOCK, ACT_BLOCK)
     amax = blocks.abs().amax(-1)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    values = torch.empty(m, k, dtype=torch.int8)
-    values[:, order] = torch.round(blocks * inv[..., None]).to(torch.int8).reshape(m, k)
+    values = torch.round(blocks * inv[..., None]).to(torch.int8).reshape(m, k)
     return values, amax / 127.0
 
 

@@ -7,17 +7,16 @@
 // Why int8 activations: with fp32 activations every weight is converted to fp32 and fed to one
 // FMA per activation row, which made 4 rows compute-bound (the GEMV over all weights took
 // 1.2-1.45x the 1-row time). AVX512-VNNI multiplies 64 int8 pairs per instruction, so a 64-weight
-// chunk costs, per row, one dot instruction plus a conversion and an FMA for the block scales
-// (a quarter of each over a wide unit, int8_quant.h), and extra rows stay under the weight-streaming
-// time. Quality against the bf16 model, measured by
+// chunk costs, per row, one dot instruction plus a conversion and an FMA for the block scales,
+// and extra rows stay under the weight-streaming time. Quality against the bf16 model, measured by
 // benchmarks/kernel_quality.py, is in README ("Native CPU kernels").
 //
 // Signs: VNNI's dot takes unsigned x signed bytes. The weights are flipped to unsigned on the fly
 // (w ^ 0x80 = w + 128) and the surplus 128 * sum(activations) is subtracted by starting each
-// unit's integer accumulator at -128 * (sum of each lane's activations), kept per row.
+// chunk's integer accumulator at -128 * (sum of each lane's four activations), kept per row.
 //
-// Batch invariance: for one (row m, output n) each unit's integer lane dots are exact and
-// convert to fp32 exactly (|sum| < 2^24); the units are scaled and accumulated in K order in
+// Batch invariance: for one (row m, output n) each 64-wide chunk's integer dot is exact and
+// converts to fp32 exactly (|sum| < 2^24); the chunks are scaled and accumulated in K order in
 // 16 fp32 lanes, reduced in a fixed tree and scaled by scale[n]. A row's quantization depends on
 // that row alone. So the result is the same sequence of operations whatever M is and however rows
 // and outputs are grouped or split across threads: a row alone equals the same row in a batch.
@@ -30,48 +29,38 @@ namespace interlock_cpu {
 
 #if defined(INTERLOCK_VNNI)
 
-// Every weight chunk goes through registers once per activation-row pair: the NB rows' chunks are
-// loaded, then each activation row's data streams past them. (Holding the rows' data instead
-// spilled at 4 rows and made a 4-row step compute-bound on Zen 4.)
-inline __m512i load_weights(const int8_t* at, bool half) {
-  _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchL2), _MM_HINT_T1);
-  // A last half chunk (K % 64 == 32) reads 32 bytes; its other lanes meet zero activations.
-  const __m512i w = half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, at) : _mm512_loadu_si512(at);
-  return _mm512_xor_si512(_mm512_set1_epi8(static_cast<char>(0x80)), w);
-}
-
-// Unit u = chunks c0 .. c0 + G of NB output rows against MB activation rows: per (n, m), G exact
-// integer dots into one set of lanes, one conversion, one FMA with the unit's lane scales.
-template <int NB, int MB, int G, bool Half>
-inline void step(const QuantRows& a, const int8_t* q, int64_t K, int64_t n0, int64_t m0, int64_t c0, int64_t u,
+// One 64-weight chunk of NB output rows against MB activation rows: the NB weight chunks are
+// loaded once, in registers, and each activation row's chunk data streams past them. (Holding the
+// MB rows' data instead spilled at MB = 4 and made a 4-row step compute-bound on Zen 4.)
+template <int NB, int MB, bool Tail>
+inline void step(const QuantRows& a, const int8_t* q, int64_t K, int64_t n0, int64_t m0, int64_t c,
                  __m512 (&acc)[NB][MB]) {
-  __m512i w[NB][G];
-  for (int n = 0; n < NB; ++n)
-    for (int g = 0; g < G; ++g) w[n][g] = load_weights(q + (n0 + n) * K + (c0 + g) * kChunk, Half);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i w[NB];
+  for (int n = 0; n < NB; ++n) {
+    const int8_t* at = q + (n0 + n) * K + c * kChunk;
+    _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchL2), _MM_HINT_T1);
+    // A last half chunk (K % 64 == 32) reads 32 bytes; its other lanes meet zero activations.
+    w[n] = _mm512_xor_si512(flip, Tail ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, at) : _mm512_loadu_si512(at));
+  }
   for (int m = 0; m < MB; ++m) {
-    __m512i xq[G];
-    for (int g = 0; g < G; ++g) xq[g] = _mm512_loadu_si512(a.qs(m0 + m, c0 + g));
-    const __m512i fix = _mm512_loadu_si512(a.fix(m0 + m, u));
-    const __m512 sc = _mm512_loadu_ps(a.scales(m0 + m, u));
-    for (int n = 0; n < NB; ++n) {
-      __m512i dot = fix;
-      for (int g = 0; g < G; ++g) dot = _mm512_dpbusd_epi32(dot, w[n][g], xq[g]);
-      acc[n][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[n][m]);
-    }
+    const __m512i xq = _mm512_loadu_si512(a.qs(m0 + m, c)), fix = _mm512_loadu_si512(a.fix(m0 + m, c));
+    const __m512 sc = _mm512_loadu_ps(a.scales(m0 + m, c));
+    for (int n = 0; n < NB; ++n)
+      acc[n][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(fix, w[n], xq)), sc, acc[n][m]);
   }
 }
 
-// NB output rows x MB activation rows: NB * MB independent accumulators; wide units, then chunks.
+// NB output rows x MB activation rows: NB * MB independent accumulators.
 template <int NB, int MB>
 inline void block(const QuantRows& a, const int8_t* q, const float* scale, float* y,
                   int64_t K, int64_t N, int64_t n0, int64_t m0) {
   __m512 acc[NB][MB];
   for (int n = 0; n < NB; ++n)
     for (int m = 0; m < MB; ++m) acc[n][m] = _mm512_setzero_ps();
-  for (int64_t u = 0; u < a.wide; ++u) step<NB, MB, kWide, false>(a, q, K, n0, m0, kWide * u, u, acc);
   const int64_t full = K / kChunk;
-  for (int64_t c = kWide * a.wide; c < full; ++c) step<NB, MB, 1, false>(a, q, K, n0, m0, c, a.unit_of_chunk(c), acc);
-  if (full < a.chunks) step<NB, MB, 1, true>(a, q, K, n0, m0, full, a.unit_of_chunk(full), acc);
+  for (int64_t c = 0; c < full; ++c) step<NB, MB, false>(a, q, K, n0, m0, c, acc);
+  if (full < a.chunks) step<NB, MB, true>(a, q, K, n0, m0, full, acc);
   for (int n = 0; n < NB; ++n)
     for (int m = 0; m < MB; ++m) y[(m0 + m) * N + n0 + n] = _mm512_reduce_add_ps(acc[n][m]) * scale[n0 + n];
 }
@@ -104,20 +93,13 @@ inline void block(const QuantRows& a, const int8_t* q, const float* scale, float
 #endif
 
 // All M rows against output rows n0 .. n0 + NB, two activation rows at a time: the block's weights
-// come from memory on the first pair and from L1 after it (NB rows of K bytes). A last single row
-// goes two output rows at a time (measured on Zen 4: a decode step's GEMVs 5-10% faster than four
-// at a time, with wide units; the order of each (row, output)'s operations is the same).
+// come from memory on the first pair and from L1 after it (NB rows of K bytes).
 template <int NB>
 inline void rows(const QuantRows& a, const int8_t* q, const float* scale, float* y,
                  int64_t M, int64_t K, int64_t N, int64_t n0) {
   int64_t m = 0;
   for (; m + 2 <= M; m += 2) block<NB, 2>(a, q, scale, y, K, N, n0, m);
-  if (m == M) return;
-  if constexpr (NB % 2 == 0) {
-    for (int64_t n = n0; n < n0 + NB; n += 2) block<2, 1>(a, q, scale, y, K, N, n, m);
-  } else {
-    block<NB, 1>(a, q, scale, y, K, N, n0, m);
-  }
+  if (m < M) block<NB, 1>(a, q, scale, y, K, N, n0, m);
 }
 
 // y[M, N] = (x[M, K] . q[N, K]^T) * scale[N], K a multiple of 32; parallel over output rows.
@@ -126,11 +108,9 @@ inline void int8_linear_raw(const float* x, const int8_t* q, const float* scale,
   thread_local QuantRows scratch;      // reused: a step calls this ~150 times on small rows
   const bool amx = amx_enabled();
 #if defined(INTERLOCK_VNNI)
-  // The VNNI kernels read the fix; the wide units are this file's kernel's (the tile kernels and
-  // their one-row companion keep contiguous blocks).
-  quantize_rows(x, M, K, scratch, /*with_fix=*/!amx || M == 1, /*wide_units=*/!amx);
+  quantize_rows(x, M, K, scratch, /*with_fix=*/!amx || M == 1);     // the VNNI kernels read the fix
 #else
-  quantize_rows(x, M, K, scratch, /*with_fix=*/false, /*wide_units=*/false);   // the portable kernel: signed x signed
+  quantize_rows(x, M, K, scratch, /*with_fix=*/false);             // the portable kernel is signed x signed
 #endif
   const QuantRows& a = scratch;        // the caller's buffer, named so the workers read this one
   if (amx) {

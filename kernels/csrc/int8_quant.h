@@ -33,33 +33,18 @@ constexpr int64_t kPrefetch = 4096;
 // a plain read's rate; an L2 prefetch 8 KB ahead at 97-100% (2 KB: 76%, 4 KB: 95%, 16 KB: as 8 KB).
 constexpr int64_t kPrefetchL2 = 8192;
 
-// Wide units (the plain VNNI kernel, CPUs without AMX): 4 chunks = 256 values whose lanes sum 16
-// values each before one conversion and one scale FMA, instead of 4 values per chunk. A lane there
-// covers values 64r + 4l .. 64r + 4l + 3 of the unit for r = 0..3, so the quantization block that
-// shares its scale is lanes 2j and 2j + 1: the four 8-value runs at 64r + 8j. That is a different
-// partition of K into blocks of 32 from the contiguous one (the tile kernels' and the tail's); the
-// values keep their natural order. Measured on Zen 4 (2 threads, SmolLM2's projections, 64 rows):
-// 1.43x the throughput of per-chunk scaling; a 16-value lane sum stays below 2^24, so exact in fp32.
-constexpr int64_t kWide = 4;                       // chunks per wide unit
-constexpr int64_t kWideValues = kWide * kChunk;    // 256
-
-// The activation rows in the form the dot wants (K padded with zeros to whole chunks): per row,
-// the int8 values in K order, 64 per chunk; and per unit -- first `wide` wide units, then one per
-// remaining chunk -- 16 fp32 lane scales and 16 int32 lane corrections (-128 * the sum of the
-// lane's values). In a one-chunk unit lanes 0-7 carry the scale of the chunk's first contiguous
-// block of 32, lanes 8-15 of its second.
+// The activation rows in the form the dot wants, per row and 64-wide chunk c (K padded with zeros
+// to whole chunks): 64 int8 values, 16 fp32 lane scales (lanes 0-7 the scale of block 2c, 8-15
+// of block 2c + 1) and 16 int32 lane corrections (-128 * the sum of the lane's four values).
 struct QuantRows {
   int64_t chunks = 0;
-  int64_t wide = 0;        // leading wide units (0 unless quantized for them)
-  int64_t units = 0;       // wide + chunks - kWide * wide
   std::vector<int8_t> q;
   std::vector<float> lane_scale;
   std::vector<int32_t> lane_fix;
 
   const int8_t* qs(int64_t m, int64_t c) const { return q.data() + (m * chunks + c) * kChunk; }
-  const float* scales(int64_t m, int64_t u) const { return lane_scale.data() + (m * units + u) * kLanes; }
-  const int32_t* fix(int64_t m, int64_t u) const { return lane_fix.data() + (m * units + u) * kLanes; }
-  int64_t unit_of_chunk(int64_t c) const { return wide + c - kWide * wide; }     // c past the wide units
+  const float* scales(int64_t m, int64_t c) const { return lane_scale.data() + (m * chunks + c) * kLanes; }
+  const int32_t* fix(int64_t m, int64_t c) const { return lane_fix.data() + (m * chunks + c) * kLanes; }
 };
 
 // Block scale amax / 127; values round(x * (127 / amax)) to nearest even; a zero block gets scale
@@ -85,63 +70,39 @@ inline void quantize_block_avx512(const float* v, int8_t* q, float* scale_out) {
 }
 #endif
 
-inline void quantize_any_block(const float* v, int8_t* q, float* scale_out) {
-#if defined(INTERLOCK_VNNI)
-  quantize_block_avx512(v, q, scale_out);
-#else
-  quantize_block(v, q, scale_out);
-#endif
-}
-
 // with_fix: also the lane corrections (only the VNNI kernels' unsigned x signed dot reads them).
-// wide_units: quantize the leading 256-value units in the wide partition (int8_linear.h's kernel).
-inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out, bool with_fix, bool wide_units) {
+inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out, bool with_fix) {
   const int64_t chunks = (K + kChunk - 1) / kChunk, blocks = K / kQBlock;
-  const int64_t wide = wide_units ? K / kWideValues : 0, units = wide + chunks - kWide * wide;
   out.chunks = chunks;
-  out.wide = wide;
-  out.units = units;
   out.q.resize(M * chunks * kChunk);            // every byte is written below: no clearing
-  out.lane_scale.resize(M * units * kLanes);
+  out.lane_scale.resize(M * chunks * kLanes);
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {    // a prompt chunk's rows, across threads
     for (int64_t m = m0; m < m1; ++m) {
-      const float* row = x + m * K;
-      int8_t* q = out.q.data() + m * chunks * kChunk;
-      for (int64_t s = 0; s < wide; ++s)
-        for (int64_t j = 0; j < 8; ++j) {            // block j: the runs at 64r + 8j, r = 0..3
-          float v[kQBlock];
-          int8_t b[kQBlock];
-          for (int64_t r = 0; r < 4; ++r) std::copy_n(row + s * kWideValues + 64 * r + 8 * j, 8, v + 8 * r);
-          float sc;
-          quantize_any_block(v, b, &sc);
-          for (int64_t r = 0; r < 4; ++r) std::copy_n(b + 8 * r, 8, q + s * kWideValues + 64 * r + 8 * j);
-          float* lanes = out.lane_scale.data() + (m * units + s) * kLanes + 2 * j;
-          lanes[0] = lanes[1] = sc;
-        }
-      for (int64_t b = kWide * 2 * wide; b < blocks; ++b) {
-        float sc;
-        quantize_any_block(row + b * kQBlock, q + b * kQBlock, &sc);
-        float* lanes = out.lane_scale.data() + (m * units + out.unit_of_chunk(b / 2)) * kLanes + (b % 2) * (kLanes / 2);
-        std::fill(lanes, lanes + kLanes / 2, sc);
+      for (int64_t b = 0; b < blocks; ++b) {
+        int8_t* q = out.q.data() + m * chunks * kChunk + b * kQBlock;
+        float s;
+#if defined(INTERLOCK_VNNI)
+        quantize_block_avx512(x + m * K + b * kQBlock, q, &s);
+#else
+        quantize_block(x + m * K + b * kQBlock, q, &s);
+#endif
+        float* lanes = out.lane_scale.data() + (m * chunks + b / 2) * kLanes + (b % 2) * (kLanes / 2);
+        std::fill(lanes, lanes + kLanes / 2, s);
       }
       if (blocks % 2 == 1) {                      // K % 64 == 32: the last chunk's second half is zero
-        std::fill_n(q + (chunks - 1) * kChunk + kQBlock, kQBlock, int8_t{0});
-        std::fill_n(out.lane_scale.data() + (m * units + units - 1) * kLanes + kLanes / 2, kLanes / 2, 0.f);
+        std::fill_n(out.q.data() + (m * chunks + chunks - 1) * kChunk + kQBlock, kQBlock, int8_t{0});
+        std::fill_n(out.lane_scale.data() + (m * chunks + chunks - 1) * kLanes + kLanes / 2, kLanes / 2, 0.f);
       }
     }
   });
   if (!with_fix) return;
 #if defined(INTERLOCK_VNNI)
-  out.lane_fix.resize(M * units * kLanes);
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t u = 0; u < units; ++u) {
-      // 128 * the lane sums over the unit's chunks: 4 for a wide unit, 1 after them.
-      const int64_t c0 = u < wide ? kWide * u : kWide * wide + (u - wide), n = u < wide ? kWide : 1;
-      __m512i sums = _mm512_setzero_si512();
-      for (int64_t c = c0; c < c0 + n; ++c) sums = _mm512_dpbusd_epi32(sums, flip, _mm512_loadu_si512(out.qs(m, c)));
-      _mm512_storeu_si512(out.lane_fix.data() + (m * units + u) * kLanes, _mm512_sub_epi32(_mm512_setzero_si512(), sums));
-    }
+  out.lane_fix.resize(M * chunks * kLanes);
+  for (int64_t i = 0; i < M * chunks; ++i) {
+    const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)),
+                                             _mm512_loadu_si512(out.q.data() + i * kChunk));   // 128 * lane sums
+    _mm512_storeu_si512(out.lane_fix.data() + i * kLanes, _mm512_sub_epi32(_mm512_setzero_si512(), sums));
+  }
 #endif
 }
 
