@@ -72,7 +72,9 @@ def log_probs(model: Transformer, prompt: list[int], continuation: list[int]) ->
 
 def torch_int8(model: Transformer) -> Transformer:
     """The same model with every int8 projection on torch's kernel (bf16 activations)."""
-    for module in model.modules():
+    # The layers' projections sit in plain dicts (model._linears), not registered submodules.
+    linears = [lin for layer in model._linears for lin in layer.values()] + list(model.modules())
+    for module in linears:
         if isinstance(module, Int8Linear):
             module.native = False
     model.fused_rows = None
