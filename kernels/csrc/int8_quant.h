@@ -25,8 +25,9 @@ constexpr int64_t kChunk = 64;       // weights per VNNI dot (two quantization b
 constexpr int64_t kLanes = 16;       // int32 / fp32 lanes per chunk (four weights each)
 constexpr int64_t kOutBlock = 4;     // output rows per task unit
 // Weights stream from L3 or memory (the model is larger than L2): prefetch this far ahead of each
-// row's read. Measured for all of SmolLM2's weights at 2 threads (the fp32-activation kernel before this one): 512 B
-// 9.6 ms, 1 KB 8.5 ms, 2 KB 6.7 ms, 4 KB 4.3 ms, 8 KB 4.6 ms, 16 KB 6.0 ms.
+// row's read, into L1, in the AMX machine's one-row kernel (int8_amx.h). Measured there for all of
+// SmolLM2's weights at 2 threads (with the fp32-activation kernel before these): 512 B 9.6 ms,
+// 1 KB 8.5 ms, 2 KB 6.7 ms, 4 KB 4.3 ms, 8 KB 4.6 ms, 16 KB 6.0 ms.
 constexpr int64_t kPrefetch = 4096;
 // The plain VNNI kernel (CPUs without AMX) prefetches into L2, further ahead: on Zen 4 (2 threads,
 // SmolLM2's decode GEMVs in sequence) an L1 prefetch 4 KB ahead streamed the weights at ~60% of
