@@ -128,8 +128,9 @@ class Transformer(nn.Module):
         """Prompt chunks through the rows path too, where its many-row kernel runs on AMX tiles (as
         fast as the bf16 GEMMs at 256-token chunks, README): every token's bits are then the same
         however the prompt is chunked and whichever step computed it, so a prefix-cache hit can
-        start at any block (EngineConfig.prefill). Elsewhere the VNNI rows path prefills at half
-        the dense path's speed."""
+        start at any block (EngineConfig.prefill). Elsewhere the VNNI rows path prefills about as
+        fast as the dense path, not faster (Zen 4, README), and the dense path's unquantized weights
+        are closer to the checkpoint, so dense stays the default there."""
         return self.fused_rows is not None and native.int8_kernel() == "amx"
 
     # The fused rows path (one native call for every layer) has no hooks for collectives: a
