@@ -120,8 +120,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from torch.utils.cpp_extension import load
 
-    base = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=CSRC, check=True, capture_output=True,
-                          text=True).stdout.strip()
+    found = subprocess.run(["git", "rev-parse", "--short", "--verify", f"{args.base}^{{commit}}"], cwd=CSRC,
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        p.error(f"--base {args.base!r} is not a commit of this checkout's git history")
+    base = found.stdout.strip()
     build = Path(tempfile.mkdtemp(prefix="kernel_ab_"))
     ext = load(name=f"interlock_kernel_ab_{base}", sources=[str(_source(base, build))],
                extra_include_paths=[str(CSRC)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
