@@ -153,6 +153,10 @@ class LLGuidanceMatcher(BaseMatcher):
         self._m = native
         self._initial = native.deep_copy()         # reset() restores this; no re-parse
         self._scratch = bm.allocate_bitmask(1, backend.vocab_size)
+        # The tokens the native matcher holds: a mask computed where no token can extend the output
+        # (Choice(["0\x06"]) after "0" on a vocabulary without "\x06") leaves llguidance stopped
+        # with an error, and a stopped matcher refuses rollback; _rewind rebuilds it from these.
+        self._tokens: list[TokenId] = []
 
     def _native_validate(self, token_ids: list[TokenId]) -> int:
         """llguidance's own check, narrowed to what its mask allows.
@@ -171,17 +175,29 @@ class LLGuidanceMatcher(BaseMatcher):
                 self._m.consume_tokens([t])
                 consumed += 1
         finally:
-            if consumed:
-                self._m.rollback(consumed)
+            self._rewind(consumed)
         return consumed
 
     def _native_consume(self, token_ids: list[TokenId]) -> None:
         if not self._m.consume_tokens(token_ids):
             raise RuntimeError(f"llguidance refused validated tokens: {self._m.get_error()}")
+        self._tokens.extend(token_ids)
 
     def _native_rollback(self, n: int) -> None:
-        if not self._m.rollback(n):
-            raise RuntimeError(f"llguidance rollback({n}) failed: {self._m.get_error()}")
+        del self._tokens[len(self._tokens) - n:]
+        self._rewind(n)
+
+    def _rewind(self, n: int) -> None:
+        """Roll the native matcher back n tokens, to the state after self._tokens; a stopped one
+        (see __init__) is rebuilt from the initial state instead."""
+        if n == 0 and not self._m.is_error():
+            return
+        if not self._m.is_error() and self._m.rollback(n):
+            return
+        m = self._initial.deep_copy()
+        if self._tokens and not m.consume_tokens(self._tokens):
+            raise RuntimeError(f"llguidance refused its own tokens on rebuild: {m.get_error()}")
+        self._m = m
 
     def _native_fill(self, bitmask: torch.Tensor, row: int) -> None:
         llguidance.torch.fill_next_token_bitmask(self._m, bitmask, row)
@@ -194,6 +210,7 @@ class LLGuidanceMatcher(BaseMatcher):
 
     def _native_reset(self) -> None:
         self._m = self._initial.deep_copy()
+        self._tokens.clear()
 
 
 def _first_line(exc: object) -> str:

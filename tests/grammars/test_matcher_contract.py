@@ -149,3 +149,22 @@ def test_other_spec_kinds(name, tiny_backends, tiny_tokenizer):
         assert m.accept(tok.encode(good) + [eos]), (name, spec)
         m.reset()
         assert m.validate(tok.encode(bad) + [eos]) < len(tok.encode(bad)) + 1, (name, spec)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_mask_at_a_dead_end_is_empty_and_rolls_back(name, tiny_backends, tiny_tokenizer):
+    # "0" then "\x06", which no token of the tiny vocabulary spells: the state after "0" is a dead
+    # end. llguidance stops with an error when it computes that mask and then refused rollback,
+    # which took the engine's grammar lane down when a forced "0" was verified (found by the
+    # public-API fuzz test).
+    backend = tiny_backends[name]
+    m = backend.matcher(backend.compile(Choice(["0\x06"])))
+    zero = tiny_tokenizer.encode("0")
+    assert m.forced_tokens() == zero
+    mask = backend.allocate_bitmask(3)
+    assert m.fill_masks(mask, 0, zero) == 2                 # state unchanged afterwards
+    assert allowed_ids(mask, 0, V) == zero and allowed_ids(mask, 1, V) == []
+    assert m.num_accepted == 0 and mask_of(backend, m) == zero
+    assert m.accept(zero) and mask_of(backend, m) == [] and m.validate(zero) == 0
+    m.rollback(1)
+    assert m.num_accepted == 0 and mask_of(backend, m) == zero and m.accept(zero)
