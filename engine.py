@@ -167,7 +167,7 @@ class Engine:
         self._closed = False                # no new requests (closed, or an actor crashed)
         self._shut_down = False             # runtime stopped and timeline closed
         self._failure: EngineError | None = None
-        k = config.speculative.max_draft_len if config.speculative else 0
+        k = config.speculative.step_drafts if config.speculative else 0          # draft rows per request
         per_seq = -(-(self.max_context + k + 1) // config.block_size)
         # Requests are admitted by the blocks they may need, so a smaller pool queues them, never fails them,
         # unless one request alone needs more than the pool (a typed error for that request).
@@ -176,7 +176,7 @@ class Engine:
         self.grammars = GrammarLayer(loaded.tokenizer, loaded.config.vocab_size, config.grammar)
         self._draft_lm = draft_lm_for(loaded, config.speculative)
         self._sched_config = SchedulerConfig(
-            max_batch_size=config.max_batch_size, max_draft_len=k, prefill_chunk=config.prefill_chunk,
+            max_batch_size=config.max_batch_size, max_drafts=k, prefill_chunk=config.prefill_chunk,
             max_step_tokens=max(config.max_step_tokens, config.max_batch_size * (k + 1)),
             max_position=self.max_context, block_size=config.block_size, num_blocks=num_blocks)
 
@@ -221,7 +221,7 @@ class Engine:
                                       share_outputs=rows)
         if tp:
             kv.k = kv.v = torch.empty(0)    # the ranks hold the K/V; here only the block tables matter
-        buffers = MaskBuffers.allocate(c.max_batch_size, c.max_draft_len, loaded.config.vocab_size)
+        buffers = MaskBuffers.allocate(c.max_batch_size, c.max_drafts, loaded.config.vocab_size)
         step = StepBuffers.allocate(c.max_batch_size)
         eos = self.tokenizer.eos_token_ids
         # Every actor is built with what it talks to: parts of a step meet only in the lanes and
@@ -235,7 +235,9 @@ class Engine:
         draft = DraftActor(self.config.speculative, self.tokenizer.vocab_size, timeline, step, model=drafter,
                            bitmask=buffers.bitmask, free_rows=buffers.free)
         grammar = GrammarActor(self.grammars.router, timeline, buffers, step)  # type: ignore[arg-type]
-        program = self._program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=c.max_draft_len,
+        # A draft model drafts at most K tokens after a request's forced ones: K rounds a step.
+        rounds = self.config.speculative.max_draft_len if self.config.speculative else 0
+        program = self._program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=rounds,
                                               draft_model=drafter is not None, capture=self.config.capture_steps)
         scheduler = Scheduler(c, self.tokenizer, kv_actor, grammar, draft, verifier, program, self._forget)
         self._actors = (kv_actor, verifier, grammar, draft, scheduler)
@@ -249,7 +251,7 @@ class Engine:
         c = self._sched_config
         lm = self._draft_lm
         draft = (c.num_blocks, lm.n_layers) if lm is not None and isinstance(lm.model, TensorParallelModel) else None
-        rows = 2 * c.max_batch_size * (c.max_draft_len + 1)         # x2: classifier-free guidance's second row set
+        rows = 2 * c.max_batch_size * (c.max_drafts + 1)         # x2: classifier-free guidance's second row set
         config = TPConfig(world=model.world, num_blocks=c.num_blocks, block_size=c.block_size, max_rows=rows,
                           step_timeout_s=self.config.tp_step_timeout_s, draft_cache=draft)
         try:

@@ -66,7 +66,7 @@ class DraftActor(Actor[object]):
 
     @property
     def rows_per_slot(self) -> int:
-        return self.config.max_draft_len + 1 if self.config is not None else 1
+        return self.config.step_drafts + 1 if self.config is not None else 1
 
     # --- model lane: this actor's part of a step -----------------------------------------------
 

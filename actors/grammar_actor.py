@@ -42,14 +42,14 @@ class MaskBuffers:
     constrained part): the row is left unwritten and readers skip it instead of applying it.
     """
 
-    bitmask: torch.Tensor      # [max_batch * (K+1), ceil(V/32)] int32
+    bitmask: torch.Tensor      # [max_batch * (D+1), ceil(V/32)] int32; D = draft rows per request (step_drafts)
     rows: torch.Tensor         # [max_batch] int32
-    rows_per_slot: int         # K + 1
-    free: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # [max_batch * (K+1)]
+    rows_per_slot: int         # D + 1
+    free: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # [max_batch * (D+1)]
 
     @classmethod
-    def allocate(cls, max_batch: int, max_draft_len: int, vocab_size: int) -> MaskBuffers:
-        per = max_draft_len + 1
+    def allocate(cls, max_batch: int, max_drafts: int, vocab_size: int) -> MaskBuffers:
+        per = max_drafts + 1
         return cls(allocate_bitmask(max_batch * per, vocab_size), torch.zeros(max_batch, dtype=torch.int32), per,
                    torch.zeros(max_batch * per, dtype=torch.bool))
 
@@ -101,7 +101,7 @@ class GrammarActor(Actor[object]):
         return out
 
     def begin(self) -> None:
-        """Take the step's plan; write each constrained request's forced tokens (up to K)."""
+        """Take the step's plan; write each constrained request's forced tokens (up to its draft rows)."""
         plan = self._plan = self.queue.take()
         b = self.step
         for slot in range(len(b.errors)):
@@ -111,7 +111,7 @@ class GrammarActor(Actor[object]):
             if s.sample and s.constrained and s.slot not in self.matchers:
                 b.fail(s.slot, GrammarError(f"request {s.request_id} samples with no matcher bound"))
         for slot, matcher in self._constrained():
-            b.forced[slot] = tuple(matcher.forced_tokens()[: plan.max_draft_len])
+            b.forced[slot] = tuple(matcher.forced_tokens()[: plan.max_drafts])
 
     def fill_draft_rows(self) -> None:
         """One draft-model iteration: the row after each masked request's draft prefix."""

@@ -24,7 +24,7 @@ from interlock.protocol.types import RequestId, SlotId, TokenId
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batch_size: int
-    max_draft_len: int              # K; 0 without speculation
+    max_drafts: int                 # draft rows a request may verify in a step (SpeculativeConfig.step_drafts); 0: none
     prefill_chunk: int = 256
     max_step_tokens: int = 512      # token budget of one step (decode rows + prompt chunks)
     max_position: int = 2048
@@ -32,9 +32,9 @@ class SchedulerConfig:
     num_blocks: int = 1024
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.prefill_chunk < 1 or self.max_draft_len < 0:
-            raise ValueError("max_batch_size and prefill_chunk must be >= 1, max_draft_len >= 0")
-        if self.max_step_tokens < self.max_batch_size * (self.max_draft_len + 1):
+        if self.max_batch_size < 1 or self.prefill_chunk < 1 or self.max_drafts < 0:
+            raise ValueError("max_batch_size and prefill_chunk must be >= 1, max_drafts >= 0")
+        if self.max_step_tokens < self.max_batch_size * (self.max_drafts + 1):
             raise ValueError("max_step_tokens must fit one decode step of a full batch")
 
 
@@ -88,7 +88,7 @@ class Request:
 
 def plan_step(running: dict[SlotId, Request], config: SchedulerConfig) -> tuple[RequestSnapshot, ...]:
     """The snapshots of the next step: decode rows first, then whole prompt chunks within the budget."""
-    k = config.max_draft_len
+    k = config.max_drafts
     budget = config.max_step_tokens
     snaps: list[RequestSnapshot] = []
     for slot in sorted(running):           # decode rows first: they keep latency low
@@ -135,8 +135,8 @@ def blocks_for(spec: RequestSpec, config: SchedulerConfig) -> int:
     prompts = [spec.prompt] + ([spec.uncond_prompt] if spec.uncond_prompt is not None else [])
     total = 0
     for prompt in prompts:
-        positions = min(len(prompt) + spec.sampling.max_tokens + config.max_draft_len + 1,
-                        config.max_position + config.max_draft_len + 1)
+        positions = min(len(prompt) + spec.sampling.max_tokens + config.max_drafts + 1,
+                        config.max_position + config.max_drafts + 1)
         total += -(-positions // config.block_size)
     return total
 
@@ -146,7 +146,7 @@ def reservations(plan: StepPlan) -> tuple[tuple[int, int], ...]:
     Admission promised every request its blocks, so this reservation cannot run out."""
     items = []
     for s in plan.snapshots:
-        drafts = plan.max_draft_len if s.sample else 0
+        drafts = plan.max_drafts if s.sample else 0
         items.append((s.seq, len(s.chunk) + drafts))
         if s.guide is not None:
             items.append((s.guide.seq, len(s.guide.chunk) + drafts))
@@ -183,7 +183,7 @@ def account(plan: StepPlan, event: TokenEvent, requests: dict[RequestId, Request
         else:
             # KV kept: the last token + accepted drafts (the final new token is fed next step).
             used = len(result.new_tokens)
-            out.rewinds.extend((seq, 1 + plan.max_draft_len - used) for seq in req.seqs)
+            out.rewinds.extend((seq, 1 + plan.max_drafts - used) for seq in req.seqs)
             req.computed += used
             req.guide_computed += used if req.guide_seq is not None else 0
             out.commits.append((s.seq, (s.chunk + result.new_tokens)[:used]))    # fed + accepted

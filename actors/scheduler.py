@@ -170,7 +170,7 @@ class Scheduler(Actor[object]):
             req.out.flush()
 
     def _emit(self, req: _Request, result: SlotResult) -> FinishReason | None:
-        at_limit = max(req.computed, req.guide_computed) + 1 + self.config.max_draft_len >= self.config.max_position
+        at_limit = max(req.computed, req.guide_computed) + 1 + self.config.max_drafts >= self.config.max_position
         reason = req.out.emit(list(result.new_tokens), self.tokenizer.eos_token_ids, at_limit, result.logprobs)
         if reason is not None:
             log.debug("request_finished", request_id=req.spec.request_id, step=self.step, reason=reason,
@@ -200,9 +200,9 @@ class Scheduler(Actor[object]):
         if not snaps:
             return
         self.step += 1
-        plan = StepPlan(self.step, snaps, self.config.max_draft_len)
+        plan = StepPlan(self.step, snaps, self.config.max_drafts)
         tables: BlockTables = await self.kv.ask(lambda reply: Reserve(reservations(plan), reply))
-        self.in_flight = StepPlan(plan.step, plan.snapshots, plan.max_draft_len, tables)
+        self.in_flight = StepPlan(plan.step, plan.snapshots, plan.max_drafts, tables)
         self._launched = time.perf_counter()
         self.program.launch(self.in_flight)
         log.debug("step_planned", step=plan.step, requests=len(snaps), sampling=sum(s.sample for s in snaps))

@@ -281,7 +281,7 @@ class VerifierActor(Actor[object]):
         any_p = any(s.sampling.top_p for s in snaps)
         probs = probs_from_logits(logits.view(b * (k + 1), -1), temp, top_k if any_k else None,
                                   top_p if any_p else None).view(b, k + 1, -1)
-        # Each request draws a fixed number of uniforms per step (max_draft_len acceptance draws +
+        # Each request draws a fixed number of uniforms per step (step_drafts acceptance draws +
         # one resample draw), whatever K this batch has: its stream of randoms, and so its output,
         # does not depend on the other requests.
         uniforms = torch.zeros(b, k + 1)

@@ -12,9 +12,12 @@ longer be its law). The chain holds every per-request thing the drafters keep, t
 `Tracked` hooks, plus the adaptive budgets and, for a member that keeps no state of its own, the
 request's tokens.
 
-Adaptive draft length: each request has a lookup budget k (1..K). A step that accepts every draft
-raises it by one; a rejection sets it to accepted + 1. Forced tokens are accepted whatever the
-model says, so they never count against it. It changes how much is verified, never what is
+Forced tokens are accepted whatever the model says, so they never count against a budget: a
+request's k is its forced tokens plus its lookup budget (K, or the adaptive one below), at most
+`step_drafts` = K + forced_extra (the rows the step has for it).
+
+Adaptive draft length: each request has a lookup budget (1..K). A step that accepts every draft
+raises it by one; a rejection sets it to accepted + 1. It changes how much is verified, never what is
 emitted: verification is exact for any draft.
 
 A member that raises (or answers with the wrong number of drafts) is retried one request at a
@@ -71,15 +74,16 @@ class DraftChain:
     def __init__(self, config: SpeculativeConfig | None, vocab_size: int, model: ModelDrafter | None = None) -> None:
         self.config = config
         self.vocab_size = vocab_size            # drafts outside [0, vocab_size) are cut
-        self.max_draft_len = config.max_draft_len if config is not None else 0
+        self.max_draft_len = config.max_draft_len if config is not None else 0      # K: the lookup budget
+        self.step_drafts = config.step_drafts if config is not None else 0          # K + forced rows
         self.use_forced = config is not None and "forced" in config.drafters
         members: list[Drafter] = []
         if self.use_forced:
             members.append(ForcedDrafter())
         if config is not None and "ngram" in config.drafters:
-            members.append(NGramDrafter(config.ngram, config.max_draft_len))
+            members.append(NGramDrafter(config.ngram, config.step_drafts))
         if config is not None and "suffix" in config.drafters:
-            members.append(SuffixDrafter(config.suffix, config.max_draft_len))
+            members.append(SuffixDrafter(config.suffix, config.step_drafts))
         if config is not None and config.user_drafter is not None:
             members.append(config.user_drafter)
         self.members = members
@@ -114,7 +118,7 @@ class DraftChain:
         if self.config is not None and self.config.adaptive and drafted:
             k = self.max_draft_len
             budget = self.budget.get(request_id, k)
-            self.budget[request_id] = min(k, budget + 1) if accepted == drafted else max(1, accepted + 1)
+            self.budget[request_id] = min(k, budget + 1 if accepted == drafted else max(1, accepted + 1))
 
     def counts(self) -> dict[str, int]:
         """Per-request state (0 when idle), the draft model's KV pool and the bounded global suffix trie."""
@@ -135,7 +139,7 @@ class DraftChain:
         """Drafts for each request, in order."""
         if self.config is None:
             return [ChainDraft((), 0) for _ in requests]
-        asks = [DraftRequest(r.request_id, (), self.forced(r.forced)[: self.max_draft_len]) for r in requests]
+        asks = [DraftRequest(r.request_id, (), self.forced(r.forced)[: self.step_drafts]) for r in requests]
         ks = [self._budget(a) for a in asks]
         answers: list[list[Sequence[TokenId]]] = [[] for _ in requests]
         errors: list[BaseException | None] = [None] * len(requests)
@@ -156,10 +160,10 @@ class DraftChain:
 
     def _budget(self, a: DraftRequest) -> int:
         """The request's k: its lookup budget on top of its forced tokens (which are free)."""
-        k = self.max_draft_len
+        lookup = self.max_draft_len
         if self.config is not None and self.config.adaptive:
-            k = min(k, len(a.forced) + self.budget.get(a.request_id, k))
-        return k
+            lookup = self.budget.get(a.request_id, lookup)
+        return min(self.step_drafts, len(a.forced) + lookup)
 
     def _with_tokens(self, a: DraftRequest) -> DraftRequest:
         assert self.contexts is not None

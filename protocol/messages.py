@@ -109,7 +109,7 @@ class StepPlan:
 
     step: int
     snapshots: tuple[RequestSnapshot, ...]
-    max_draft_len: int
+    max_drafts: int                # draft tokens a request may bring (SpeculativeConfig.step_drafts); 0: none
     kv: BlockTables | None = None  # filled in by the Scheduler after the KVActor reserved positions
 
 

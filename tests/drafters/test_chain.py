@@ -9,11 +9,20 @@ from interlock.protocol.speculative import SpeculativeConfig, SuffixConfig
 
 
 def test_forced_tokens_come_first_and_the_ngram_continues_past_them() -> None:
-    chain = DraftChain(SpeculativeConfig(("ngram", "forced"), max_draft_len=4), vocab_size=100)
+    chain = DraftChain(SpeculativeConfig(("ngram", "forced"), max_draft_len=4, forced_extra=2), vocab_size=100)
     chain.add("a", (1, 2, 3, 4, 5, 6, 1, 2))
-    (only_ngram, forced) = chain.propose([ChainRequest("a", ()), ChainRequest("a", (9, 3))])
+    (only_ngram, forced, long) = chain.propose([ChainRequest("a", ()), ChainRequest("a", (9, 3)),
+                                                ChainRequest("a", (9, 3, 4, 5, 6, 1, 2, 3))])
     assert only_ngram.drafts == (3, 4, 5, 6) and only_ngram.k == 4
-    assert forced.drafts == (9, 3, 4, 5)        # forced first; the lookup continues after (..., 9, 3)
+    # forced first, in rows of their own; the lookup still gets K = 4 after (..., 9, 3), within K + 2
+    assert forced.drafts == (9, 3, 4, 5, 6, 1) and forced.k == 6
+    assert long.drafts == (9, 3, 4, 5, 6, 1) and long.k == 6     # a long forced run: K + 2 at most
+
+
+def test_forced_extra_zero_counts_forced_tokens_against_k() -> None:
+    chain = DraftChain(SpeculativeConfig(("ngram", "forced"), max_draft_len=4, forced_extra=0), vocab_size=100)
+    chain.add("a", (1, 2, 3, 4, 5, 6, 1, 2))
+    assert chain.propose([ChainRequest("a", (9, 3))])[0].drafts == (9, 3, 4, 5)
 
 
 def test_suffix_drafts_follow_the_forced_tokens_and_finished_outputs_feed_the_global_trie() -> None:
@@ -22,7 +31,7 @@ def test_suffix_drafts_follow_the_forced_tokens_and_finished_outputs_feed_the_gl
     chain = DraftChain(spec, vocab_size=100)
     chain.add("a", (1, 2))
     chain.commit("a", (7, 8, 9, 10, 11), drafted=0, accepted=0)
-    assert chain.propose([ChainRequest("a", (7, 8))])[0].drafts == (7, 8, 9, 10)   # forced, then the trie
+    assert chain.propose([ChainRequest("a", (7, 8))])[0].drafts == (7, 8, 9, 10, 11)   # forced, then the trie
     chain.remove("a")                                   # its output (7 8 9 10 11) joins the global trie
     counts = chain.counts()
     assert counts["suffix_requests"] == counts["suffix_request_nodes"] == 0 and counts["suffix_global_tokens"] == 5

@@ -141,10 +141,11 @@ async def test_a_request_and_its_companion_step_together(tiny, plans) -> None:
                 sampled += 1
                 assert len(s.chunk) == len(s.guide.chunk) == 1
                 assert s.guide.start - s.start in gaps
-                # each holds the blocks of its committed positions + this step's K+1, no more:
-                # the companion was rewound with the request after every step
+                # each holds the blocks of its committed positions + this step's rows (K drafts and
+                # the rows forced tokens may add), no more: the companion was rewound with the request
+                assert plan.max_drafts == NGRAM.step_drafts
                 for seq, start in ((s.seq, s.start), (s.guide.seq, s.guide.start)):
-                    assert len(plan.kv.block_table(seq)) == -(-(start + 1 + K) // 16)
+                    assert len(plan.kv.block_table(seq)) == -(-(start + 1 + plan.max_drafts) // 16)
             else:
                 assert s.chunk or s.guide.chunk
     assert sampled > 0

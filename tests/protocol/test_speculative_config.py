@@ -18,6 +18,10 @@ def test_none_disables_speculation() -> None:
     ("draft:/models/Tiny Draft.gguf+forced", ("draft", "forced"), {"draft_model": "/models/Tiny Draft.gguf"}),
     ("Forced + NGRAM", ("forced", "ngram"), {}),
     ("ngram:3+forced", ("ngram", "forced"), {"ngram": NGramConfig(max_matching_ngram_size=3)}),
+    ("ngram+forced:0", ("ngram", "forced"), {"forced_extra": 0, "step_drafts": 4}),
+    ("ngram+forced:5", ("ngram", "forced"), {"forced_extra": 5, "step_drafts": 9}),
+    ("ngram+forced", ("ngram", "forced"), {"step_drafts": 4 + SpeculativeConfig.forced_extra}),
+    ("ngram", ("ngram",), {"step_drafts": 4}),        # no forced drafter: no rows for forced tokens
 ])
 def test_parse(text: str, drafters: tuple[str, ...], fields: dict) -> None:
     config = SpeculativeConfig.parse(text, max_draft_len=4)
@@ -31,7 +35,9 @@ def test_parse(text: str, drafters: tuple[str, ...], fields: dict) -> None:
     ("eagle", "unknown drafter"),
     ("draft", "draft:PATH"),
     ("self-draft:x", "number of layers"),
-    ("forced:3", "takes no argument"),
+    ("forced:x", "forced:N needs"),
+    ("forced:17", "forced_extra"),
+    ("ngram+adaptive:3", "takes no argument"),
     ("ngram:x", "longest suffix"),
     ("ngram:0", "longest suffix"),
     ("self-draft+draft:/m", "one draft model"),
