@@ -13,7 +13,7 @@ import torch
 
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import load_model
-from interlock.protocol.grammar import GrammarConfig
+from interlock.protocol.grammar import Choice, GrammarConfig
 from interlock.protocol.sampling import Completion, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
@@ -92,6 +92,21 @@ async def test_auto_backend_with_grammars_equals_no_speculation(tiny, mode: str)
     got = await _run(tiny, _modes()[mode], GRAMMARS, backend="auto")
     _same(base, got, mode)
     assert sum(c.stats.accepted for c in got) > 0
+
+
+@pytest.mark.parametrize("extra", [0, 4])
+async def test_forced_tokens_take_rows_beyond_the_draft_length(tiny, extra: int) -> None:
+    # One long choice: after its first token every token is forced. With K = 1, forced_extra = 0
+    # caps a step at 2 tokens; 4 extra rows carry up to 6, and the output stays the same.
+    grammar = [Choice(["abc xyz abc xyz abc xyz abc xyz"])]
+    base = await _run(tiny, None, grammar, max_tokens=64)
+    got = await _run(tiny, SpeculativeConfig(("forced",), max_draft_len=1, forced_extra=extra), grammar, max_tokens=64)
+    _same(base, got, f"forced:{extra}")
+    tokens, steps = sum(len(c.token_ids) for c in got), sum(c.stats.steps for c in got)
+    if extra:
+        assert steps * 2 < tokens, "no step carried more than K + 1 tokens"
+    else:
+        assert steps * 2 >= tokens
 
 
 def _checkpoint(folder: Path) -> Path:
