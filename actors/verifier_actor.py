@@ -14,12 +14,19 @@ take the same row path, so they are what a forward of the companion alone would 
 padded-id, grammar and top-k/top-p masks and before verification, the request's K+1 rows become
 uncond + s * (cond - uncond): drafts are verified against the guided, masked distribution.
 
+Greedy requests with nothing but a grammar to apply (no penalties, guidance or logprobs) take a
+lean path when the native kernels built: one pass per row finds the largest logit its grammar row
+allows (kernels/csrc/argmax.h), and acceptance compares those ids with the drafts. It decides what
+the general path decides (the masked argmax, lowest id on ties; a used row with a NaN or nothing
+allowed fails its request) without masking, copying or re-reading the logits.
+
 Log-probabilities (SamplingParams.logprobs): for the requests that ask, and only for them, each
 emitted token's log-probability and its row's top alternatives are read from the very rows it was
 verified against (kernels/logprobs.py), so they are the same with or without speculation.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -32,7 +39,7 @@ from interlock.actors.grammar_actor import MaskBuffers
 from interlock.actors.penalty_book import PenaltyBook
 from interlock.actors.step import StepBuffers, StepQueue
 from interlock.kernels import (
-    apply_token_bitmask_, probs_from_logits, rejection_sample, rejection_sample_greedy, token_logprobs,
+    apply_token_bitmask_, native, probs_from_logits, rejection_sample, rejection_sample_greedy, token_logprobs,
 )
 from interlock.kernels.cfg import cfg_combine
 from interlock.kernels.sampling import request_generator
@@ -75,6 +82,7 @@ class VerifierActor(Actor[object]):
         self.penalties = PenaltyBook(model.config.vocab_size)       # per-request token counts; model lane only
         self.queue = StepQueue("verifier")
         self._work: _StepWork | None = None
+        self.lean = native.available()        # the lean greedy path (module docstring)
         super().__init__("verifier")
 
     def handlers(self) -> Mapping[type, Handler]:
@@ -144,6 +152,11 @@ class VerifierActor(Actor[object]):
     def _verify(self, work: _StepWork) -> None:
         plan = work.plan
         snaps = [plan.snapshots[i] for i in work.sampled]
+        if self.lean and work.logits.dtype == torch.float32 and all(
+                s.sampling.greedy and s.guide is None and not s.sampling.penalized and s.sampling.logprobs is None
+                for s in snaps):
+            self._verify_greedy(work, snaps)
+            return
         b, k = len(snaps), max(len(d) for d in work.drafts)
         v = work.logits.shape[1]
         logits = work.logits.new_zeros((b, k + 1, v))                      # [B, K+1, V]; padding unused
@@ -189,6 +202,39 @@ class VerifierActor(Actor[object]):
             for r in self._with_logprobs(logits, snaps, asked):
                 self.step.results[r.slot] = r
 
+    def _verify_greedy(self, work: _StepWork, snaps: list[RequestSnapshot]) -> None:
+        """Greedy verification from each row's allowed argmax alone (module docstring)."""
+        per = self.buffers.rows_per_slot
+        filled = self.buffers.rows.tolist()
+        free = self.buffers.free.tolist()
+        mask_rows = []
+        for s, drafts in zip(snaps, work.drafts):
+            n = filled[s.slot] if s.constrained else 0       # rows past the ones filled are never used
+            mask_rows.extend(s.slot * per + j if j < n and not free[s.slot * per + j] else -1
+                             for j in range(len(drafts) + 1))
+        ids, peaks = native.masked_argmax(work.logits.contiguous(), self.buffers.bitmask,
+                                          torch.tensor(mask_rows, dtype=torch.long), self.tokenizer_vocab)
+        ids, peaks = ids.tolist(), peaks.tolist()
+        offset = 0
+        for s, drafts in zip(snaps, work.drafts):
+            n = len(drafts)
+            valid = min(n, filled[s.slot] - 1) if s.constrained else n   # drafts past a refused one are moot
+            best = ids[offset: offset + n + 1]
+            n_acc = 0
+            while n_acc < valid and best[n_acc] == drafts[n_acc]:
+                n_acc += 1
+            tokens, _ = cut_at_stop([*drafts[:n_acc], best[n_acc]], self.eos, s.sampling, keep_stop=True)
+            used = peaks[offset: offset + len(tokens)]
+            offset += n + 1
+            if any(math.isnan(p) for p in used):
+                self._fail_row(s, "a NaN logit")
+            elif any(p == -math.inf for p in used):
+                self._fail_row(s, "no allowed token")
+            else:
+                result = SlotResult(s.request_id, s.slot, tuple(tokens), valid, min(n_acc, len(tokens)))
+                self.step.results[s.slot] = result
+                self.penalties.commit((result,))
+
     @staticmethod
     def _with_logprobs(logits: torch.Tensor, snaps: list[RequestSnapshot],
                        asked: list[tuple[int, SlotResult]]) -> list[SlotResult]:
@@ -224,11 +270,13 @@ class VerifierActor(Actor[object]):
         nan = bool(torch.isnan(peak).any())
         if not nan and bool((peak > float("-inf")).all()):
             return False
-        what = "a NaN logit" if nan else "no allowed token"
+        self._fail_row(s, "a NaN logit" if nan else "no allowed token")
+        return True
+
+    def _fail_row(self, s: RequestSnapshot, what: str) -> None:
         log.error("sampling_row_invalid", request_id=s.request_id, problem=what,
                   step=self._work.plan.step if self._work else None)
         self.step.fail(s.slot, SamplingError(f"request {s.request_id}: its logits row has {what}"))
-        return True
 
     @staticmethod
     def _guided(cond: torch.Tensor, uncond: torch.Tensor, scale: float | None) -> torch.Tensor:

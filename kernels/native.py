@@ -10,6 +10,8 @@ add argument checks and the slow obvious versions the tests compare against.
 - row_attention(q, k_cache, v_cache, blocks, block_size, start, scale): decode / verify rows of
   one sequence over its paged context (row r sees positions 0 .. start + r).
 - rms_norm(x, weight, eps): row-wise RMSNorm.
+- masked_argmax(logits, bitmask, mask_rows, vocab): per row, the largest logit its grammar row
+  allows and its id (greedy verification's only read of the logits).
 
 Each computes a row from that row's data alone, in a fixed order: bitwise batch invariant.
 
@@ -60,7 +62,7 @@ def available() -> bool:
         load(name=f"interlock_cpu_{digest}", sources=[str(_CSRC / "ops.cpp")],
              extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
              is_python_module=False, verbose=False)
-        for op in ("int8_linear", "int8_kernel", "row_attention", "rms_norm", "rows_forward"):    # raises if the library did not register
+        for op in ("int8_linear", "int8_kernel", "row_attention", "rms_norm", "rows_forward", "masked_argmax"):    # raises if the library did not register
             getattr(torch.ops.interlock_cpu, op)
     except Exception as exc:                   # no compiler, no headers, an unsupported CPU ...
         log.warning("native CPU kernels unavailable; using torch ops", error=str(exc)[:300])
@@ -160,3 +162,34 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "
     if backend != "native" or not available():
         raise ValueError(f"rms_norm backends: 'native' (built: {available()}) and 'reference'")
     return torch.ops.interlock_cpu.rms_norm(x.contiguous(), weight.float().contiguous(), eps)
+
+
+def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor, mask_rows: torch.Tensor, vocab: int,
+                  backend: str = "native") -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [R, V] fp32; bitmask [M, W] packed int32; mask_rows [R] (-1: no mask) -> (ids [R],
+    peaks [R]): over ids < vocab that the row's mask allows, the lowest id of the largest logit and
+    that logit; a peak is NaN if an allowed logit is, -inf if none is allowed above -inf."""
+    if backend == "reference":
+        return masked_argmax_reference(logits, bitmask, mask_rows, vocab)
+    if backend != "native" or not available():
+        raise ValueError(f"masked_argmax backends: 'native' (built: {available()}) and 'reference'")
+    return torch.ops.interlock_cpu.masked_argmax(logits, bitmask, mask_rows, vocab)
+
+
+def masked_argmax_reference(logits: torch.Tensor, bitmask: torch.Tensor, mask_rows: torch.Tensor,
+                            vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids, peaks = torch.zeros(len(logits), dtype=torch.long), torch.empty(len(logits))
+    for r, row in enumerate(logits[:, :vocab].float()):
+        allowed = torch.ones(vocab, dtype=torch.bool)
+        if int(mask_rows[r]) >= 0:
+            words = bitmask[int(mask_rows[r])].to(torch.int64) & 0xFFFFFFFF
+            bits = (words[:, None] >> torch.arange(32)) & 1
+            allowed = bits.reshape(-1)[:vocab].bool()
+        values = torch.where(allowed, row, torch.tensor(float("-inf")))
+        if bool(torch.isnan(values).any()):
+            peaks[r] = float("nan")
+            continue
+        peaks[r] = values.max()
+        if peaks[r] > float("-inf"):
+            ids[r] = int(torch.nonzero(values == peaks[r])[0])
+    return ids, peaks

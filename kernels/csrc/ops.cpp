@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "argmax.h"
 #include "attention.h"
 #include "int8_linear.h"
 
@@ -95,6 +96,29 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   rms_norm_raw(x.data_ptr<float>(), weight.data_ptr<float>(), x.size(0), x.size(1), static_cast<float>(eps),
                y.data_ptr<float>());
   return y;
+}
+
+// logits [R, V] fp32; bitmask [M, W] int32 (packed, 32 ids a word); mask_rows [R]: the bitmask row
+// of each logits row, -1 for none. Returns (ids [R] int64, peaks [R] fp32): argmax.h.
+std::tuple<at::Tensor, at::Tensor> masked_argmax(const at::Tensor& logits, const at::Tensor& bitmask,
+                                                 const at::Tensor& mask_rows, int64_t vocab) {
+  check_f32(logits, 2, "logits");
+  TORCH_CHECK(bitmask.device().is_cpu() && bitmask.scalar_type() == at::kInt && bitmask.dim() == 2 &&
+              bitmask.is_contiguous(), "bitmask: contiguous int32 [M, W] on the CPU");
+  TORCH_CHECK(mask_rows.device().is_cpu() && mask_rows.scalar_type() == at::kLong && mask_rows.dim() == 1 &&
+              mask_rows.size(0) == logits.size(0) && mask_rows.is_contiguous(), "mask_rows: int64 [R]");
+  TORCH_CHECK(vocab >= 1 && vocab <= logits.size(1) && bitmask.size(1) * 32 >= vocab, "vocab out of range");
+  const int64_t R = logits.size(0), V = logits.size(1), W = bitmask.size(1), M = bitmask.size(0);
+  at::Tensor ids = at::empty({R}, at::kLong), peaks = at::empty({R}, at::kFloat);
+  const float* lp = logits.data_ptr<float>();
+  const int32_t* bp = bitmask.data_ptr<int32_t>();
+  const int64_t* mr = mask_rows.data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r) {
+    TORCH_CHECK(mr[r] < M, "mask_rows: row ", mr[r], " outside the bitmask's ", M);
+    masked_argmax_row(lp + r * V, mr[r] < 0 ? nullptr : bp + mr[r] * W, vocab, ids.data_ptr<int64_t>() + r,
+                      peaks.data_ptr<float>() + r);
+  }
+  return {ids, peaks};
 }
 
 // x: [T, E] embeddings of the row tokens; cos/sin: [T, D] at their positions; write_slots: [T] KV
@@ -219,6 +243,7 @@ TORCH_LIBRARY(interlock_cpu, m) {
   m.def("row_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor blocks, int block_size, int start, "
         "float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("masked_argmax(Tensor logits, Tensor bitmask, Tensor mask_rows, int vocab) -> (Tensor, Tensor)");
   m.def("rows_forward(Tensor x, Tensor cos, Tensor sin, Tensor write_slots, Tensor[] tables, int[] seq_offsets, "
         "int[] seq_lengths, int[] seq_starts, Tensor(a!) k_all, Tensor(b!) v_all, Tensor[] attn_norms, "
         "Tensor[] ffn_norms, Tensor[] qkv_q, Tensor[] qkv_s, Tensor[] qkv_b, Tensor[] o_q, Tensor[] o_s, "
@@ -230,5 +255,6 @@ TORCH_LIBRARY_IMPL(interlock_cpu, CPU, m) {
   m.impl("int8_linear", &interlock_cpu::int8_linear);
   m.impl("row_attention", &interlock_cpu::row_attention);
   m.impl("rms_norm", &interlock_cpu::rms_norm);
+  m.impl("masked_argmax", &interlock_cpu::masked_argmax);
   m.impl("rows_forward", &interlock_cpu::rows_forward);
 }

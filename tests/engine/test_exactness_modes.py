@@ -11,7 +11,9 @@ import anyio
 import pytest
 import torch
 
+from interlock.actors.verifier_actor import VerifierActor
 from interlock.engine import Engine, EngineConfig
+from interlock.kernels import native
 from interlock.models.loader import load_model
 from interlock.protocol.grammar import Choice, GrammarConfig
 from interlock.protocol.sampling import Completion, SamplingParams
@@ -107,6 +109,25 @@ async def test_forced_tokens_take_rows_beyond_the_draft_length(tiny, extra: int)
         assert steps * 2 < tokens, "no step carried more than K + 1 tokens"
     else:
         assert steps * 2 >= tokens
+
+
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler: the lean greedy path needs the native kernels")
+async def test_the_lean_greedy_path_decides_what_the_general_one_does(tiny, monkeypatch) -> None:
+    # Greedy rows with only a grammar take one native argmax pass (actors/verifier_actor.py); the
+    # general path masks the logits and runs rejection_sample_greedy. Same tokens, same stats.
+    spec = SpeculativeConfig.parse("ngram+forced", max_draft_len=3)
+    lean = await _run(tiny, spec, GRAMMARS + [None])
+    init = VerifierActor.__init__
+
+    def general(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        self.lean = False
+
+    monkeypatch.setattr(VerifierActor, "__init__", general)
+    for want, have in zip(await _run(tiny, spec, GRAMMARS + [None]), lean):
+        assert have.token_ids == want.token_ids and have.finish_reason == want.finish_reason
+        assert (have.stats.steps, have.stats.drafted, have.stats.accepted) == \
+            (want.stats.steps, want.stats.drafted, want.stats.accepted)
 
 
 def _checkpoint(folder: Path) -> Path:

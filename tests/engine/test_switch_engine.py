@@ -82,8 +82,9 @@ async def test_constrained_parts_validate_token_level(tiny, marker, backend):
 
 @pytest.mark.parametrize("mode", ["ngram+forced", "self-draft+forced"])
 async def test_free_rows_are_skipped_not_applied(tiny, marker, mode, monkeypatch):
-    """The verifier and draft-side masking skip the rows where the grammar is free: no row that
-    allows every tokenizer id is ever applied, while the constrained part's rows are."""
+    """The verifier (general or lean greedy path) and draft-side masking skip the rows where the
+    grammar is free: no row that allows every tokenizer id is ever applied, while the constrained
+    part's rows are."""
     import interlock.actors.draft_actor as draft_actor
     import interlock.actors.verifier_actor as verifier_actor
     from interlock.grammars.bitmask import allowed_ids
@@ -102,6 +103,12 @@ async def test_free_rows_are_skipped_not_applied(tiny, marker, mode, monkeypatch
 
     spy(verifier_actor)
     spy(draft_actor)
+    real_argmax = verifier_actor.native.masked_argmax
+
+    def argmax(logits, bitmask, mask_rows, vocab, **kw):    # the verifier's lean greedy path
+        applied.extend(len(allowed_ids(bitmask, r, tiny.config.vocab_size)) for r in mask_rows.tolist() if r >= 0)
+        return real_argmax(logits, bitmask, mask_rows, vocab, **kw)
+    monkeypatch.setattr(verifier_actor.native, "masked_argmax", argmax)
     spec = StructuralTag([marker], [Tag(marker, JsonSchema(SCHEMA), "</call>")])
     out = await outputs(tiny, spec, mode, "llguidance")
     assert marker in out.text and "</call>" in out.text          # free, constrained, free again

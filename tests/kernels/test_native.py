@@ -1,6 +1,7 @@
 """The native CPU kernels against their float64 references, and their row independence."""
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -149,3 +150,42 @@ def test_rms_norm_matches_reference_row_by_row(t: int, e: int, gen: torch.Genera
     torch.testing.assert_close(y, native.rms_norm(x, w, 1e-5, backend="reference"), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (e,), w, 1e-5), rtol=1e-5, atol=1e-5)
     assert torch.equal(native.rms_norm(x[-1:], w, 1e-5)[0], y[-1])
+
+
+@needs_native
+@pytest.mark.parametrize("vocab, width", [(1000, 1000), (990, 1024), (49152, 49152), (17, 32)])
+def test_masked_argmax_matches_reference(vocab: int, width: int, gen: torch.Generator) -> None:
+    rows = 9
+    logits = torch.randn(rows, width, generator=gen)
+    logits[1, 7] = float("nan")                               # allowed on an unmasked row: the peak is NaN
+    logits[2] = float("-inf")                                 # nothing above -inf
+    logits[3, 10] = logits[3, vocab - 1] = 50.0               # a tie: the lower id
+    logits[4, :vocab] = 1.0                                   # all tied
+    logits[5, vocab:] = 1e9                                   # padded ids never count
+    bitmask = torch.randint(-2**31, 2**31 - 1, (4, (width + 31) // 32), dtype=torch.int32, generator=gen)
+    bitmask[2] = 0                                            # allows nothing
+    logits[6, 3] = float("nan")
+    bitmask[1, 0] &= ~(1 << 3)                                # a NaN the mask hides does not count
+    mask_rows = torch.tensor([0, -1, 1, -1, -1, 3, 1, 2, 0])
+    ids, peaks = native.masked_argmax(logits, bitmask, mask_rows, vocab)
+    want_ids, want_peaks = native.masked_argmax(logits, bitmask, mask_rows, vocab, backend="reference")
+    assert ids.tolist() == want_ids.tolist()
+    assert torch.equal(peaks.isnan(), want_peaks.isnan())
+    assert peaks[~peaks.isnan()].tolist() == want_peaks[~want_peaks.isnan()].tolist()
+    assert ids[3] == 10 and ids[4] == 0 and peaks[1].isnan() and not peaks[6].isnan() and peaks[7] == -math.inf
+    for r in (0, 5, 6, 8):                                    # against a plain masked argmax
+        words = bitmask[int(mask_rows[r])].to(torch.int64) & 0xFFFFFFFF
+        allowed = (((words[:, None] >> torch.arange(32)) & 1).reshape(-1)[:vocab]).bool()
+        masked = torch.where(allowed, logits[r, :vocab], torch.tensor(-math.inf))
+        assert int(ids[r]) == int(masked.argmax()) and float(peaks[r]) == float(masked.max())
+
+
+@needs_native
+def test_masked_argmax_rejects_bad_arguments() -> None:
+    logits, bitmask = torch.zeros(2, 64), torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="outside the bitmask"):
+        native.masked_argmax(logits, bitmask, torch.tensor([0, 1]), 64)
+    with pytest.raises(RuntimeError, match="vocab"):
+        native.masked_argmax(logits, bitmask, torch.tensor([0, -1]), 65)
+    with pytest.raises(RuntimeError, match="mask_rows"):
+        native.masked_argmax(logits, bitmask, torch.tensor([0]), 64)
