@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:
         p.add_argument("--model", default="smollm2-135m-instruct")
-        p.add_argument("--speculative", type=_speculative, default="ngram+forced", help="none, or drafters joined by +: ngram[:N], suffix, forced, self-draft[:N], draft:PATH; options: adaptive, nomask (no draft-side grammar masking), e.g. ngram+forced+adaptive or self-draft+forced")
+        p.add_argument("--speculative", type=_speculative, default="ngram+forced", help="none, or drafters joined by +: ngram[:N], suffix, forced[:N] (N forced rows beyond --draft-len, 4 by default), self-draft[:N], draft:PATH; options: adaptive, nomask (no draft-side grammar masking), e.g. ngram+forced+adaptive or self-draft+forced")
         p.add_argument("--draft-len", type=_positive_int, default=3)
         p.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
         p.add_argument("--temperature", type=float, default=0.0)
