@@ -25,7 +25,9 @@ captured CUDA graph; the "reference" versions loop in Python and are the obvious
                  row_attention and rms_norm, and rows_forward, every layer of a decode / verify
                  step (or a prompt chunk, Transformer.rows_prefill) in one call; each computes
                  a row from that row alone, in a fixed order (batch invariant). models/ uses
-                 them when they build and falls back to torch ops when they do not
+                 them when they build and falls back to torch ops when they do not; and
+                 masked_argmax, greedy verification's one pass over a row (the largest logit its
+                 grammar row allows), which the VerifierActor's lean path calls
 - *_reference.py the slow obvious versions; _checks.py the shared argument checks
 - *_triton.py    the CUDA variants (bitmask_triton.py, rejection_triton.py), imported only
                  when backend "cuda" runs
