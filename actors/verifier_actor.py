@@ -173,10 +173,7 @@ class VerifierActor(Actor[object]):
                 offset += n + 1
             if n:
                 draft_tokens[row, :n] = torch.tensor(drafts)
-            valid = n
-            if s.constrained:              # drafts past the first one the grammar refused are moot
-                valid = min(n, int(self.buffers.rows[s.slot]) - 1)
-            num_drafts[row] = valid
+            num_drafts[row] = self._valid_drafts(s, n)
         self.penalties.apply_(logits, snaps, work.drafts, num_drafts)      # after CFG, before masks and temperature
         logits[:, :, self.tokenizer_vocab:] = float("-inf")                 # padded ids: never
         self._mask(logits, snaps, k)
@@ -190,7 +187,7 @@ class VerifierActor(Actor[object]):
             tokens = [int(t) for t in result.tokens[row, : n_acc + 1]]
             # Nothing after a stop token (the grammar refuses it); the stop token itself is kept.
             tokens, _ = cut_at_stop(tokens, self.eos, s.sampling, keep_stop=True)
-            if self._row_invalid(logits[row, : len(tokens)], s):
+            if self._row_invalid(s, logits[row, : len(tokens), : self.tokenizer_vocab].amax(-1).tolist()):
                 continue
             # A stop token that was an accepted draft counts as accepted (tokens end at it).
             result_s = SlotResult(s.request_id, s.slot, tuple(tokens), int(num_drafts[row]), min(n_acc, len(tokens)))
@@ -204,21 +201,14 @@ class VerifierActor(Actor[object]):
 
     def _verify_greedy(self, work: _StepWork, snaps: list[RequestSnapshot]) -> None:
         """Greedy verification from each row's allowed argmax alone (module docstring)."""
-        per = self.buffers.rows_per_slot
-        filled = self.buffers.rows.tolist()
-        free = self.buffers.free.tolist()
-        mask_rows = []
-        for s, drafts in zip(snaps, work.drafts):
-            n = filled[s.slot] if s.constrained else 0       # rows past the ones filled are never used
-            mask_rows.extend(s.slot * per + j if j < n and not free[s.slot * per + j] else -1
-                             for j in range(len(drafts) + 1))
+        mask_rows = self._mask_rows(snaps, [len(d) + 1 for d in work.drafts])
         ids, peaks = native.masked_argmax(work.logits.contiguous(), self.buffers.bitmask,
                                           torch.tensor(mask_rows, dtype=torch.long), self.tokenizer_vocab)
         ids, peaks = ids.tolist(), peaks.tolist()
         offset = 0
         for s, drafts in zip(snaps, work.drafts):
             n = len(drafts)
-            valid = min(n, filled[s.slot] - 1) if s.constrained else n   # drafts past a refused one are moot
+            valid = self._valid_drafts(s, n)
             best = ids[offset: offset + n + 1]
             n_acc = 0
             while n_acc < valid and best[n_acc] == drafts[n_acc]:
@@ -226,11 +216,7 @@ class VerifierActor(Actor[object]):
             tokens, _ = cut_at_stop([*drafts[:n_acc], best[n_acc]], self.eos, s.sampling, keep_stop=True)
             used = peaks[offset: offset + len(tokens)]
             offset += n + 1
-            if any(math.isnan(p) for p in used):
-                self._fail_row(s, "a NaN logit")
-            elif any(p == -math.inf for p in used):
-                self._fail_row(s, "no allowed token")
-            else:
+            if not self._row_invalid(s, used):
                 result = SlotResult(s.request_id, s.slot, tuple(tokens), valid, min(n_acc, len(tokens)))
                 self.step.results[s.slot] = result
                 self.penalties.commit((result,))
@@ -262,15 +248,33 @@ class VerifierActor(Actor[object]):
             results.append(replace(r, logprobs=tuple(entries)))
         return results
 
-    def _row_invalid(self, used: torch.Tensor, s: RequestSnapshot) -> bool:
+    def _valid_drafts(self, s: RequestSnapshot, n: int) -> int:
+        """Of a request's n drafts, those its grammar let through: past the first refused one they are moot."""
+        return min(n, int(self.buffers.rows[s.slot]) - 1) if s.constrained else n
+
+    def _mask_rows(self, snaps: list[RequestSnapshot], widths: list[int]) -> list[int]:
+        """The bitmask row each logits row reads (widths[i] rows for snaps[i]: row j of a constrained
+        request reads slot * (D+1) + j), -1 for none: rows past the ones the grammar filled (after a
+        refused draft, or padding) are never read, and free rows (a switching grammar outside its
+        constrained part) were left unwritten, which is exact (they would allow every id)."""
+        per = self.buffers.rows_per_slot
+        filled, free = self.buffers.rows.tolist(), self.buffers.free.tolist()
+        out: list[int] = []
+        for s, width in zip(snaps, widths):
+            n = filled[s.slot] if s.constrained else 0
+            out.extend(s.slot * per + j if j < n and not free[s.slot * per + j] else -1 for j in range(width))
+        return out
+
+    def _row_invalid(self, s: RequestSnapshot, peaks: list[float]) -> bool:
         """True (and the request fails alone, SamplingError) when a logits row its tokens were drawn
-        from [n, V] had a NaN or allowed no token. Rows are independent: its neighbours' results stand."""
-        # One pass: a row's max is NaN if any logit is (amax propagates NaN), -inf if none is allowed.
-        peak = used[:, : self.tokenizer_vocab].amax(-1)
-        nan = bool(torch.isnan(peak).any())
-        if not nan and bool((peak > float("-inf")).all()):
+        from had a NaN or allowed no token: `peaks`, each used row's largest allowed logit, is NaN if
+        any allowed logit is and -inf if none is allowed. Rows are independent: its neighbours' results stand."""
+        if any(math.isnan(p) for p in peaks):
+            self._fail_row(s, "a NaN logit")
+        elif any(p == -math.inf for p in peaks):
+            self._fail_row(s, "no allowed token")
+        else:
             return False
-        self._fail_row(s, "a NaN logit" if nan else "no allowed token")
         return True
 
     def _fail_row(self, s: RequestSnapshot, what: str) -> None:
@@ -288,20 +292,13 @@ class VerifierActor(Actor[object]):
         return cfg_combine(cond, uncond, torch.full((cond.shape[0],), float(scale)))
 
     def _mask(self, logits: torch.Tensor, snaps: list[RequestSnapshot], k: int) -> None:
-        """Grammar masks, in place: row j of a constrained request uses bitmask row slot*(K+1)+j."""
-        per = self.buffers.rows_per_slot
-        b = len(snaps)
-        rows = torch.tensor([[s.slot * per + j for j in range(k + 1)] for s in snaps], dtype=torch.long)
-        # Rows past the ones the grammar filled (after a refused draft, or padding) are never read.
-        filled = [int(self.buffers.rows[s.slot]) if s.constrained else 0 for s in snaps]
-        skip = torch.tensor([[j >= n for j in range(k + 1)] for n in filled], dtype=torch.bool)
-        # Free rows (a switching grammar outside its constrained part) were left unwritten: skipped,
-        # which is exact (they would allow every id) and saves applying an all-ones row.
-        skip |= self.buffers.free[rows]
-        if skip.all():
+        """Grammar masks, in place, on each request's K+1 rows (`_mask_rows`)."""
+        rows = torch.tensor(self._mask_rows(snaps, [k + 1] * len(snaps)), dtype=torch.long)
+        skip = rows < 0
+        if bool(skip.all()):
             return
-        flat = logits.view(b * (k + 1), -1)
-        apply_token_bitmask_(flat, self.buffers.bitmask, rows=rows.view(-1), skip=skip.view(-1),
+        flat = logits.view(len(snaps) * (k + 1), -1)
+        apply_token_bitmask_(flat, self.buffers.bitmask, rows=rows.clamp(min=0), skip=skip,
                              mask_vocab_size=self.tokenizer_vocab)
 
     def _draft_probs(self, work: _StepWork, v: int, k: int) -> torch.Tensor | None:

@@ -190,9 +190,7 @@ class LLGuidanceMatcher(BaseMatcher):
     def _rewind(self, n: int) -> None:
         """Roll the native matcher back n tokens, to the state after self._tokens; a stopped one
         (see __init__) is rebuilt from the initial state instead."""
-        if n == 0 and not self._m.is_error():
-            return
-        if not self._m.is_error() and self._m.rollback(n):
+        if not self._m.is_error() and (n == 0 or self._m.rollback(n)):
             return
         m = self._initial.deep_copy()
         if self._tokens and not m.consume_tokens(self._tokens):

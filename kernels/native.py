@@ -178,18 +178,11 @@ def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor, mask_rows: torch.
 
 def masked_argmax_reference(logits: torch.Tensor, bitmask: torch.Tensor, mask_rows: torch.Tensor,
                             vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids, peaks = torch.zeros(len(logits), dtype=torch.long), torch.empty(len(logits))
-    for r, row in enumerate(logits[:, :vocab].float()):
-        allowed = torch.ones(vocab, dtype=torch.bool)
-        if int(mask_rows[r]) >= 0:
-            words = bitmask[int(mask_rows[r])].to(torch.int64) & 0xFFFFFFFF
-            bits = (words[:, None] >> torch.arange(32)) & 1
-            allowed = bits.reshape(-1)[:vocab].bool()
-        values = torch.where(allowed, row, torch.tensor(float("-inf")))
-        if bool(torch.isnan(values).any()):
-            peaks[r] = float("nan")
-            continue
-        peaks[r] = values.max()
-        if peaks[r] > float("-inf"):
-            ids[r] = int(torch.nonzero(values == peaks[r])[0])
+    """What the verifier's general path computes: mask (kernels/bitmask.py), then amax and argmax."""
+    from interlock.kernels.bitmask import apply_token_bitmask_
+
+    x = logits[:, :vocab].float().clone()
+    apply_token_bitmask_(x, bitmask, rows=mask_rows.clamp(min=0), skip=mask_rows < 0, backend="torch")
+    peaks = x.amax(-1)                                         # NaN if an allowed logit is
+    ids = torch.where(peaks > float("-inf"), x.argmax(-1), 0)  # first of the largest; 0 for NaN / none
     return ids, peaks
