@@ -58,7 +58,7 @@ def _engine(args: argparse.Namespace, speculative: str | None = None):
     return Engine.from_pretrained(args.model, speculative=speculative or args.speculative, draft_len=args.draft_len,
                                   grammar_backend=args.backend, max_batch_size=getattr(args, "concurrency", 1),
                                   tensor_parallel=getattr(args, "tensor_parallel", 1), threads=args.threads,
-                                  prefill=args.prefill)
+                                  prefill=args.prefill, kv_dtype=_kv_dtype(args))
 
 
 async def _run(args: argparse.Namespace) -> None:
@@ -135,7 +135,7 @@ async def _bench(args: argparse.Namespace) -> None:
                       repetition_penalty=args.repetition_penalty, threads=args.threads, prefill=args.prefill)
     modes = [m.strip() for m in args.speculative.split(",") if m.strip()]
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
-    results = await run_modes(load_model(args.model), cfg, modes, prefix_caching=caching)
+    results = await run_modes(load_model(args.model, kv_dtype=_kv_dtype(args)), cfg, modes, prefix_caching=caching)
     report(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")
@@ -155,7 +155,8 @@ def _serve_replicas(args: argparse.Namespace) -> None:
     from interlock.server.ray_serve import ReplicaConfig, run_replicas
 
     engine = {"speculative": args.speculative, "draft_len": args.draft_len, "grammar_backend": args.backend,
-              "max_batch_size": args.max_batch_size, "tensor_parallel": args.tensor_parallel}
+              "max_batch_size": args.max_batch_size, "tensor_parallel": args.tensor_parallel,
+              "kv_dtype": _kv_dtype(args)}
     replicas = ReplicaConfig(min_replicas=args.replicas, max_replicas=max(args.max_replicas or 0, args.replicas),
                              cpus_per_replica=args.cpus_per_replica, graceful_shutdown_timeout_s=args.shutdown_timeout,
                              engine_options=engine)
@@ -174,7 +175,7 @@ async def _serve(args: argparse.Namespace) -> None:
     engine = Engine.from_pretrained(args.model, speculative=args.speculative, draft_len=args.draft_len,
                                     grammar_backend=args.backend, max_batch_size=args.max_batch_size,
                                     tensor_parallel=args.tensor_parallel, threads=args.threads,
-                                    prefill=args.prefill)
+                                    prefill=args.prefill, kv_dtype=_kv_dtype(args))
     print(f"interlock serve: {config.model_name} on http://{config.host}:{config.port}/v1 "
           f"(speculative {args.speculative}, batch {args.max_batch_size})", file=sys.stderr, flush=True)
     await serve(engine, config, log_level=args.log_level)
@@ -182,6 +183,11 @@ async def _serve(args: argparse.Namespace) -> None:
 
 TP_HELP = ("N > 1: the model's forward on N worker processes (torch.distributed gloo), each holding 1/N of "
            "the weights; N must divide the model's heads, KV heads and MLP width")
+
+
+def _kv_dtype(args: argparse.Namespace) -> str | None:
+    """--kv-cache-dtype as load_model's kv_dtype (None: the loader's default)."""
+    return None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype
 
 
 def _speculative(text: str) -> str:
@@ -219,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how prompt chunks are computed (EngineConfig.prefill): rows (int8, batch invariant: "
                              "prefix-cache hits at any block), dense (bf16, unquantized weights), auto (rows "
                              "where the CPU has AMX)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                        help="what the KV cache stores (load_model's kv_dtype): auto is float16 beside int8 "
+                             "weights (half the bytes a long context's step reads); float32 is exact to the "
+                             "activations")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:

@@ -44,7 +44,7 @@ from interlock.protocol.messages import (
 )
 from interlock.protocol.sampling import Completion, Delta, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
-from interlock.protocol.types import RequestId
+from interlock.protocol.types import Dtype, RequestId
 from interlock.streams.channel import ChannelClosedError
 from interlock.streams.cpu_timeline import CpuTimeline
 from interlock.streams.errors import ChannelFullError
@@ -184,21 +184,23 @@ class Engine:
     def from_pretrained(cls, name_or_path: str = "smollm2-135m-instruct", *,
                         speculative: SpeculativeConfig | str | None = "ngram+forced", draft_len: int = 3,
                         grammar_backend: BackendName = "auto", max_batch_size: int = 8,
-                        weights: Weights = "int8", tensor_parallel: int = 1, **options: object) -> Engine:
+                        weights: Weights = "int8", kv_dtype: Dtype | None = None, tensor_parallel: int = 1,
+                        **options: object) -> Engine:
         """Load a model (see models.loader.load_model) and build an engine around it.
 
         speculative: a SpeculativeConfig, a string such as "ngram+forced" / "ngram" / "forced", or
-        None / "none" for one token per step. tensor_parallel: N > 1 runs the target's forward on N
-        worker processes, each holding 1/N of the weights (models/tp_group.py); they start with the
-        engine. options: the other EngineConfig fields.
+        None / "none" for one token per step. kv_dtype: what the KV cache stores (None: the
+        loader's default, fp16 beside int8 weights). tensor_parallel: N > 1 runs the target's
+        forward on N worker processes, each holding 1/N of the weights (models/tp_group.py); they
+        start with the engine. options: the other EngineConfig fields.
         """
         if isinstance(speculative, str) or speculative is None:
             speculative = SpeculativeConfig.parse(speculative, max_draft_len=draft_len)
         config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=grammar_backend),
                               max_batch_size=max_batch_size, **options)  # type: ignore[arg-type]
         if tensor_parallel > 1:
-            return cls(load_tensor_parallel(name_or_path, tensor_parallel, weights=weights), config)
-        return cls(load_model(name_or_path, weights=weights), config)
+            return cls(load_tensor_parallel(name_or_path, tensor_parallel, weights=weights, kv_dtype=kv_dtype), config)
+        return cls(load_model(name_or_path, weights=weights, kv_dtype=kv_dtype), config)
 
     # --- lifecycle ---------------------------------------------------------------------------
 

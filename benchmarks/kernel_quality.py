@@ -11,7 +11,8 @@ reference's:
   where the native kernels build: kernels/csrc/int8_linear.h, int8_amx.h);
 - int8 native, bf16 prefill: the same, with the prompt prefilled by the dense path's bf16 GEMMs
   (what runs where the CPU has no AMX; with AMX the prompt takes the int8 rows path too);
-- int8 torch:  int8 weights, bf16 activations (torch's `_weight_int8pack_mm`, the fallback).
+- int8 torch:  int8 weights, bf16 activations (torch's `_weight_int8pack_mm`, the fallback);
+- int8 native, <dtype> KV: int8 native with the KV cache in fp16 or bf16 (--kv-dtypes).
 
 Reports top-1 agreement with the reference, mean and max KL(reference || model) in nats, and
 how many greedy continuations the model reproduces token for token. Saves the JSON (token ids
@@ -87,6 +88,8 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--kv-dtypes", default="float16,bfloat16",
+                   help="KV cache types to run int8 native with besides float32 (comma-separated; '' for none)")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/kernel-quality-DATE.json)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -96,6 +99,8 @@ def main() -> None:
     dense_prefill.rows_prefill = False
     models = {"int8 native": load_model(EMBEDDED).model, "int8 native, bf16 prefill": dense_prefill,
               "int8 torch": torch_int8(load_model(EMBEDDED).model)}
+    for kv_dtype in filter(None, args.kv_dtypes.split(",")):
+        models[f"int8 native, {kv_dtype} KV"] = load_model(EMBEDDED, kv_dtype=kv_dtype).model
     tokenizer = reference.tokenizer
     stats = {name: {"agree": 0, "positions": 0, "kl_sum": 0.0, "kl_max": 0.0, "same_greedy": 0} for name in models}
     prompts = []

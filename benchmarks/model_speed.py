@@ -197,6 +197,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--contexts", type=int, nargs="*", default=[200, 1000],
                    help="context lengths for the step costs (none: skip them)")
     p.add_argument("--step-repeats", type=int, default=20, help="timed repeats per step cost (medians)")
+    p.add_argument("--kv-dtypes", default="",
+                   help="KV cache types to time the step costs with, each context in turn (comma-separated; "
+                        "default: the loader's own, float16 beside int8 weights)")
     p.add_argument("--out", type=Path, default=None, help="where to save the JSON (default: benchmarks/results/)")
     p.add_argument("--json-only", action="store_true", help="print only the JSON line")
     args = p.parse_args(argv)
@@ -221,7 +224,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     gc.collect()
     # Step costs first, with only the int8 model in memory: the float and HF copies (~1 GB) loaded
     # beside it were measured to slow its steps by ~30% (cache and memory pressure).
-    costs = [step_costs.measure(int8.model, ctx, args.step_repeats) for ctx in args.contexts]
+    kv_dtypes = [d for d in args.kv_dtypes.split(",") if d] or [None]
+    costs = [step_costs.measure(int8.model, ctx, args.step_repeats, kv_dtype)
+             for ctx in args.contexts for kv_dtype in kv_dtypes]
     flt = load_model(EMBEDDED, weights="float")
     hf, hf_load_s = timed(load_hf)
     prompt = int8.tokenizer.encode_prompt(MESSAGES)
@@ -266,10 +271,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             print_table(
                 f"int8 forward step costs, {args.threads} threads, median of {args.step_repeats} "
                 "(floor: reading every int8 weight once)",
-                ["context", "floor ms", "decode ms", "decode / floor", "4-row verify ms", "verify / decode",
-                 "prefill tok/s"],
-                [[c.context, c.floor_ms, c.decode_ms, c.decode_over_floor, c.verify4_ms, c.verify4_over_decode,
-                  c.prefill_tok_s] for c in costs])
+                ["context", "KV cache", "floor ms", "decode ms", "decode / floor", "4-row verify ms",
+                 "verify / decode", "prefill tok/s"],
+                [[c.context, c.kv_dtype, c.floor_ms, c.decode_ms, c.decode_over_floor, c.verify4_ms,
+                  c.verify4_over_decode, c.prefill_tok_s] for c in costs])
         print(f"load_s (2nd load, int8) {int8.load_s:.2f} s; HF load {hf_load_s:.2f} s; "
               f"load average {_fmt_load(load_before)} -> {_fmt_load(load_after)}")
         if busy:

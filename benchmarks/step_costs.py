@@ -7,6 +7,8 @@
   decode step; 4 rows: a K=3 verify step), the cache rewound after each so every repeat sees the
   same context. Batch building is inside the timing, as in the engine.
 - prefill: a `prompt`-token prompt prefilled in the engine's 256-token chunks, as tokens/s.
+- kv_dtype: what the KV cache stores in the step and prefill measurements (the model's own unless
+  the caller names another: the same weights can be timed with each cache side by side).
 All times are medians over `repeats` after one warm-up.
 """
 from __future__ import annotations
@@ -18,8 +20,10 @@ import torch
 
 from interlock.benchmarks.common import median, repeat_times
 from interlock.models.batch import SeqChunk, build_batch
+from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.llama import Transformer
+from interlock.protocol.types import Dtype
 
 PREFILL_CHUNK = 256          # EngineConfig.prefill_chunk's default
 
@@ -56,8 +60,13 @@ def _prefill(model: Transformer, kv: PagedKVCache, prompt: tuple[int, ...]) -> N
         model(build_batch([SeqChunk(0, part, start, (len(part) - 1,))], kv), kv)
 
 
-def step_s(model: Transformer, context: int, rows: int, repeats: int) -> float:
-    kv = PagedKVCache(model.config, num_blocks=-(-(context + rows) // 16) + 1, block_size=16)
+def _config(model: Transformer, kv_dtype: Dtype | None) -> ModelConfig:
+    """The model's config with its KV cache stored as `kv_dtype` (None: the model's own)."""
+    return model.config if kv_dtype is None else model.config.replace(kv_dtype=kv_dtype)
+
+
+def step_s(model: Transformer, context: int, rows: int, repeats: int, kv_dtype: Dtype | None = None) -> float:
+    kv = PagedKVCache(_config(model, kv_dtype), num_blocks=-(-(context + rows) // 16) + 1, block_size=16)
     kv.add_sequence(0)
     _prefill(model, kv, _tokens(model, context, seed=context))
     new = _tokens(model, rows, seed=1)
@@ -70,11 +79,11 @@ def step_s(model: Transformer, context: int, rows: int, repeats: int) -> float:
     return _median_s(step, repeats)
 
 
-def prefill_tok_s(model: Transformer, prompt_len: int, repeats: int) -> float:
+def prefill_tok_s(model: Transformer, prompt_len: int, repeats: int, kv_dtype: Dtype | None = None) -> float:
     prompt = _tokens(model, prompt_len, seed=prompt_len)
 
     def prefill() -> None:
-        kv = PagedKVCache(model.config, num_blocks=-(-prompt_len // 16), block_size=16)
+        kv = PagedKVCache(_config(model, kv_dtype), num_blocks=-(-prompt_len // 16), block_size=16)
         kv.add_sequence(0)
         _prefill(model, kv, prompt)
 
@@ -84,6 +93,7 @@ def prefill_tok_s(model: Transformer, prompt_len: int, repeats: int) -> float:
 @dataclass(frozen=True)
 class StepCosts:
     context: int
+    kv_dtype: str
     floor_ms: float
     decode_ms: float
     verify4_ms: float
@@ -98,8 +108,9 @@ class StepCosts:
         return self.verify4_ms / self.decode_ms
 
 
-def measure(model: Transformer, context: int, repeats: int) -> StepCosts:
-    return StepCosts(context, floor_ms=weight_floor_s(model, repeats) * 1e3,
-                     decode_ms=step_s(model, context, 1, repeats) * 1e3,
-                     verify4_ms=step_s(model, context, 4, repeats) * 1e3,
-                     prefill_tok_s=prefill_tok_s(model, context, max(1, repeats // 4)))
+def measure(model: Transformer, context: int, repeats: int, kv_dtype: Dtype | None = None) -> StepCosts:
+    """Step costs at `context` with the KV cache in `kv_dtype` (None: the model's own)."""
+    return StepCosts(context, _config(model, kv_dtype).cache_dtype, floor_ms=weight_floor_s(model, repeats) * 1e3,
+                     decode_ms=step_s(model, context, 1, repeats, kv_dtype) * 1e3,
+                     verify4_ms=step_s(model, context, 4, repeats, kv_dtype) * 1e3,
+                     prefill_tok_s=prefill_tok_s(model, context, max(1, repeats // 4), kv_dtype))

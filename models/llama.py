@@ -21,7 +21,7 @@ from interlock.models.kv_cache import _DTYPES, PagedKVCache
 from interlock.models.linear import Weights, make_linear
 from interlock.models.rope import apply_rope, cos_sin_table
 
-NATIVE_CACHE_DTYPES = (torch.float32, torch.bfloat16)      # the KV caches the native kernels read
+NATIVE_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)      # the KV caches the native kernels read
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, use_native: bool = False) -> torch.Tensor:

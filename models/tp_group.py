@@ -83,9 +83,12 @@ class TensorParallelGroup:
     """W supervised worker processes holding one shard each. Not thread-safe: one caller (the model lane)."""
 
     def __init__(self, model: str, config: TPConfig, *, weights: Weights = "int8", dtype: Dtype = "float32",
-                 seed: int = 0) -> None:
+                 kv_dtype: Dtype | None = None, seed: int = 0) -> None:
+        from interlock.models.loader import default_kv_dtype
+
         self.config = config
-        self.model_config: ModelConfig = open_source(model, dtype, seed)[0]
+        self.model_config: ModelConfig = open_source(model, dtype, seed)[0].replace(
+            kv_dtype=kv_dtype or default_kv_dtype(weights, dtype))
         Shard(0, config.world).check(self.model_config)
         self._store_dir: Path | None = None
         self._spec = WorkerSpec(model, self.model_config, config.world, "", weights, dtype, seed,
@@ -259,9 +262,11 @@ class TensorParallelModel:
     their second KV pool, for a self-draft."""
 
     def __init__(self, model: str, world: int, *, weights: Weights = "int8", dtype: Dtype = "float32",
-                 seed: int = 0) -> None:
+                 kv_dtype: Dtype | None = None, seed: int = 0) -> None:
+        from interlock.models.loader import default_kv_dtype
+
         self.name, self.world, self.weights, self.dtype, self.seed = model, world, weights, dtype, seed
-        self.config = open_source(model, dtype, seed)[0]
+        self.config = open_source(model, dtype, seed)[0].replace(kv_dtype=kv_dtype or default_kv_dtype(weights, dtype))
         Shard(0, world).check(self.config)
         self.cache = 0
         self._slot: list[TensorParallelGroup] = []      # shared with draft(): the one running group
@@ -289,7 +294,8 @@ class TensorParallelModel:
         """Spawn the ranks (blocking: seconds). Raises WorkerError."""
         if self._slot:
             raise RuntimeError("already started")
-        group = TensorParallelGroup(self.name, config, weights=self.weights, dtype=self.dtype, seed=self.seed)
+        group = TensorParallelGroup(self.name, config, weights=self.weights, dtype=self.dtype,
+                                    kv_dtype=self.config.kv_dtype, seed=self.seed)
         self._slot.append(group)
         group.start()
 
@@ -305,13 +311,13 @@ class TensorParallelModel:
 
 
 def load_tensor_parallel(name_or_path: str, world: int, *, weights: Weights = "int8", dtype: Dtype = "float32",
-                         seed: int = 0) -> LoadedModel:
+                         kv_dtype: Dtype | None = None, seed: int = 0) -> LoadedModel:
     """load_model's result with the weights left on the ranks: the model is a TensorParallelModel
     (not started), read here are only the metadata and the tokenizer."""
     from interlock.models.loader import LoadedModel, load_tokenizer
 
     start = time.perf_counter()
-    model = TensorParallelModel(name_or_path, world, weights=weights, dtype=dtype, seed=seed)
+    model = TensorParallelModel(name_or_path, world, weights=weights, dtype=dtype, kv_dtype=kv_dtype, seed=seed)
     tokenizer = load_tokenizer(name_or_path)
     config = model.config
     if config.eos_token_id is None and tokenizer.eos_token_ids:

@@ -72,10 +72,11 @@ def worker_main(rank: int, spec: WorkerSpec, conn: Connection, logits: torch.Ten
         model = load_shard(source, config, Shard(rank, spec.world), inv_freq, spec.weights)
         del source
         model.group = dist.group.WORLD
-        caches = [PagedKVCache(model.config, spec.num_blocks, spec.block_size)]
+        cache_config = model.config.replace(kv_dtype=spec.config.kv_dtype)    # the engine's choice
+        caches = [PagedKVCache(cache_config, spec.num_blocks, spec.block_size)]
         if spec.draft_cache is not None:
             blocks, layers = spec.draft_cache
-            caches.append(PagedKVCache(model.config.replace(n_layers=layers), blocks, spec.block_size))
+            caches.append(PagedKVCache(cache_config.replace(n_layers=layers), blocks, spec.block_size))
         conn.send(("ready", rank))
         _serve(rank, model, caches, conn, logits)
     except EOFError:

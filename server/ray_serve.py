@@ -129,7 +129,7 @@ def build_app(model: str, server: ServerConfig = ServerConfig(), replicas: Repli
 
 def app_builder(args: dict[str, str]) -> Any:
     """For Ray's CLI: `serve run interlock.server.ray_serve:app_builder model=tiny replicas=2
-    [max_replicas=4] [speculative=ngram+forced] [max_batch_size=8] [api_key=...]`."""
+    [max_replicas=4] [speculative=ngram+forced] [max_batch_size=8] [kv_dtype=float16] [api_key=...]`."""
     model = args.get("model", ServerConfig.model_name)
     n = int(args.get("replicas", 1))
     engine: dict[str, Any] = {}
@@ -137,6 +137,8 @@ def app_builder(args: dict[str, str]) -> Any:
         engine["speculative"] = args["speculative"]
     if "max_batch_size" in args:
         engine["max_batch_size"] = int(args["max_batch_size"])
+    if "kv_dtype" in args:
+        engine["kv_dtype"] = args["kv_dtype"]
     replicas = ReplicaConfig(min_replicas=n, max_replicas=int(args.get("max_replicas", n)),
                              cpus_per_replica=float(args.get("cpus_per_replica", 1.0)), engine_options=engine)
     return build_app(model, ServerConfig(model_name=args.get("model_name", model), api_key=args.get("api_key")),

@@ -12,6 +12,7 @@ from interlock.cli import build_parser
     ["bench", "--dataset", "x.jsonl", "--speculative", "none,ngram:x"],
     ["serve", "--speculative", "self-draft:x"],
     ["generate", "--draft-len", "0", "hi"],
+    ["--kv-cache-dtype", "fp8", "generate", "hi"],
 ])
 def test_bad_values_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
@@ -24,3 +25,11 @@ def test_bad_values_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixt
 def test_good_values_pass_through_unchanged() -> None:
     args = build_parser().parse_args(["bench", "--dataset", "x.jsonl", "--speculative", "none,ngram:4+forced"])
     assert args.speculative == "none,ngram:4+forced"
+
+
+@pytest.mark.parametrize(("flag", "kv_dtype"), [([], None), (["--kv-cache-dtype", "auto"], None),
+                                                (["--kv-cache-dtype", "float32"], "float32")])
+def test_kv_cache_dtype_reaches_the_loader_as_kv_dtype(flag: list[str], kv_dtype: str | None) -> None:
+    from interlock.cli import _kv_dtype
+
+    assert _kv_dtype(build_parser().parse_args([*flag, "generate", "hi"])) == kv_dtype

@@ -11,6 +11,7 @@
 // rms_norm: one row at a time, sum of squares in a fixed 16-lane order.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
@@ -23,13 +24,16 @@
 
 namespace interlock_cpu {
 
-// The KV cache holds fp32 or bf16 (half the bytes a long context reads per row); the arithmetic
-// is fp32 either way. bf16 -> fp32 is exact (the bits shifted up), so both give the same kind
-// of fixed per-row computation.
+// The KV cache holds fp32, fp16 or bf16 (half the bytes a long context reads per row); the
+// arithmetic is fp32 either way. fp16 and bf16 -> fp32 are exact, so all three give the same kind
+// of fixed per-row computation. fp16 keeps 3 more significand bits than bf16, and a K/V entry
+// rarely comes near its 65,504 limit.
 using bf16 = c10::BFloat16;
+using f16 = c10::Half;
 
 inline float to_f32(float v) { return v; }
 inline float to_f32(bf16 v) { return static_cast<float>(v); }
+inline float to_f32(f16 v) { return static_cast<float>(v); }
 
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -37,6 +41,7 @@ inline __m512 load16(const bf16* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
+inline __m512 load16(const f16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 #endif
 
 // Dot product of two fp32 vectors of length D (a multiple of 16), fixed order.

@@ -23,15 +23,18 @@ void check_f32(const at::Tensor& t, int64_t dim, const char* name) {
 }
 
 void check_cache(const at::Tensor& t, int64_t dim, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16) &&
-              t.dim() == dim && t.is_contiguous(), name, ": a contiguous fp32 or bf16 CPU tensor with ", dim, " dims");
+  const auto type = t.scalar_type();
+  TORCH_CHECK(t.device().is_cpu() && (type == at::kFloat || type == at::kHalf || type == at::kBFloat16) &&
+              t.dim() == dim && t.is_contiguous(), name, ": a contiguous fp32, fp16 or bf16 CPU tensor with ", dim, " dims");
 }
 
-// f(k, v) with the caches' data as float* or bf16* (check_cache has allowed only those two).
+// f(k, v) with the caches' data as float*, f16* or bf16* (check_cache has allowed only those three).
 template <class F>
 void with_cache_type(const at::Tensor& k, const at::Tensor& v, F&& f) {
   if (k.scalar_type() == at::kFloat)
     f(k.data_ptr<float>(), v.data_ptr<float>());
+  else if (k.scalar_type() == at::kHalf)
+    f(reinterpret_cast<f16*>(k.data_ptr<at::Half>()), reinterpret_cast<f16*>(v.data_ptr<at::Half>()));
   else
     f(reinterpret_cast<bf16*>(k.data_ptr<at::BFloat16>()), reinterpret_cast<bf16*>(v.data_ptr<at::BFloat16>()));
 }
@@ -198,7 +201,7 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int64_t layer_slots = slots * Hkv * D;
 
-  // The layer loop for either cache type (T = float or bf16; K/V rounded to T as they are written,
+  // The layer loop for any cache type (T = float, f16 or bf16; K/V rounded to T as they are written,
   // as torch's .to() does on the prompt path).
   auto run_layers = [&](auto* k_base, auto* v_base) {
   for (int64_t l = 0; l < layers; ++l) {

@@ -84,6 +84,8 @@ def test_step_costs_run_on_the_tiny_model() -> None:
 
     tiny = load_model("tiny", weights="int8")
     c = step_costs.measure(tiny.model, context=40, repeats=2)
+    assert c.kv_dtype == tiny.config.cache_dtype
+    assert step_costs.measure(tiny.model, context=40, repeats=1, kv_dtype="float32").kv_dtype == "float32"
     assert c.context == 40 and c.floor_ms > 0 and c.decode_ms > 0 and c.verify4_ms > 0 and c.prefill_tok_s > 0
     assert c.decode_over_floor == pytest.approx(c.decode_ms / c.floor_ms)
     with pytest.raises(ValueError, match="int8"):

@@ -160,7 +160,7 @@ def _checkpoint(folder: Path) -> Path:
 
 # bf16: the cache rounds K/V to bf16, which turns a prompt chunked differently by the draft (the
 # dense path rounds a row by chunk length) into rejected drafts; the draft prefills as the target does.
-@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "bfloat16"])
 async def test_draft_model_from_a_checkpoint_file_equals_no_speculation(tmp_path: Path, kv_dtype: str) -> None:
     path = _checkpoint(tmp_path / "ckpt")
     target = load_model(str(path), kv_dtype=kv_dtype)

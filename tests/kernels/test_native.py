@@ -114,9 +114,10 @@ def test_row_attention_matches_reference_per_head_shape(h: int, hkv: int, d: int
 
 
 @needs_native
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("start", [0, 140, 383])
-def test_row_attention_reads_a_bf16_cache(start: int, gen: torch.Generator) -> None:
-    _row_attention_case(9, 3, 64, start, 4, 16, gen, cache_dtype=torch.bfloat16)
+def test_row_attention_reads_a_half_cache(start: int, cache_dtype: torch.dtype, gen: torch.Generator) -> None:
+    _row_attention_case(9, 3, 64, start, 4, 16, gen, cache_dtype=cache_dtype)
 
 
 def _row_attention_case(h: int, hkv: int, d: int, start: int, n: int, block_size: int, gen: torch.Generator,

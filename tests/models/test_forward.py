@@ -51,9 +51,13 @@ def test_packed_batch_equals_each_sequence_alone(weights: str, tiny_float: Loade
         offset += n
 
 
-def test_int8_rows_are_bitwise_batch_invariant(tiny_int8: LoadedModel) -> None:
+@pytest.mark.parametrize("kv_dtype", ["float16", "float32", "bfloat16"])
+def test_int8_rows_are_bitwise_batch_invariant(kv_dtype: str, tiny_int8: LoadedModel) -> None:
     """A token's logits do not depend on what else is in its forward: the basis of exact speculation."""
-    lm = tiny_int8
+    from interlock.models.loader import load_model
+
+    lm = tiny_int8 if kv_dtype == tiny_int8.config.cache_dtype else load_model("tiny", kv_dtype=kv_dtype)
+    assert lm.config.cache_dtype == kv_dtype
     prompt, extra = PROMPTS[0], [5, 6, 7, 8]
     one_by_one = run_alone(lm, prompt, extra)
     kv = PagedKVCache(lm.config, num_blocks=64, block_size=4)
