@@ -10,7 +10,7 @@ reference's:
 - int8 native: int8 weights, activations quantized to int8 in blocks of 32 (what the engine runs
   where the native kernels build: kernels/csrc/int8_linear.h, int8_amx.h);
 - int8 native, bf16 prefill: the same, with the prompt prefilled by the dense path's bf16 GEMMs
-  (what runs where the CPU has no AMX; with AMX the prompt takes the int8 rows path too);
+  (`prefill="dense"`; the default where the CPU has neither AMX nor AVX512-VNNI);
 - int8 torch:  int8 weights, bf16 activations (torch's `_weight_int8pack_mm`, the fallback);
 - int8 native, <dtype> KV: int8 native with the KV cache in fp16 or bf16 (--kv-dtypes).
 

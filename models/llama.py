@@ -125,13 +125,14 @@ class Transformer(nn.Module):
 
     @property
     def rows_prefill_default(self) -> bool:
-        """Prompt chunks through the rows path too, where its many-row kernel runs on AMX tiles (as
-        fast as the bf16 GEMMs at 256-token chunks, README): every token's bits are then the same
-        however the prompt is chunked and whichever step computed it, so a prefix-cache hit can
-        start at any block (EngineConfig.prefill). Elsewhere the VNNI rows path prefills about as
-        fast as the dense path, not faster (Zen 4, README), and the dense path's unquantized weights
-        are closer to the checkpoint, so dense stays the default there."""
-        return self.fused_rows is not None and native.int8_kernel() == "amx"
+        """Prompt chunks through the rows path too, where its many-row kernel runs on AMX tiles or
+        AVX512-VNNI (as fast as the bf16 GEMMs at 256-token chunks on either, README): every token's
+        bits are then the same however the prompt is chunked and whichever step computed it, so a
+        prefix-cache hit can start at any block (EngineConfig.prefill), where the dense path can
+        share only whole prompt chunks. That outweighs the dense path's closer fidelity to the
+        checkpoint (README, "Prompts on the rows path"). The portable kernel is far slower at many
+        rows, so without VNNI the dense path stays the default."""
+        return self.fused_rows is not None and native.int8_kernel() in ("amx", "vnni")
 
     # The fused rows path (one native call for every layer) has no hooks for collectives: a
     # tensor-parallel subclass turns it off.
