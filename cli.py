@@ -224,11 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefill", default="auto", choices=["auto", "rows", "dense"],
                         help="how prompt chunks are computed (EngineConfig.prefill): rows (int8, batch invariant: "
                              "prefix-cache hits at any block), dense (bf16, unquantized weights), auto (rows "
-                             "where the CPU has AMX)")
+                             "where the CPU has AMX or AVX512-VNNI)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="what the KV cache stores (load_model's kv_dtype): auto is float16 beside int8 "
-                             "weights (half the bytes a long context's step reads); float32 is exact to the "
-                             "activations")
+                             "weights (half the bytes a long context's step reads), float32 beside float weights")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:

@@ -86,7 +86,7 @@ class EngineConfig:
     # invariant, so a prefix-cache hit may end at any block and cover earlier outputs (multi-turn);
     # "dense": bf16 GEMMs with the unquantized weights, a little closer to the checkpoint (mean KL
     # to the fp32 model 0.0018 vs 0.0032, README), hits at whole prefill chunks of a prompt only.
-    # "auto": rows where the CPU has AMX (as fast as dense there: models/llama.py), else dense.
+    # "auto": rows where the CPU has AMX or AVX512-VNNI (as fast as dense there: models/llama.py), else dense.
     prefill: str = "auto"
 
     def __post_init__(self) -> None:
