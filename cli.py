@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "where the CPU has AMX or AVX512-VNNI)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="what the KV cache stores (load_model's kv_dtype): auto is float16 beside int8 "
-                             "weights (half the bytes a long context's step reads), float32 beside float weights")
+                             "weights on an AVX-512 CPU (half the bytes a long context's step reads), else float32")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:

@@ -190,7 +190,7 @@ class Engine:
 
         speculative: a SpeculativeConfig, a string such as "ngram+forced" / "ngram" / "forced", or
         None / "none" for one token per step. kv_dtype: what the KV cache stores (None: the
-        loader's default, fp16 beside int8 weights). tensor_parallel: N > 1 runs the target's
+        loader's default, fp16 beside int8 weights on AVX-512 CPUs). tensor_parallel: N > 1 runs the target's
         forward on N worker processes, each holding 1/N of the weights (models/tp_group.py); they
         start with the engine. options: the other EngineConfig fields.
         """

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from interlock.kernels import native
 from interlock.models.config import ModelConfig, tiny_config
 from interlock.models.gguf_loader import load_gguf
 from interlock.models.hf_loader import load_hf_dir
@@ -58,13 +59,16 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
 
 
 def default_kv_dtype(weights: Weights, dtype: Dtype) -> Dtype:
-    """What the KV cache stores when the caller names nothing: fp16 beside quantized weights, else
-    the weights' `dtype`. The quantized models run fp32 activations, and an fp32 cache made a step
-    at 1,000 tokens of context read 46 MB of K/V beside 134 MB of weights; fp16 halves that (the
-    native row kernels widen it exactly as they load it), as llama.cpp's default f16 cache does,
-    at a small measured cost against the fp32 cache (README, "An fp16 KV cache"). "float" weights
-    keep their own dtype: float32 is the reference that matches HF."""
-    return "float16" if weights in ("int8", "int4") else dtype
+    """What the KV cache stores when the caller names nothing: fp16 beside quantized weights where
+    the native kernels run on AVX-512, else the weights' `dtype`. The quantized models run fp32
+    activations, and an fp32 cache made a step at 1,000 tokens of context read 46 MB of K/V beside
+    134 MB of weights; fp16 halves that (the AVX-512 row attention widens it exactly as it loads
+    it), as llama.cpp's default f16 cache does, at a small measured cost against the fp32 cache
+    (README, "An fp16 KV cache"). The portable attention (no AVX-512) converts scalar by scalar,
+    which made it 1.5x slower with fp16 than with fp32: those CPUs keep fp32. "float" weights keep
+    their own dtype: float32 is the reference that matches HF."""
+    fast_fp16 = native.int8_kernel() in ("amx", "vnni")
+    return "float16" if weights in ("int8", "int4") and fast_fp16 else dtype
 
 
 def load_model(name_or_path: str, *, weights: Weights = "int8", dtype: Dtype = "float32",

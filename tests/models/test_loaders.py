@@ -206,13 +206,21 @@ def test_prompt_longer_than_context_is_typed(tiny_float) -> None:
     check_prompt_fits(tiny_float.config, tiny_float.config.max_position - 1)
 
 
-@pytest.mark.parametrize(("weights", "kv_dtype", "stored"), [
-    ("int8", None, torch.float16),          # the default beside quantized weights: half the K/V bytes
-    ("float", None, torch.float32),         # the fp32 reference keeps an fp32 cache
-    ("int8", "float32", torch.float32),
-    ("int8", "bfloat16", torch.bfloat16),
+@pytest.mark.parametrize(("weights", "kernel", "kv_dtype", "stored"), [
+    ("int8", "vnni", None, torch.float16),      # the default beside quantized weights: half the K/V bytes
+    ("int8", "amx", None, torch.float16),
+    ("int8", "portable", None, torch.float32),  # no AVX-512: the scalar attention is slower on fp16
+    ("int8", "none", None, torch.float32),
+    ("float", "vnni", None, torch.float32),     # the fp32 reference keeps an fp32 cache
+    ("int8", "vnni", "float32", torch.float32),
+    ("int8", "portable", "float16", torch.float16),
+    ("int8", "vnni", "bfloat16", torch.bfloat16),
 ])
-def test_kv_cache_dtype_default_and_override(weights: str, kv_dtype: str | None, stored: torch.dtype) -> None:
+def test_kv_cache_dtype_default_and_override(weights: str, kernel: str, kv_dtype: str | None, stored: torch.dtype,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from interlock.kernels import native
+
+    monkeypatch.setattr(native, "int8_kernel", lambda: kernel)     # what the loader asks of this CPU
     lm = load_model("tiny", weights=weights, kv_dtype=kv_dtype)   # type: ignore[arg-type]
     kv = PagedKVCache(lm.config, num_blocks=2, block_size=4)
     assert kv.k.dtype == kv.v.dtype == stored

@@ -149,9 +149,12 @@ def test_a_dead_or_hung_worker_is_a_typed_error_and_leaves_no_process(sig: signa
     assert all(gone(pid) for pid in tp.pids)
 
 
-@pytest.mark.parametrize(("kv_dtype", "stored"), [(None, "float16"), ("float32", "float32")])
-def test_the_ranks_are_told_the_engines_kv_cache_type(kv_dtype: str | None, stored: str) -> None:
+@pytest.mark.parametrize(("kv_dtype", "stored"), [(None, None), ("float32", "float32"), ("float16", "float16")])
+def test_the_ranks_are_told_the_engines_kv_cache_type(kv_dtype: str | None, stored: str | None) -> None:
     """The cache type reaches every rank's WorkerSpec (their caches are built from it); nothing starts here."""
+    from interlock.models.loader import default_kv_dtype
+
+    stored = stored or default_kv_dtype("int8", "float32")
     model = TensorParallelModel("tiny", 2, kv_dtype=kv_dtype)     # type: ignore[arg-type]
     group = TensorParallelGroup("tiny", TPConfig(world=2, num_blocks=8), kv_dtype=model.config.kv_dtype)
     assert model.config.cache_dtype == group._spec.config.cache_dtype == stored
