@@ -67,8 +67,8 @@ def default_kv_dtype(weights: Weights, dtype: Dtype) -> Dtype:
     (README, "An fp16 KV cache"). The portable attention (no AVX-512) converts scalar by scalar,
     which made it 1.5x slower with fp16 than with fp32: those CPUs keep fp32. "float" weights keep
     their own dtype: float32 is the reference that matches HF."""
-    fast_fp16 = native.int8_kernel() in ("amx", "vnni")
-    return "float16" if weights in ("int8", "int4") and fast_fp16 else dtype
+    quantized = weights in ("int8", "int4")
+    return "float16" if quantized and native.int8_kernel() in ("amx", "vnni") else dtype
 
 
 def load_model(name_or_path: str, *, weights: Weights = "int8", dtype: Dtype = "float32",

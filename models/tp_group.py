@@ -36,6 +36,7 @@ import torch.multiprocessing as mp
 
 from interlock.models.batch import ForwardBatch, SeqChunk, build_batch
 from interlock.models.config import ModelConfig
+from interlock.models.loader import default_kv_dtype
 from interlock.models.linear import Weights
 from interlock.models.parallel import Shard
 from interlock.models.shard_sources import open_source
@@ -84,11 +85,8 @@ class TensorParallelGroup:
 
     def __init__(self, model: str, config: TPConfig, *, weights: Weights = "int8", dtype: Dtype = "float32",
                  kv_dtype: Dtype | None = None, seed: int = 0) -> None:
-        from interlock.models.loader import default_kv_dtype
-
         self.config = config
-        self.model_config: ModelConfig = open_source(model, dtype, seed)[0].replace(
-            kv_dtype=kv_dtype or default_kv_dtype(weights, dtype))
+        self.model_config = _model_config(model, weights, dtype, kv_dtype, seed)
         Shard(0, config.world).check(self.model_config)
         self._store_dir: Path | None = None
         self._spec = WorkerSpec(model, self.model_config, config.world, "", weights, dtype, seed,
@@ -263,10 +261,8 @@ class TensorParallelModel:
 
     def __init__(self, model: str, world: int, *, weights: Weights = "int8", dtype: Dtype = "float32",
                  kv_dtype: Dtype | None = None, seed: int = 0) -> None:
-        from interlock.models.loader import default_kv_dtype
-
         self.name, self.world, self.weights, self.dtype, self.seed = model, world, weights, dtype, seed
-        self.config = open_source(model, dtype, seed)[0].replace(kv_dtype=kv_dtype or default_kv_dtype(weights, dtype))
+        self.config = _model_config(model, weights, dtype, kv_dtype, seed)
         Shard(0, world).check(self.config)
         self.cache = 0
         self._slot: list[TensorParallelGroup] = []      # shared with draft(): the one running group
@@ -308,6 +304,11 @@ class TensorParallelModel:
         if head is not None:
             raise ValueError("a pruned draft head is not supported under tensor parallelism")
         return self.group.forward_batch(batch, n_layers, self.cache)
+
+
+def _model_config(model: str, weights: Weights, dtype: Dtype, kv_dtype: Dtype | None, seed: int) -> ModelConfig:
+    """The whole model's config as load_model would give it, KV cache type included (metadata only)."""
+    return open_source(model, dtype, seed)[0].replace(kv_dtype=kv_dtype or default_kv_dtype(weights, dtype))
 
 
 def load_tensor_parallel(name_or_path: str, world: int, *, weights: Weights = "int8", dtype: Dtype = "float32",
