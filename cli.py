@@ -203,6 +203,14 @@ def _speculative(text: str) -> str:
     return text
 
 
+def _file(text: str) -> str:
+    """argparse type for a file argument: a missing file is a usage error naming the flag, before
+    the model loads, not a traceback after it."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    return text
+
+
 def _positive_int(text: str) -> int:
     """argparse type for counts (threads, batch sizes, draft length): a usage error, not a traceback."""
     try:
@@ -256,16 +264,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--negative-prompt", default=None,
                      help="the unconditional prompt for --guidance-scale (default: an empty user message)")
     g = gen.add_mutually_exclusive_group()
-    g.add_argument("--schema", help="JSON schema file")
+    g.add_argument("--schema", type=_file, help="JSON schema file")
     g.add_argument("--json-object", action="store_true")
     g.add_argument("--regex")
-    g.add_argument("--grammar", help="EBNF/GBNF file (.lark: Lark)")
+    g.add_argument("--grammar", type=_file, help="EBNF/GBNF file (.lark: Lark)")
     g.add_argument("--choice", nargs="+")
     bench = sub.add_parser("bench", help="JSONSchemaBench rows through the engine",
                            description="--speculative may list several modes, comma-separated "
                                        "(e.g. none,ngram+forced,self-draft+forced): they run in turn on the same rows "
                                        "and the table gives each one's tokens/s ratio to the first.")
-    bench.add_argument("--dataset", required=True)
+    bench.add_argument("--dataset", type=_file, required=True)
     bench.add_argument("--limit", type=int)
     bench.add_argument("--concurrency", type=_positive_int, default=1)
     bench.add_argument("--json", help="also write the result JSON here")
