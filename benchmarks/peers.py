@@ -22,7 +22,9 @@ grammar:
 Timing: one warm-up request per system, then every prompt `--repeats` times; a prompt's figures are
 the medians over its repeats. End to end = output tokens / (submit -> last token); decode = (output
 tokens - 1) / (first token -> last token); TTFT = submit -> first token. The table's ratios divide by
-interlock's best end-to-end mode. Raw results (token ids, text, validity, times per repeat) go to
+interlock's best end-to-end mode. "valid": outputs the schema accepts; "exact": outputs that are
+the record the prompt states, value for value (a measure of the extraction, not of the decoding:
+greedy outputs may differ between systems whose arithmetic differs). Raw results (token ids, text, validity, times per repeat) go to
 benchmarks/results/peers-<workload>-<date>.json.
 """
 from __future__ import annotations
@@ -59,6 +61,14 @@ class Sample:
 
 
 Runner = Callable[[Row], Sample]
+
+
+def is_exact(text: str, row: Row) -> bool:
+    """The output is the record the prompt's facts describe (its first valid instance), value for value."""
+    try:
+        return bool(row.valid_instances) and json.loads(text) == row.valid_instances[0].data
+    except ValueError:
+        return False
 
 
 def is_valid(text: str, schema: Any) -> bool:
@@ -241,20 +251,23 @@ def summarize(name: str, rows: Sequence[Row], samples: list[list[Sample]]) -> di
     """Medians per prompt over its repeats, then totals (see the module docstring)."""
     per_prompt = [{"row": row.id, "samples": [asdict(s) for s in ss]} for row, ss in zip(rows, samples)]
     med = [{k: statistics.median(s[k] for s in p["samples"]) for k in ("ttft_s", "total_s")} |
-           {"n": len(p["samples"][0]["token_ids"]), "valid": p["samples"][0]["valid"]} for p in per_prompt]
+           {"n": len(p["samples"][0]["token_ids"]), "valid": p["samples"][0]["valid"],
+            "exact": is_exact(p["samples"][0]["text"], row)} for p, row in zip(per_prompt, rows)]
     tokens = sum(m["n"] for m in med)
     total = sum(m["total_s"] for m in med)
     decode = sum(m["total_s"] - m["ttft_s"] for m in med)
     return {"system": name, "tokens": tokens, "e2e_tok_s": tokens / total if total else 0.0,
             "decode_tok_s": (tokens - len(med)) / decode if decode else 0.0,
             "ttft_p50_s": percentile([m["ttft_s"] for m in med], 50),
-            "valid": sum(m["valid"] for m in med), "prompts": len(med), "per_prompt": per_prompt}
+            "valid": sum(m["valid"] for m in med), "exact": sum(m["exact"] for m in med), "prompts": len(med),
+            "per_prompt": per_prompt}
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workload", choices=["jme", "repeated"], default="jme")
     p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--row", default=REPEATED_ROW, help="the JME row whose schema the repeated workload uses")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2,
@@ -271,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(level="warning")
     torch.set_num_threads(1)                # interlock's model lane owns its threads; HF gets them below
     rows = (load_rows(DATASETS / "JME.jsonl", args.limit) if args.workload == "jme" else
-            repeated_schema(row_by_id(DATASETS / "JME.jsonl", REPEATED_ROW), args.limit))
+            repeated_schema(row_by_id(DATASETS / "JME.jsonl", args.row), args.limit))
     out = Path(args.json) if args.json else RESULTS / f"peers-{args.workload}-{datetime.date.today()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
@@ -306,10 +319,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     best = max((r for r in results if r["system"].startswith("interlock")), key=lambda r: r["e2e_tok_s"])
     table = [(r["system"], r["e2e_tok_s"], r["decode_tok_s"], r["ttft_p50_s"], f"{r['valid']}/{r['prompts']}",
+              f"{r['exact']}/{r['prompts']}",
               best["e2e_tok_s"] / r["e2e_tok_s"] if r["e2e_tok_s"] else float("nan")) for r in results]
     print_table(f"peers, {args.workload} x {len(rows)}, greedy, max_tokens {args.max_tokens}, "
                 f"{args.threads} thread(s), load {load_average()}",
-                ["system", "e2e tok/s", "decode tok/s", "TTFT p50 s", "valid", f"{best['system']} is x faster"],
+                ["system", "e2e tok/s", "decode tok/s", "TTFT p50 s", "valid", "exact", f"{best['system']} is x faster"],
                 table)
     print_json_last({"file": str(out), **{r["system"]: round(r["e2e_tok_s"], 2) for r in results}})
 

@@ -2,6 +2,7 @@
 rolls back (the part that makes HF + xgrammar + prompt lookup possible at all)."""
 from __future__ import annotations
 
+import json
 import random
 
 import jsonschema
@@ -30,6 +31,20 @@ def test_repeated_schema_refuses_what_it_cannot_make():
     row = row_by_id(DATASETS / "JME.jsonl", REPEATED_ROW)
     with pytest.raises(ValueError):
         repeated_schema(row.__class__(row.id, row.schema, ()), 3)
+
+
+def test_exact_means_the_stated_record_value_for_value():
+    from interlock.benchmarks.peers import is_exact
+
+    row = repeated_schema(row_by_id(DATASETS / "JME.jsonl", REPEATED_ROW), 2)[1]
+    record = row.valid_instances[0].data
+    assert is_exact(json.dumps(record), row)
+    assert is_exact(json.dumps(record, indent=2), row)            # layout does not matter, values do
+    key = next(iter(record))
+    changed = {**record, key: [record[key]]}
+    assert not is_exact(json.dumps(changed), row)
+    assert not is_exact(json.dumps(record)[:-1], row)             # cut off at max_tokens
+    assert not is_exact(json.dumps(record), row.__class__(row.id, row.schema, ()))
 
 
 def test_rollback_processor_masks_like_a_fresh_matcher_after_any_prefixes():
