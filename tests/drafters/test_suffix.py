@@ -25,13 +25,7 @@ def substring_counts(sequences: list[list[int]], depth: int) -> Counter:
 
 
 def all_paths(trie: SuffixTrie) -> dict[tuple[int, ...], int]:
-    out, stack = {}, [((), trie.root)]
-    while stack:
-        path, node = stack.pop()
-        for t, child in node.children.items():
-            out[path + (t,)] = child.count
-            stack.append((path + (t,), child))
-    return out
+    return trie.substrings()
 
 
 @settings(max_examples=150, deadline=None)
@@ -58,7 +52,7 @@ def test_remove_undoes_add_exactly(sequences, data):
     assert all_paths(trie) == dict(substring_counts(kept, 5))
     for s in kept:
         trie.remove(s)
-    assert trie.nodes == 0 and not trie.root.children
+    assert trie.nodes == 0 and trie.substrings() == {}
 
 
 def test_draft_follows_the_most_frequent_continuation():
@@ -79,6 +73,15 @@ def test_draft_length_grows_with_the_match():
     assert d.lookup("short", 8) == [6]
     d.add("long", [5, 6, 7, 8, 9, 1, 5, 6, 7])  # match (5, 6, 7): m = 3 -> 3 tokens
     assert d.lookup("long", 8) == [8, 9, 1]
+
+
+def test_a_long_match_leaves_room_for_a_full_draft():
+    # The trie holds substrings of up to 6 tokens: matching all 5 of (1, 2, 3, 4, 5) would leave room
+    # for one token below it; matching (3, 4, 5) leaves room for three.
+    d = SuffixDrafter(SuffixConfig(max_depth=6, max_spec_factor=1.0, min_token_prob=0.0), max_draft_len=3)
+    d.add("r", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5])
+    assert d.lookup("r", 3) == [6, 7, 8]
+    assert d.lookup("r", 1) == [6]
 
 
 def test_low_probability_paths_stop_the_draft():
@@ -131,3 +134,14 @@ def test_the_request_trie_wins_ties_and_state_is_freed():
         d.lookup("y", 1)
     with pytest.raises(ValueError):
         SuffixConfig(max_depth=1)
+
+
+def test_trie_nodes_are_not_objects_the_garbage_collector_walks():
+    # One tracked object per node made the collector's passes cost more than drafting (suffix.py).
+    import gc
+
+    trie = SuffixTrie(24)
+    before = len(gc.get_objects())
+    trie.add([i % 97 for i in range(2000)])
+    assert trie.nodes > 2000
+    assert len(gc.get_objects()) - before < 20
