@@ -49,10 +49,16 @@ class SuffixConfig:
     """max_depth D: longest indexed substring. max_spec_factor: draft at most ceil(factor * m) tokens
     after an m-token match. min_token_prob: stop drafting once the path probability falls below it.
     max_global_tokens: output tokens the global trie keeps (oldest finished outputs evicted first;
-    0 turns the global trie off)."""
+    0 turns the global trie off).
 
-    max_depth: int = 24
-    max_spec_factor: float = 1.0
+    Defaults measured with suffix+forced, K = 3, in the engine (greedy, one request at a time):
+    max_spec_factor 1 -> 3 (a 1-token match may draft all K) took acceptance 2.53 -> 2.84 on 20
+    repeated-schema documents and 2.81 -> 3.13 on 30 JME rows (ngram+forced: 2.62 and 3.11);
+    max_depth 24 -> 16 changed neither and makes each committed token touch 16 nodes, not 24.
+    """
+
+    max_depth: int = 16
+    max_spec_factor: float = 3.0
     min_token_prob: float = 0.1
     max_global_tokens: int = 50_000
 
