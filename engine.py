@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import numbers
@@ -88,6 +89,14 @@ class EngineConfig:
     # to the fp32 model 0.0018 vs 0.0032, README), hits at whole prefill chunks of a prompt only.
     # "auto": rows where the CPU has AMX or AVX512-VNNI (as fast as dense there: models/llama.py), else dense.
     prefill: str = "auto"
+    # While the engine runs, keep the objects alive at its start (the model's modules, tokenizer
+    # vocabularies, every imported library: ~450k objects after loading SmolLM2) out of the garbage
+    # collector's full passes (gc.freeze; gc.unfreeze when it stops). Each full pass otherwise walks
+    # them all, ~200 ms with the model lane stopped (benchmarks/gc_pauses.py measures the pauses and
+    # the longest gap between two deltas, README). The young generations are
+    # collected first; older garbage of the application's waits for the engine to stop. Process-wide:
+    # when engines overlap, the first to stop unfreezes for all (each still works, just as before).
+    freeze_gc: bool = True
 
     def __post_init__(self) -> None:
         if self.prefill not in ("auto", "rows", "dense"):
@@ -246,6 +255,9 @@ class Engine:
         self._scheduler = scheduler
         self._runtime = Runtime(list(self._actors), on_failure=self._on_failure)
         await self._runtime.__aenter__()
+        if self.config.freeze_gc:
+            gc.collect(1)
+            gc.freeze()
         return self
 
     async def _start_workers(self, model: TensorParallelModel) -> None:
@@ -282,6 +294,8 @@ class Engine:
         except EngineError:
             pass                        # already reported to every request
         finally:
+            if self.config.freeze_gc:
+                gc.unfreeze()
             await self._stop_workers()
             self._timeline.close()
             self._program.close()

@@ -171,3 +171,16 @@ async def test_kv_pool_is_capped_by_bytes_queues_requests_and_is_released_on_clo
 
 
 PROMPTS_LONG = ["word " * 30, "other words here " * 12]
+
+
+async def test_the_heap_is_frozen_while_an_engine_runs_and_thawed_after(tiny) -> None:
+    import gc
+
+    gc.unfreeze()                               # whatever an earlier test left
+    async with Engine(tiny, config(1)) as engine:
+        assert gc.get_freeze_count() > 0
+        prompt, grammar, sampling = case(0)
+        await engine.complete(prompt, grammar=grammar, sampling=sampling)
+    assert gc.get_freeze_count() == 0
+    async with Engine(tiny, config(1, freeze_gc=False)):
+        assert gc.get_freeze_count() == 0
