@@ -2,8 +2,9 @@
 
 Runs the same JME requests (greedy, one at a time) through one engine with `freeze_gc` off and one
 with it on, alternating rounds, and records every collection (generation, duration: gc.callbacks)
-and every gap between two deltas of a stream, and each request's time to its first delta. A full (generation 2) collection walks every tracked
-object in the process, the model lane waits for it, and the stream shows it as one long gap.
+and every gap between two deltas of a stream, and each request's time to its first delta. A full
+(generation 2) collection walks every tracked object in the process holding the GIL: the event loop
+and the lanes' Python code wait for it, and a request whose step it lands in waits with them.
 Prints, per setting: collections and their total time by generation, the longest and p99 gap between
 deltas, TTFT p50 and max, tokens/s; saves the raw results (token ids included) under benchmarks/results/.
 """
@@ -88,7 +89,9 @@ async def run(loaded: Any, rows: list, freeze: bool, mode: str, max_tokens: int)
     return {"freeze_gc": freeze, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
             "collections": {str(g): {"count": n, "ms": 1e3 * t} for g, (n, t) in collections.by_gen.items()},
             "max_gap_ms": 1e3 * max(gaps, default=0.0),
-            "max_ttft_ms": 1e3 * max(ttfts, default=0.0), "p50_ttft_ms": 1e3 * percentile(ttfts, 50) if ttfts else 0.0, "p99_gap_ms": 1e3 * percentile(gaps, 99) if gaps else 0.0,
+            "max_ttft_ms": 1e3 * max(ttfts, default=0.0),
+            "p50_ttft_ms": 1e3 * percentile(ttfts, 50) if ttfts else 0.0,
+            "p99_gap_ms": 1e3 * percentile(gaps, 99) if gaps else 0.0,
             "outputs": outputs}
 
 
@@ -110,7 +113,8 @@ def main() -> None:
             results.append(anyio.run(run, loaded, rows, freeze, args.speculative, args.max_tokens) | {"round": r})
     table = [[r["round"], r["freeze_gc"], r["collections"]["2"]["count"], round(r["collections"]["2"]["ms"], 1),
               round(r["collections"]["0"]["ms"] + r["collections"]["1"]["ms"], 1), round(r["max_gap_ms"], 1),
-              round(r["p99_gap_ms"], 1), round(r["p50_ttft_ms"], 1), round(r["max_ttft_ms"], 1), round(r["tokens_per_s"], 1)] for r in results]
+              round(r["p99_gap_ms"], 1), round(r["p50_ttft_ms"], 1), round(r["max_ttft_ms"], 1),
+              round(r["tokens_per_s"], 1)] for r in results]
     print_table(f"garbage collection during {args.limit} JME requests, {args.speculative}",
                 ["round", "freeze_gc", "full GCs", "full GC ms", "young GC ms", "max gap ms", "p99 gap ms",
                  "TTFT p50 ms", "TTFT max ms", "tokens/s"], table)

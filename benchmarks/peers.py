@@ -24,7 +24,8 @@ the medians over its repeats. End to end = output tokens / (submit -> last token
 tokens - 1) / (first token -> last token); TTFT = submit -> first token. The table's ratios divide by
 interlock's best end-to-end mode. "valid": outputs the schema accepts; "exact": outputs that are
 the record the prompt states, value for value (a measure of the extraction, not of the decoding:
-greedy outputs may differ between systems whose arithmetic differs). Raw results (token ids, text, validity, times per repeat) go to
+greedy outputs may differ between systems whose arithmetic differs); "acceptance": interlock's
+tokens per verify step. Raw results (token ids, text, validity, times per repeat) go to
 benchmarks/results/peers-<workload>-<date>.json.
 """
 from __future__ import annotations
@@ -58,6 +59,8 @@ class Sample:
     ttft_s: float
     total_s: float
     valid: bool
+    steps: int = 0              # interlock: verify steps that produced this output's tokens
+    step_tokens: int = 0        # and the tokens they produced (acceptance = step_tokens / steps)
 
 
 Runner = Callable[[Row], Sample]
@@ -219,15 +222,17 @@ def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: 
     sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
 
     async def one(engine: Engine, row: Row) -> Sample:
-        start, first, ids, text = time.perf_counter(), 0.0, [], []
+        start, first, ids, text, stats = time.perf_counter(), 0.0, [], [], None
         async for delta in engine.generate(build_messages(row), grammar=JsonSchema(row.schema), sampling=sampling):
             if delta.token_ids and not first:
                 first = time.perf_counter()
             ids.extend(delta.token_ids)
             text.append(delta.text)
+            stats = delta.stats or stats
         end = time.perf_counter()
         out = "".join(text)
-        return Sample(tuple(ids), out, (first or end) - start, end - start, is_valid(out, row.schema))
+        return Sample(tuple(ids), out, (first or end) - start, end - start, is_valid(out, row.schema),
+                      stats.steps if stats else 0, stats.step_tokens if stats else 0)
 
     async def collect() -> list[list[Sample]]:
         async with Engine.from_pretrained("smollm2-135m-instruct", speculative=mode,
@@ -254,11 +259,14 @@ def summarize(name: str, rows: Sequence[Row], samples: list[list[Sample]]) -> di
            {"n": len(p["samples"][0]["token_ids"]), "valid": p["samples"][0]["valid"],
             "exact": is_exact(p["samples"][0]["text"], row)} for p, row in zip(per_prompt, rows)]
     tokens = sum(m["n"] for m in med)
+    steps = sum(p["samples"][0]["steps"] for p in per_prompt)
     total = sum(m["total_s"] for m in med)
     decode = sum(m["total_s"] - m["ttft_s"] for m in med)
     return {"system": name, "tokens": tokens, "e2e_tok_s": tokens / total if total else 0.0,
             "decode_tok_s": (tokens - len(med)) / decode if decode else 0.0,
             "ttft_p50_s": percentile([m["ttft_s"] for m in med], 50),
+            "mean_acceptance_length": (sum(p["samples"][0]["step_tokens"] for p in per_prompt) / steps
+                                       if steps else None),
             "valid": sum(m["valid"] for m in med), "exact": sum(m["exact"] for m in med), "prompts": len(med),
             "per_prompt": per_prompt}
 
@@ -318,12 +326,15 @@ def main(argv: list[str] | None = None) -> None:
         print_json_last({"file": str(out), **{r["system"]: round(r["e2e_tok_s"], 2) for r in results}})
         return
     best = max((r for r in results if r["system"].startswith("interlock")), key=lambda r: r["e2e_tok_s"])
-    table = [(r["system"], r["e2e_tok_s"], r["decode_tok_s"], r["ttft_p50_s"], f"{r['valid']}/{r['prompts']}",
+    table = [(r["system"], r["e2e_tok_s"], r["decode_tok_s"], r["ttft_p50_s"],
+              "-" if r.get("mean_acceptance_length") is None else round(r["mean_acceptance_length"], 2),
+              f"{r['valid']}/{r['prompts']}",
               f"{r['exact']}/{r['prompts']}",
               best["e2e_tok_s"] / r["e2e_tok_s"] if r["e2e_tok_s"] else float("nan")) for r in results]
     print_table(f"peers, {args.workload} x {len(rows)}, greedy, max_tokens {args.max_tokens}, "
                 f"{args.threads} thread(s), load {load_average()}",
-                ["system", "e2e tok/s", "decode tok/s", "TTFT p50 s", "valid", "exact", f"{best['system']} is x faster"],
+                ["system", "e2e tok/s", "decode tok/s", "TTFT p50 s", "acceptance", "valid", "exact",
+                 f"{best['system']} is x faster"],
                 table)
     print_json_last({"file": str(out), **{r["system"]: round(r["e2e_tok_s"], 2) for r in results}})
 
