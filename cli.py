@@ -125,14 +125,20 @@ async def _generate(args: argparse.Namespace) -> None:
 
 
 async def _bench(args: argparse.Namespace) -> None:
-    from interlock.benchmarks.engine_bench import BenchConfig, report, run_modes
+    from interlock.benchmarks.engine_bench import BenchConfig, bench_rows, report, run_modes
     from interlock.models.loader import load_model
 
     cfg = BenchConfig(dataset=Path(args.dataset), limit=args.limit, draft_len=args.draft_len,
                       backend=args.backend, concurrency=args.concurrency,
                       max_tokens=args.max_tokens, temperature=args.temperature,
                       presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                      repetition_penalty=args.repetition_penalty, threads=args.threads, prefill=args.prefill)
+                      repetition_penalty=args.repetition_penalty, threads=args.threads, prefill=args.prefill,
+                      repeat_schema=args.repeat_schema)
+    try:
+        bench_rows(cfg)                 # before the model loads: a bad row is a usage error
+    except (KeyError, ValueError) as exc:
+        print(f"interlock bench: error: argument --repeat-schema: {exc.args[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
     modes = [m.strip() for m in args.speculative.split(",") if m.strip()]
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
     results = await run_modes(load_model(args.model, kv_dtype=_kv_dtype(args)), cfg, modes, prefix_caching=caching)
@@ -275,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "and the table gives each one's tokens/s ratio to the first.")
     bench.add_argument("--dataset", type=_file, required=True)
     bench.add_argument("--limit", type=int)
+    bench.add_argument("--repeat-schema", metavar="ROW", help="one row's schema, --limit documents (default 50) made "
+                       "from its instance: the repeated-schema workload (python -m interlock.benchmarks.peers uses "
+                       "JME_26 of JME.jsonl)")
     bench.add_argument("--concurrency", type=_positive_int, default=1)
     bench.add_argument("--json", help="also write the result JSON here")
     bench.add_argument("--prefix-caching", choices=["on", "off", "both"], default="on",

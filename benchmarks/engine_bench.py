@@ -1,7 +1,9 @@
 """`interlock bench`: JSONSchemaBench rows as constrained requests, end to end through the engine.
 
 Prompts come from benchmarks/prompts.py (schema in the system message, the facts of the row's
-valid instance in prose). Several speculative modes (comma-separated) run one after the other on
+valid instance in prose). With `repeat_schema` (`--repeat-schema ROW`), the rows are one row's schema
+with --limit documents made from its instance (benchmarks/workloads.py): the repeated-schema job,
+where prefix caching and suffix drafts pay. Several speculative modes (comma-separated) run one after the other on
 the same rows and model in one process, so their ratios are measured side by side. Prints a
 table (tokens/s ratio to the first mode), then one JSON line with every mode's result.
 """
@@ -19,6 +21,7 @@ from rich.console import Console
 
 from interlock.benchmarks.common import percentile, print_json_last, print_table
 from interlock.benchmarks.prompts import Row, build_messages, load_rows
+from interlock.benchmarks.workloads import repeated_schema, row_by_id
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel
 from interlock.protocol.errors import InterlockError
@@ -43,6 +46,14 @@ class BenchConfig:
     prefix_caching: bool = True
     threads: int | None = None          # the model lane's torch threads (EngineConfig.threads)
     prefill: str = "auto"               # EngineConfig.prefill
+    repeat_schema: str | None = None    # a row id of `dataset`: its schema, `limit` documents (default 50)
+
+
+def bench_rows(cfg: BenchConfig) -> list[Row]:
+    """The rows a bench runs (KeyError: no such row; ValueError: it cannot be varied into `limit` documents)."""
+    if cfg.repeat_schema is None:
+        return load_rows(cfg.dataset, limit=cfg.limit)
+    return repeated_schema(row_by_id(cfg.dataset, cfg.repeat_schema), cfg.limit or 50)
 
 
 def valid(completion: Completion, row: Row) -> bool:
@@ -56,7 +67,7 @@ def valid(completion: Completion, row: Row) -> bool:
 
 
 async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True) -> dict:
-    rows = load_rows(cfg.dataset, limit=cfg.limit)
+    rows = bench_rows(cfg)
     config = EngineConfig(speculative=SpeculativeConfig.parse(cfg.speculative, max_draft_len=cfg.draft_len),
                           grammar=GrammarConfig(backend=cfg.backend), max_batch_size=cfg.concurrency,
                           prefix_caching=cfg.prefix_caching, threads=cfg.threads, prefill=cfg.prefill)
@@ -111,7 +122,7 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
         "draft_len": cfg.draft_len, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
         "penalties": {"presence": cfg.presence_penalty, "frequency": cfg.frequency_penalty,
                       "repetition": cfg.repetition_penalty},
-        "dataset": cfg.dataset.stem,
+        "dataset": cfg.dataset.stem, "repeat_schema": cfg.repeat_schema,
         "outputs": [{"id": r.id, "finish_reason": c.finish_reason if c else "error",
                      "token_ids": list(c.token_ids) if c else []} for r, c in sorted(results, key=lambda x: x[0].id)],
     }
@@ -134,7 +145,9 @@ def report(results: list[dict]) -> None:
             "ratio", "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s", "cached_prompt_tokens"]
     runtime = ["mode", "engine_steps", "messages_per_step", "wakeups_per_step", "host_ms_per_step"]
     first = results[0]
-    title = (f"interlock bench: {first['dataset']}, {first['requests']} rows, T={first['temperature']}, "
+    rows = (f"{first['requests']} documents with {first['repeat_schema']}'s schema" if first.get("repeat_schema")
+            else f"{first['requests']} rows")
+    title = (f"interlock bench: {first['dataset']}, {rows}, T={first['temperature']}, "
              f"K={first['draft_len']}, concurrency {first['concurrency']}, backend {first['backend']}")
     shown = [{**r, "stop/length/error": "/".join(str(r["finish_reasons"][k]) for k in ("stop", "length", "error"))}
              for r in results]

@@ -38,3 +38,27 @@ def test_kv_cache_dtype_reaches_the_loader_as_kv_dtype(flag: list[str], kv_dtype
     from interlock.cli import _kv_dtype
 
     assert _kv_dtype(build_parser().parse_args([*flag, "generate", "hi"])) == kv_dtype
+
+
+def test_a_repeat_schema_row_that_is_not_there_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from interlock.benchmarks.prompts import DATASETS
+    from interlock.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:        # before any model loads
+        main(["bench", "--dataset", str(DATASETS / "JME.jsonl"), "--repeat-schema", "JME_nope"])
+    assert exit_info.value.code == 2
+    assert "argument --repeat-schema" in capsys.readouterr().err
+
+
+def test_repeat_schema_benches_one_schema_with_varied_documents() -> None:
+    from pathlib import Path
+
+    from interlock.benchmarks.engine_bench import BenchConfig, bench_rows
+    from interlock.benchmarks.prompts import DATASETS
+    from interlock.benchmarks.workloads import REPEATED_ROW
+
+    rows = bench_rows(BenchConfig(dataset=Path(DATASETS / "JME.jsonl"), limit=5, repeat_schema=REPEATED_ROW))
+    assert len(rows) == 5 and len({repr(r.valid_instances[0].data) for r in rows}) == 5
+    assert all(r.schema == rows[0].schema for r in rows)
+    plain = bench_rows(BenchConfig(dataset=Path(DATASETS / "JME.jsonl"), limit=5))
+    assert len({repr(r.schema) for r in plain}) > 1
