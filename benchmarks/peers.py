@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2,
                    help="threads for every system (interlock: its model lane, with the rest of the process at 1 "
                         "until the interlock modes are done: a second OpenMP pool would slow the lane; then HF's)")
-    p.add_argument("--modes", default="none,ngram+forced", help="interlock modes, comma-separated")
+    p.add_argument("--modes", default="none,ngram+forced,suffix+forced", help="interlock modes, comma-separated")
     p.add_argument("--peers", default="hf,hf+lookup,llama.cpp,llama.cpp+lookup")
     p.add_argument("--prefix-caching", choices=["on", "off", "both"], default="on",
                    help="interlock's prefix cache; both: each mode with, then without")
