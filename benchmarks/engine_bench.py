@@ -9,7 +9,6 @@ table (tokens/s ratio to the first mode), then one JSON line with every mode's r
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import Counter
@@ -20,7 +19,7 @@ import anyio
 from rich.console import Console
 
 from interlock.benchmarks.common import percentile, print_json_last, print_table
-from interlock.benchmarks.prompts import Row, build_messages, load_rows
+from interlock.benchmarks.prompts import Row, build_messages, is_valid, load_rows
 from interlock.benchmarks.workloads import repeated_schema, row_by_id
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel
@@ -57,13 +56,7 @@ def bench_rows(cfg: BenchConfig) -> list[Row]:
 
 
 def valid(completion: Completion, row: Row) -> bool:
-    import jsonschema
-
-    try:
-        jsonschema.validate(json.loads(completion.text), row.schema)
-    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
-        return False
-    return True
+    return is_valid(completion.text, row.schema)
 
 
 async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True) -> dict:

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from interlock.benchmarks.common import load_average, percentile, print_json_last, print_table
-from interlock.benchmarks.prompts import DATASETS, Row, build_messages, load_rows
+from interlock.benchmarks.prompts import DATASETS, Row, build_messages, is_valid, load_rows
 from interlock.benchmarks.workloads import REPEATED_ROW, repeated_schema, row_by_id
 from interlock.logs import configure_logging
 
@@ -72,16 +72,6 @@ def is_exact(text: str, row: Row) -> bool:
         return bool(row.valid_instances) and json.loads(text) == row.valid_instances[0].data
     except ValueError:
         return False
-
-
-def is_valid(text: str, schema: Any) -> bool:
-    import jsonschema
-
-    try:
-        jsonschema.validate(json.loads(text), schema)
-    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
-        return False
-    return True
 
 
 # --- HF transformers + xgrammar -----------------------------------------------------------------

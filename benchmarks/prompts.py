@@ -61,6 +61,17 @@ class Row:
         return tuple(t for t in self.tests if t.valid)
 
 
+def is_valid(text: str, schema: Mapping[str, Any] | bool) -> bool:
+    """The text is JSON that the schema accepts (what every benchmark counts as a valid output)."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
+        return False
+    return True
+
+
 # --- loading ---------------------------------------------------------------------------------
 
 def load_rows(path: Path | str, limit: int | None = None) -> list[Row]:
