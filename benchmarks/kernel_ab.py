@@ -56,7 +56,7 @@ def _source(base: str, build: Path) -> Path:
                  "b": (CSRC / "attention.h").read_text()}
     parts = ['#include <torch/extension.h>', '#include <chrono>', '#include "int8_linear.h"', '#include "attention.h"']
     for v in "ab":
-        parts.append(_renamed(versions[v], f"lin_{v}", ("block", "rows", "step")))
+        parts.append(_renamed(versions[v], f"lin_{v}", ("block", "rows", "step", "out_blocks")))
         # attention.h's functions take plain pointers and its own SeqRows: a namespace of its own is enough.
         att = attention[v].replace("#pragma once", "").replace("namespace interlock_cpu {", f"namespace att_{v} {{", 1)
         parts.append(re.sub(r"}\s*// namespace interlock_cpu", f"}}  // namespace att_{v}", att))

@@ -102,6 +102,24 @@ inline void rows(const QuantRows& a, const int8_t* q, const float* scale, float*
   if (m < M) block<NB, 1>(a, q, scale, y, K, N, n0, m);
 }
 
+// y for all M rows, output rows split across the threads in blocks of NB.
+template <int NB>
+inline void out_blocks(const QuantRows& a, const int8_t* q, const float* scale, float* y,
+                       int64_t M, int64_t K, int64_t N) {
+  const int64_t blocks = (N + NB - 1) / NB;
+  // 64 output rows per task at least: enough work to hide the fork, small enough to balance.
+  at::parallel_for(0, blocks, 64 / NB, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * NB;
+      if (n0 + NB <= N) {
+        rows<NB>(a, q, scale, y, M, K, N, n0);
+      } else {
+        for (int64_t n = n0; n < N; ++n) rows<1>(a, q, scale, y, M, K, N, n);
+      }
+    }
+  });
+}
+
 // y[M, N] = (x[M, K] . q[N, K]^T) * scale[N], K a multiple of 32; parallel over output rows.
 inline void int8_linear_raw(const float* x, const int8_t* q, const float* scale, float* y,
                             int64_t M, int64_t K, int64_t N) {
@@ -117,18 +135,15 @@ inline void int8_linear_raw(const float* x, const int8_t* q, const float* scale,
     int8_linear_amx(a, q, scale, y, M, K, N);
     return;
   }
-  const int64_t blocks = (N + kOutBlock - 1) / kOutBlock;
-  // 16 blocks (64 output rows) per task at least: enough work to hide the fork, small enough to balance.
-  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * kOutBlock;
-      if (n0 + kOutBlock <= N) {
-        rows<kOutBlock>(a, q, scale, y, M, K, N, n0);
-      } else {
-        for (int64_t n = n0; n < N; ++n) rows<1>(a, q, scale, y, M, K, N, n);
-      }
-    }
-  });
+  // Prompt chunks take 8 output rows per block: each activation chunk loaded from L2 then feeds
+  // 8 dots instead of 4 (measured on Zen 4: prefill +7%). Decode and verify rows keep 4: their
+  // weights stream from memory, and 8 rows' streams at once made those steps ~5% slower. Each
+  // (row, output) is computed the same way either way: the block size moves no bits.
+  if (M >= 16) {
+    out_blocks<2 * kOutBlock>(a, q, scale, y, M, K, N);
+  } else {
+    out_blocks<kOutBlock>(a, q, scale, y, M, K, N);
+  }
 }
 
 }  // namespace interlock_cpu
