@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from interlock.models.detokenize import IncrementalText
 from interlock.models.loader import load_tokenizer
@@ -36,3 +38,28 @@ def test_stop_string_ends_the_text_and_never_leaks(tok) -> None:
 def test_text_without_stop_is_emitted_whole(tok) -> None:
     pieces, inc = stream(tok, "no stop here", stop=("XYZ",))
     assert not inc.stop_hit and "".join(pieces) == "no stop here"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=st.lists(st.integers(0, 1023), min_size=1, max_size=60), cuts=st.lists(st.integers(1, 4), max_size=60))
+def test_pieces_join_to_the_full_decode(tok, ids: list[int], cuts: list[int]) -> None:
+    # Any ids (special tokens and bytes of split characters included), pushed in any step sizes.
+    inc = IncrementalText(tok)
+    pieces, i = [], 0
+    for n in cuts:
+        if i + n >= len(ids):
+            break
+        pieces.append(inc.push(ids[i: i + n]))
+        i += n
+    pieces.append(inc.push(ids[i:], final=True))
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
+    assert all(not p.endswith("\ufffd") for p in pieces[:-1])
+
+
+def test_a_push_decodes_only_its_own_tokens(tok, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Decoding every id at every push made a long output quadratic; only the last push decodes all.
+    calls: list[int] = []
+    real = type(tok).decode
+    monkeypatch.setattr(type(tok), "decode", lambda self, ids, **kw: calls.append(len(ids)) or real(self, ids, **kw))
+    pieces, _ = stream(tok, "a long enough text, pushed one token at a time " * 4)
+    assert len(pieces) > 20 and len(calls) == 1
