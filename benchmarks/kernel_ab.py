@@ -8,8 +8,8 @@ run, so they see the same machine. Two measurements, at the process's torch thre
 - gemv: every int8 projection of a SmolLM2-shaped decode step in sequence (30 layers' q/k/v, o,
   gate/up, down and the head; random weights, 134 MB), for M activation rows (1: decode, 4: a K=3
   verify step), through `int8_linear_raw` (csrc/int8_linear.h, with AMX where the CPU has it);
-- attention: `attend_rows` (csrc/attention.h) over 30 layers of an fp32 paged cache at a context
-  length, for M rows, with the weights read between layers as a step would (only the attention
+- attention: `attend_rows` (csrc/attention.h) over 30 layers of a paged cache (`--kv-dtype`, fp16 by
+  default as the loader's beside int8 weights) at a context length, for M rows, with the weights read between layers as a step would (only the attention
   is timed), so the cache is not left in L3 by the previous layer.
 
 REV's int8_linear.h is compiled against this checkout's int8_quant.h and int8_amx.h (the
@@ -73,18 +73,20 @@ double gemv(std::vector<at::Tensor> ws, std::vector<at::Tensor> scales, int64_t 
   }
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
-template <class Seq, class F>
+template <class Seq, class T, class F>
 double attention_with(at::Tensor k, at::Tensor v, at::Tensor w, int64_t M, int64_t context, F&& attend) {
   const int64_t slots = k.size(1), per = slots * 3 * 64, wb = w.numel() / 30;
   std::vector<float> q(M * 9 * 64, 0.1f), out(M * 9 * 64);
   std::vector<int64_t> table(slots / 16), sink(64);
   for (size_t i = 0; i < table.size(); ++i) table[i] = i;
   const int8_t* wp = w.data_ptr<int8_t>();
+  const T* kb = reinterpret_cast<const T*>(k.data_ptr());
+  const T* vb = reinterpret_cast<const T*>(v.data_ptr());
   double timed = 0;
   for (int64_t l = 0; l < 30; ++l) {
     const std::vector<Seq> seqs{Seq{q.data(), 9 * 64, M, context, table.data(), out.data(), 9 * 64}};
     const auto t0 = Clock::now();
-    attend(seqs, k.data_ptr<float>() + l * per, v.data_ptr<float>() + l * per);
+    attend(seqs, kb + l * per, vb + l * per);
     timed += std::chrono::duration<double>(Clock::now() - t0).count();
     at::parallel_for(0, wb / 64, 256, [&](int64_t i0, int64_t i1) {      // the step's weights, untimed
       __m512i s = _mm512_setzero_si512();
@@ -94,12 +96,18 @@ double attention_with(at::Tensor k, at::Tensor v, at::Tensor w, int64_t M, int64
   }
   return timed;
 }
-double attention(at::Tensor k, at::Tensor v, at::Tensor w, int64_t which, int64_t M, int64_t context) {
+template <class T>
+double attention_t(at::Tensor k, at::Tensor v, at::Tensor w, int64_t which, int64_t M, int64_t context) {
   if (which == 0)
-    return attention_with<att_a::SeqRows>(k, v, w, M, context, [](const auto& s, const float* kp, const float* vp) {
+    return attention_with<att_a::SeqRows, T>(k, v, w, M, context, [](const auto& s, const T* kp, const T* vp) {
       att_a::attend_rows(s, 9, 64, kp, vp, 3, 16, 0.125f); });
-  return attention_with<att_b::SeqRows>(k, v, w, M, context, [](const auto& s, const float* kp, const float* vp) {
+  return attention_with<att_b::SeqRows, T>(k, v, w, M, context, [](const auto& s, const T* kp, const T* vp) {
     att_b::attend_rows(s, 9, 64, kp, vp, 3, 16, 0.125f); });
+}
+double attention(at::Tensor k, at::Tensor v, at::Tensor w, int64_t which, int64_t M, int64_t context) {
+  if (k.scalar_type() == at::kHalf) return attention_t<c10::Half>(k, v, w, which, M, context);
+  if (k.scalar_type() == at::kBFloat16) return attention_t<c10::BFloat16>(k, v, w, which, M, context);
+  return attention_t<float>(k, v, w, which, M, context);
 }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("gemv", &gemv); m.def("attention", &attention); }
 """)
@@ -115,6 +123,8 @@ def main() -> None:
     p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[200, 1000])
     p.add_argument("--repeats", type=int, default=30, help="alternating runs of each version (medians)")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (the engine's model lane: 2)")
+    p.add_argument("--kv-dtype", choices=["float32", "float16", "bfloat16"], default="float16",
+                   help="the KV cache type the attention reads (the loader's default beside int8 weights: float16)")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/kernel-ab-DATE.json)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -150,12 +160,12 @@ def main() -> None:
     for context in args.contexts:
         for m in args.rows:
             slots = -(-(context + m) // BLOCK) * BLOCK
-            k = torch.randn(LAYERS, slots, HKV, D, generator=gen)
-            v = torch.randn(LAYERS, slots, HKV, D, generator=gen)
+            k = torch.randn(LAYERS, slots, HKV, D, generator=gen).to(getattr(torch, args.kv_dtype))
+            v = torch.randn(LAYERS, slots, HKV, D, generator=gen).to(getattr(torch, args.kv_dtype))
             a, b = alternate(lambda which: ext.attention(k, v, flat, which, m, context))
             rows.append({"what": "attention", "rows": m, "context": context, "base_ms": round(a, 3),
                          "now_ms": round(b, 3), "base_over_now": round(a / b, 2)})
-    result = {"base": base, "threads": args.threads, "repeats": args.repeats,
+    result = {"base": base, "threads": args.threads, "repeats": args.repeats, "kv_dtype": args.kv_dtype,
               "int8_kernel": native.int8_kernel(),
               "load_average_before": load_before, "load_average_after": load_average(), "rows": rows}
     out = Path(args.out) if args.out else RESULTS / f"kernel-ab-{date.today().isoformat()}.json"

@@ -93,6 +93,86 @@ inline void scores16(const float* q, const T* const* keys, int64_t D, float scal
 #endif
 }
 
+#if defined(__AVX512F__)
+// In place: r[d] lane i <- r[i] lane d (a 16 x 16 fp32 transpose).
+inline void transpose16(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {           // pairs of rows interleaved by element
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {           // then by pairs of elements
+    for (int j = 0; j < 2; ++j) {
+      r[i + j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+      r[i + j + 2] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+    }
+  }
+  // Now r[4a + b] holds, in its 128-bit quarter Q, element 4Q + (b's slot) of rows 4a .. 4a + 3:
+  // r[4a+0]: col 4Q+0, r[4a+2]: 4Q+1, r[4a+1]: 4Q+2, r[4a+3]: 4Q+3. Gather the quarters of the
+  // four row groups: column c = 4Q + k comes from quarter Q of r[4a + slot(k)] for a = 0..3.
+  const int slot[4] = {0, 2, 1, 3};
+  for (int k = 0; k < 4; ++k) {
+    const __m512 a0 = r[slot[k]], a1 = r[4 + slot[k]], a2 = r[8 + slot[k]], a3 = r[12 + slot[k]];
+    const __m512 lo01 = _mm512_shuffle_f32x4(a0, a1, _MM_SHUFFLE(2, 0, 2, 0)), hi01 = _mm512_shuffle_f32x4(a0, a1, _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512 lo23 = _mm512_shuffle_f32x4(a2, a3, _MM_SHUFFLE(2, 0, 2, 0)), hi23 = _mm512_shuffle_f32x4(a2, a3, _MM_SHUFFLE(3, 1, 3, 1));
+    t[k] = _mm512_shuffle_f32x4(lo01, lo23, _MM_SHUFFLE(2, 0, 2, 0));         // quarter 0 of each
+    t[4 + k] = _mm512_shuffle_f32x4(hi01, hi23, _MM_SHUFFLE(2, 0, 2, 0));     // quarter 1
+    t[8 + k] = _mm512_shuffle_f32x4(lo01, lo23, _MM_SHUFFLE(3, 1, 3, 1));     // quarter 2
+    t[12 + k] = _mm512_shuffle_f32x4(hi01, hi23, _MM_SHUFFLE(3, 1, 3, 1));    // quarter 3
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// The keys of a tile, 16 at a time, as fp32 with the keys in lanes: kt[(c * D + d) * 16 + i] is
+// dimension d of key 16c + i (n a multiple of 16; the caller pads with a zero vector).
+template <class T>
+inline void transpose_keys(const T* const* keys, int64_t n, int64_t D, float* kt) {
+  for (int64_t c = 0; c < n / 16; ++c)
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = load16(keys[16 * c + i] + d0);
+      transpose16(r);
+      for (int d = 0; d < 16; ++d) _mm512_storeu_ps(kt + (c * D + d0 + d) * 16, r[d]);
+    }
+}
+
+// scores16 for 4 queries at once, from 16 transposed keys (kt: 16 * NV dims x 16). Per key it is the same
+// sequence of fp32 operations as scores16 -- lane j of the dot accumulates q[j + 16t] * k[j + 16t]
+// by FMA from zero, t in order, and the 16 lane sums meet in sum16's tree, ((l0 + l2) + (l1 + l3))
+// per quarter, then (Q0 + Q1) + (Q2 + Q3) -- only with the keys in lanes, so the tree is vertical
+// adds instead of shuffles and each key vector is read once for the four queries. Bitwise equal to
+// scores16, so a row's scores do not depend on which of the two computed them. NV = D / 16 is a
+// template argument so the 16 partial sums stay in registers.
+template <int NV>
+inline void scores16_x4(const float* const (&q)[4], const float* kt, float scale, float* const (&out)[4]) {
+  __m512 s01[4], s2[4];
+  for (int quad = 0; quad < 4; ++quad) {
+    __m512 p[4][4];
+    for (int jj = 0; jj < 4; ++jj) {
+      const int j = 4 * quad + jj;
+      for (int k = 0; k < 4; ++k) p[jj][k] = _mm512_setzero_ps();
+      for (int t = 0; t < NV; ++t) {
+        const int d = j + 16 * t;
+        const __m512 kv = _mm512_loadu_ps(kt + d * 16);
+        for (int k = 0; k < 4; ++k) p[jj][k] = _mm512_fmadd_ps(_mm512_set1_ps(q[k][d]), kv, p[jj][k]);
+      }
+    }
+    for (int k = 0; k < 4; ++k) {
+      const __m512 sq = _mm512_add_ps(_mm512_add_ps(p[0][k], p[2][k]), _mm512_add_ps(p[1][k], p[3][k]));
+      if (quad == 0) {
+        s01[k] = sq;
+      } else if (quad == 1) {
+        s01[k] = _mm512_add_ps(s01[k], sq);
+      } else if (quad == 2) {
+        s2[k] = sq;
+      } else {
+        _mm512_storeu_ps(out[k], _mm512_mul_ps(_mm512_add_ps(s01[k], _mm512_add_ps(s2[k], sq)), _mm512_set1_ps(scale)));
+      }
+    }
+  }
+}
+#endif
+
 // out[0:D] += p * v[0:D]
 template <class T>
 inline void axpy(float p, const T* v, float* out, int64_t D) {
@@ -190,14 +270,19 @@ inline void weighted_sums_g(const float* p, int64_t p_stride, const T* const* va
 #endif
 }
 
-// The same for any G and D: unrolled shapes where one exists, else head by head (unrolled D where
-// possible, else a plain loop).
+// The (G, D) shapes weighted_sums holds in registers for all G heads at once.
+inline bool unrolled_sums(int64_t G, int64_t D) {
+  return (D == 64 && G >= 2 && G <= 6 && G != 5) || (D == 128 && G == 2) || (D == 16 && (G == 2 || G == 4));
+}
+
+// The same for any G and D: unrolled shapes where one exists (unrolled_sums), else head by head
+// (unrolled D where possible, else a plain loop).
 template <class T>
 inline void weighted_sums(const float* p, int64_t p_stride, const T* const* values, int64_t L, int64_t G,
                           int64_t D, float* out, int64_t out_stride) {
 #define INTERLOCK_WS(GG, NV) \
   if (G == GG && D == 16 * NV) return weighted_sums_g<GG, NV, T>(p, p_stride, values, L, out, out_stride)
-  INTERLOCK_WS(2, 4); INTERLOCK_WS(3, 4); INTERLOCK_WS(4, 4);     // D = 64
+  INTERLOCK_WS(2, 4); INTERLOCK_WS(3, 4); INTERLOCK_WS(4, 4); INTERLOCK_WS(6, 4);     // D = 64
   INTERLOCK_WS(2, 8);                                            // D = 128
   INTERLOCK_WS(2, 1); INTERLOCK_WS(4, 1);                         // D = 16 (tests)
 #undef INTERLOCK_WS
@@ -228,6 +313,9 @@ inline void weighted_sums(const float* p, int64_t p_stride, const T* const* valu
 // depends on its own position only: bitwise the same alone or in a batch, and the tiles keep both
 // cores busy at batch 1 (a 1,000-token context is 8 tiles per head).
 constexpr int64_t kTile = 128;
+// Queries on a tile (rows x query heads per KV head) from which its keys are transposed once
+// and scored four queries at a time (see scores16_x4).
+constexpr int64_t kTransposedQueries = 8;
 
 struct SeqRows {
   const float* q;          // row r's query heads at q + r * q_stride, [H, D]
@@ -260,7 +348,7 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
   std::vector<float> partial(part_offset[parts]);
 
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores;
+    std::vector<float> scores, kt, sink(kTile);
     const std::vector<T> zeros(D, T(0.f));
     const T* keys[kTile];
     const T* values[kTile];
@@ -289,7 +377,33 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
       for (int64_t l = l1; l < l0 + kTile && (l - l0) % 16 != 0; ++l) keys[l - l0] = zeros.data();
       scores.resize(sq.n * G * kTile);
       // Scores 16 keys at a time from the tile's start; a row's keys past its own position are
-      // computed with the others' and never used.
+      // computed with the others' and never used. With many queries on the tile (a verify step's
+      // or a prompt chunk's rows) the keys are transposed once and scored four queries at a time
+      // (scores16_x4, the same bits); a decode row's three heads would not repay the transpose.
+#if defined(__AVX512F__)
+      if ((sq.n - r0) * G >= kTransposedQueries && (D == 64 || D == 128)) {
+        const int64_t groups = (l1 - l0 + 15) / 16;
+        kt.resize(groups * 16 * D);
+        transpose_keys(keys, groups * 16, D, kt.data());
+        const int64_t nq = (sq.n - r0) * G;
+        for (int64_t b = 0; b < nq; b += 4) {
+          const float* qs[4];
+          float* outs[4];
+          int64_t need = 0;
+          for (int k = 0; k < 4; ++k) {
+            const int64_t qi = std::min(b + k, nq - 1), r = r0 + qi / G, g = qi % G;
+            qs[k] = sq.q + r * sq.q_stride + (t.h * G + g) * D;
+            outs[k] = b + k < nq ? scores.data() + (r * G + g) * kTile : sink.data();   // a padding query
+            need = std::max(need, std::min(l1, sq.pos0 + r + 1) - l0);
+          }
+          for (int64_t c = 0; c < (need + 15) / 16; ++c) {
+            float* const at[4] = {outs[0] + 16 * c, outs[1] + 16 * c, outs[2] + 16 * c, outs[3] + 16 * c};
+            if (D == 64) scores16_x4<4>(qs, kt.data() + c * 16 * D, scale, at);
+            else scores16_x4<8>(qs, kt.data() + c * 16 * D, scale, at);
+          }
+        }
+      } else
+#endif
       for (int64_t r = r0; r < sq.n; ++r) {
         const int64_t len = std::min(l1, sq.pos0 + r + 1) - l0;
         for (int64_t g = 0; g < G; ++g)
@@ -298,6 +412,7 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
                      scores.data() + (r * G + g) * kTile + i);
       }
       float* part = partial.data() + part_offset[t.part];
+      auto len_of = [&](int64_t r) { return std::min(l1, sq.pos0 + r + 1) - l0; };
       for (int64_t r = 0; r < sq.n; ++r) {
         if (r < r0) {                                 // the row ends before this tile
           for (int64_t g = 0; g < G; ++g) {
@@ -306,12 +421,19 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
           }
           continue;
         }
-        const int64_t len = std::min(l1, sq.pos0 + r + 1) - l0;
         for (int64_t g = 0; g < G; ++g) {
           float* slot = part + (r * G + g) * (2 + D);
-          slot[1] = exp_shift_(scores.data() + (r * G + g) * kTile, len, slot);
+          slot[1] = exp_shift_(scores.data() + (r * G + g) * kTile, len_of(r), slot);
         }
-        weighted_sums(scores.data() + r * G * kTile, kTile, values, len, G, D, part + r * G * (2 + D) + 2, 2 + D);
+      }
+      // Two rows that see the same keys (the tile lies wholly before both) share each value
+      // vector's load: their 2G heads go through weighted_sums at once, where the register-held
+      // shape exists. Per head the sums are the same either way.
+      const bool pairs = unrolled_sums(2 * G, D);
+      for (int64_t r = r0; r < sq.n;) {
+        const int64_t len = len_of(r), rows = pairs && r + 1 < sq.n && len_of(r + 1) == len ? 2 : 1;
+        weighted_sums(scores.data() + r * G * kTile, kTile, values, len, rows * G, D, part + r * G * (2 + D) + 2, 2 + D);
+        r += rows;
       }
     }
   });

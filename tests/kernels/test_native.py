@@ -120,6 +120,17 @@ def test_row_attention_reads_a_half_cache(start: int, cache_dtype: torch.dtype, 
     _row_attention_case(9, 3, 64, start, 4, 16, gen, cache_dtype=cache_dtype)
 
 
+@needs_native
+@pytest.mark.parametrize(("start", "n"), [(0, 7), (121, 7), (0, 40), (100, 40), (300, 130)])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+def test_row_attention_of_many_rows_is_each_row_alone(start: int, n: int, cache_dtype: torch.dtype,
+                                                      gen: torch.Generator) -> None:
+    # Many rows (a verify step, a prompt chunk) take the transposed-keys scores and the paired value
+    # sums; a row alone takes neither: the bits must not tell them apart. 7 rows x 3 heads is not a
+    # multiple of the 4 queries scored at once.
+    _row_attention_case(9, 3, 64, start, n, 16, gen, cache_dtype=cache_dtype)
+
+
 def _row_attention_case(h: int, hkv: int, d: int, start: int, n: int, block_size: int, gen: torch.Generator,
                         cache_dtype: torch.dtype = torch.float32) -> None:
     need = -(-(start + n) // block_size)
