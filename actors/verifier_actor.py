@@ -18,7 +18,11 @@ Greedy requests with nothing but a grammar to apply (no penalties, guidance or l
 lean path when the native kernels built: one pass per row finds the largest logit its grammar row
 allows (kernels/csrc/argmax.h), and acceptance compares those ids with the drafts. It decides what
 the general path decides (the masked argmax, lowest id on ties; a used row with a NaN or nothing
-allowed fails its request) without masking, copying or re-reading the logits.
+allowed fails its request) without masking, copying or re-reading the logits. On a model with the
+native int8 head (`sparse_head`), such a step's forward stops before the head, and after the mask
+event `head_argmax` computes, for a row whose grammar allows few ids (JSON structure, an enum, the
+row after a forced token), only those logits, the same bits the dense head gives them; rows that
+allow many take the dense head together, rows past a refused draft none.
 
 Log-probabilities (SamplingParams.logprobs): for the requests that ask, and only for them, each
 emitted token's log-probability and its row's top alternatives are read from the very rows it was
@@ -65,6 +69,7 @@ class _StepWork:
     drafts: list[tuple[TokenId, ...]]           # per sampled snapshot
     probs: list[torch.Tensor | None]            # per sampled snapshot
     logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None          # the lean head's rows: logits wait for the masks
     forward_end: float = 0.0
 
 
@@ -136,7 +141,10 @@ class VerifierActor(Actor[object]):
             if s.guide is not None and s.guide.chunk:
                 chunks.append(SeqChunk(s.guide.seq, s.guide.chunk + d, s.guide.start, rows))
         start = time.perf_counter()
-        work.logits = self.model(build_batch(chunks, plan.kv), self.kv) if chunks else None  # [sum(1+n_i) (x2 CFG), V]
+        if chunks and self._lean_head(work):
+            work.hidden = self.model.final_hidden(build_batch(chunks, plan.kv), self.kv)       # [sum(1+n_i), E]
+        elif chunks:
+            work.logits = self.model(build_batch(chunks, plan.kv), self.kv)  # [sum(1+n_i) (x2 CFG), V]
         work.forward_end = time.perf_counter()
         self.step.timing["forward_s"] = work.forward_end - start
 
@@ -149,12 +157,21 @@ class VerifierActor(Actor[object]):
             self._verify(work)
         self._work = None
 
+    def _lean(self, snaps: list[RequestSnapshot]) -> bool:
+        """Greedy verification from the allowed argmax alone fits these requests (module docstring)."""
+        return self.lean and all(s.sampling.greedy and s.guide is None and not s.sampling.penalized
+                                 and s.sampling.logprobs is None for s in snaps)
+
+    def _lean_head(self, work: _StepWork) -> bool:
+        """The step's logits can wait for the masks, which say which of them the lean path reads:
+        the model's head_argmax computes only those (module docstring)."""
+        return (bool(work.sampled) and getattr(self.model, "sparse_head", False)
+                and self._lean([work.plan.snapshots[i] for i in work.sampled]))
+
     def _verify(self, work: _StepWork) -> None:
         plan = work.plan
         snaps = [plan.snapshots[i] for i in work.sampled]
-        if self.lean and work.logits.dtype == torch.float32 and all(
-                s.sampling.greedy and s.guide is None and not s.sampling.penalized and s.sampling.logprobs is None
-                for s in snaps):
+        if work.hidden is not None or (self._lean(snaps) and work.logits.dtype == torch.float32):
             self._verify_greedy(work, snaps)
             return
         b, k = len(snaps), max(len(d) for d in work.drafts)
@@ -201,9 +218,14 @@ class VerifierActor(Actor[object]):
 
     def _verify_greedy(self, work: _StepWork, snaps: list[RequestSnapshot]) -> None:
         """Greedy verification from each row's allowed argmax alone (module docstring)."""
-        mask_rows = self._mask_rows(snaps, [len(d) + 1 for d in work.drafts])
-        ids, peaks = native.masked_argmax(work.logits.contiguous(), self.buffers.bitmask,
-                                          torch.tensor(mask_rows, dtype=torch.long), self.tokenizer_vocab)
+        widths = [len(d) + 1 for d in work.drafts]
+        if work.hidden is not None:       # rows the verification below never reads are skipped (-2)
+            mask_rows = torch.tensor(self._mask_rows(snaps, widths, unread=-2), dtype=torch.long)
+            ids, peaks = self.model.head_argmax(work.hidden, self.buffers.bitmask, mask_rows, self.tokenizer_vocab)
+        else:
+            ids, peaks = native.masked_argmax(work.logits.contiguous(), self.buffers.bitmask,
+                                              torch.tensor(self._mask_rows(snaps, widths), dtype=torch.long),
+                                              self.tokenizer_vocab)
         ids, peaks = ids.tolist(), peaks.tolist()
         offset = 0
         for s, drafts in zip(snaps, work.drafts):
@@ -252,17 +274,20 @@ class VerifierActor(Actor[object]):
         """Of a request's n drafts, those its grammar let through: past the first refused one they are moot."""
         return min(n, int(self.buffers.rows[s.slot]) - 1) if s.constrained else n
 
-    def _mask_rows(self, snaps: list[RequestSnapshot], widths: list[int]) -> list[int]:
+    def _mask_rows(self, snaps: list[RequestSnapshot], widths: list[int], unread: int = -1) -> list[int]:
         """The bitmask row each logits row reads (widths[i] rows for snaps[i]: row j of a constrained
-        request reads slot * (D+1) + j), -1 for none: rows past the ones the grammar filled (after a
-        refused draft, or padding) are never read, and free rows (a switching grammar outside its
-        constrained part) were left unwritten, which is exact (they would allow every id)."""
+        request reads slot * (D+1) + j), -1 for none: free rows (a switching grammar outside its
+        constrained part) were left unwritten, which is exact (they would allow every id). Rows past
+        the ones the grammar filled (after a refused draft, or padding) are never read: `unread`."""
         per = self.buffers.rows_per_slot
         filled, free = self.buffers.rows.tolist(), self.buffers.free.tolist()
         out: list[int] = []
         for s, width in zip(snaps, widths):
-            n = filled[s.slot] if s.constrained else 0
-            out.extend(s.slot * per + j if j < n and not free[s.slot * per + j] else -1 for j in range(width))
+            if not s.constrained:
+                out.extend([-1] * width)
+                continue
+            n = filled[s.slot]
+            out.extend(unread if j >= n else -1 if free[s.slot * per + j] else s.slot * per + j for j in range(width))
         return out
 
     def _row_invalid(self, s: RequestSnapshot, peaks: list[float]) -> bool:

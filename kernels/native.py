@@ -12,6 +12,8 @@ add argument checks and the slow obvious versions the tests compare against.
 - rms_norm(x, weight, eps): row-wise RMSNorm.
 - masked_argmax(logits, bitmask, mask_rows, vocab): per row, the largest logit its grammar row
   allows and its id (greedy verification's only read of the logits).
+- head_argmax(x, q, scale, bitmask, mask_rows, vocab, max_sparse): masked_argmax of the int8 head
+  x @ q^T * scale, computing only the allowed logits of rows whose mask allows few ids.
 
 Each computes a row from that row's data alone, in a fixed order: bitwise batch invariant.
 
@@ -62,7 +64,8 @@ def available() -> bool:
         load(name=f"interlock_cpu_{digest}", sources=[str(_CSRC / "ops.cpp")],
              extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
              is_python_module=False, verbose=False)
-        for op in ("int8_linear", "int8_kernel", "row_attention", "rms_norm", "rows_forward", "masked_argmax"):    # raises if the library did not register
+        for op in ("int8_linear", "int8_kernel", "row_attention", "rms_norm", "rows_forward", "masked_argmax",
+                   "head_argmax"):    # raises if the library did not register
             getattr(torch.ops.interlock_cpu, op)
     except Exception as exc:                   # no compiler, no headers, an unsupported CPU ...
         log.warning("native CPU kernels unavailable; using torch ops", error=str(exc)[:300])
@@ -186,3 +189,19 @@ def masked_argmax_reference(logits: torch.Tensor, bitmask: torch.Tensor, mask_ro
     peaks = x.amax(-1)                                         # NaN if an allowed logit is
     ids = torch.where(peaks > float("-inf"), x.argmax(-1), 0)  # first of the largest; 0 for NaN / none
     return ids, peaks
+
+
+def head_argmax(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bitmask: torch.Tensor, mask_rows: torch.Tensor,
+                vocab: int, max_sparse: int, backend: str = "native") -> tuple[torch.Tensor, torch.Tensor]:
+    """masked_argmax(int8_linear(x, q, scale), bitmask, mask_rows, vocab), bit for bit; natively, a
+    row whose mask allows at most max_sparse ids computes only those logits (csrc/head_argmax.h),
+    and a row marked -2 (nobody reads it) is skipped: id 0, peak -inf. "dense" computes the whole
+    head and takes masked_argmax: what the native path must equal."""
+    if backend == "dense":
+        ids, peaks = masked_argmax(int8_linear(x, q, scale, backend="native"), bitmask, mask_rows.clamp(min=-1), vocab)
+        skip = mask_rows == -2
+        return ids.masked_fill(skip, 0), peaks.masked_fill(skip, float("-inf"))
+    if backend != "native" or not available():
+        raise ValueError(f"head_argmax backends: 'native' (built: {available()}) and 'dense'")
+    return torch.ops.interlock_cpu.head_argmax(x.float().contiguous(), q.contiguous(), scale.float().contiguous(),
+                                               bitmask, mask_rows, vocab, max_sparse)

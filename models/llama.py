@@ -162,6 +162,10 @@ class Transformer(nn.Module):
         n_layers / head: run only the first n layers and this head instead (a layer-skip self-draft,
         or a pruned draft vocabulary); kv then needs only n_layers layers.
         """
+        return self._logits(self.final_hidden(batch, kv, n_layers=n_layers), head or self._head)   # [R, V] fp32
+
+    def final_hidden(self, batch: ForwardBatch, kv: PagedKVCache, *, n_layers: int | None = None) -> torch.Tensor:
+        """forward without the head: the logit rows' hidden states after the final norm [R, E]."""
         if self.weights is None:
             raise RuntimeError("call build() after loading weights")
         dt = self.act_dtype
@@ -169,8 +173,22 @@ class Transformer(nn.Module):
             x = self._hidden_fused(batch, kv, n_layers)
         else:
             x = self._hidden(batch, kv, n_layers)
-        x = rms_norm(x[batch.logit_index], self.norm.to(dt), self.config.rms_eps, self.native)     # [R, E]
-        return self._logits(x, head or self._head)                       # [R, V] fp32
+        return rms_norm(x[batch.logit_index], self.norm.to(dt), self.config.rms_eps, self.native)
+
+    @property
+    def sparse_head(self) -> bool:
+        """head_argmax runs here: the native rows path (no tensor parallelism) and an int8 head."""
+        head = self._head
+        return self.fused_rows is not None and getattr(head, "native", False) and head.bias is None
+
+    def head_argmax(self, x: torch.Tensor, bitmask: torch.Tensor, mask_rows: torch.Tensor,
+                    vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy verification's (ids, peaks) for final_hidden rows x: native.masked_argmax of
+        forward's logits, bit for bit, where rows whose grammar allows at most vocab / 16 ids
+        compute only those logits, and rows marked -2 are skipped (kernels/csrc/head_argmax.h)."""
+        head = self._head
+        return torch.ops.interlock_cpu.head_argmax(x.contiguous(), head.qweight, head.scales_f32, bitmask,
+                                                   mask_rows, vocab, max(1, vocab // 16))
 
     def _hidden(self, batch: ForwardBatch, kv: PagedKVCache, n_layers: int | None) -> torch.Tensor:
         """The layer loop in torch ops: hidden states [T, E] after n_layers layers."""

@@ -12,6 +12,7 @@
 
 #include "argmax.h"
 #include "attention.h"
+#include "head_argmax.h"
 #include "int8_linear.h"
 
 namespace interlock_cpu {
@@ -121,6 +122,33 @@ std::tuple<at::Tensor, at::Tensor> masked_argmax(const at::Tensor& logits, const
     masked_argmax_row(lp + r * V, mr[r] < 0 ? nullptr : bp + mr[r] * W, vocab, ids.data_ptr<int64_t>() + r,
                       peaks.data_ptr<float>() + r);
   }
+  return {ids, peaks};
+}
+
+// x [R, E] fp32 (the final-normed rows); q [V, E] int8 and scale [V]: the head; bitmask and
+// mask_rows as masked_argmax's, plus -2 for a row nobody reads (skipped). masked_argmax(x @ head,
+// ...) without the logits: rows allowing at most max_sparse ids compute only those (head_argmax.h).
+// Returns (ids [R] int64, peaks [R] fp32).
+std::tuple<at::Tensor, at::Tensor> head_argmax(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                                               const at::Tensor& bitmask, const at::Tensor& mask_rows,
+                                               int64_t vocab, int64_t max_sparse) {
+  check_f32(x, 2, "x");
+  check_int8(q, scale, x.size(1), "q");
+  TORCH_CHECK(bitmask.device().is_cpu() && bitmask.scalar_type() == at::kInt && bitmask.dim() == 2 &&
+              bitmask.is_contiguous(), "bitmask: contiguous int32 [M, W] on the CPU");
+  TORCH_CHECK(mask_rows.device().is_cpu() && mask_rows.scalar_type() == at::kLong && mask_rows.dim() == 1 &&
+              mask_rows.size(0) == x.size(0) && mask_rows.is_contiguous(), "mask_rows: int64 [R]");
+  TORCH_CHECK(vocab >= 1 && vocab <= q.size(0) && bitmask.size(1) * 32 >= vocab, "vocab out of range");
+  const int64_t R = x.size(0), W = bitmask.size(1), M = bitmask.size(0);
+  const int32_t* bp = bitmask.data_ptr<int32_t>();
+  const int64_t* mr = mask_rows.data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r)
+    TORCH_CHECK(mr[r] >= -2 && mr[r] < M, "mask_rows: row ", mr[r], " outside the bitmask's ", M);
+  at::Tensor ids = at::empty({R}, at::kLong), peaks = at::empty({R}, at::kFloat);
+  head_argmax_raw(x.data_ptr<float>(), q.data_ptr<int8_t>(), scale.data_ptr<float>(), R, x.size(1), q.size(0),
+                  [&](int64_t r) { return mr[r] < 0 ? nullptr : bp + mr[r] * W; },
+                  [&](int64_t r) { return mr[r] == -2; }, vocab, max_sparse,
+                  ids.data_ptr<int64_t>(), peaks.data_ptr<float>());
   return {ids, peaks};
 }
 
@@ -247,6 +275,8 @@ TORCH_LIBRARY(interlock_cpu, m) {
         "float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("masked_argmax(Tensor logits, Tensor bitmask, Tensor mask_rows, int vocab) -> (Tensor, Tensor)");
+  m.def("head_argmax(Tensor x, Tensor q, Tensor scale, Tensor bitmask, Tensor mask_rows, int vocab, "
+        "int max_sparse) -> (Tensor, Tensor)");
   m.def("rows_forward(Tensor x, Tensor cos, Tensor sin, Tensor write_slots, Tensor[] tables, int[] seq_offsets, "
         "int[] seq_lengths, int[] seq_starts, Tensor(a!) k_all, Tensor(b!) v_all, Tensor[] attn_norms, "
         "Tensor[] ffn_norms, Tensor[] qkv_q, Tensor[] qkv_s, Tensor[] qkv_b, Tensor[] o_q, Tensor[] o_s, "
@@ -259,5 +289,6 @@ TORCH_LIBRARY_IMPL(interlock_cpu, CPU, m) {
   m.impl("row_attention", &interlock_cpu::row_attention);
   m.impl("rms_norm", &interlock_cpu::rms_norm);
   m.impl("masked_argmax", &interlock_cpu::masked_argmax);
+  m.impl("head_argmax", &interlock_cpu::head_argmax);
   m.impl("rows_forward", &interlock_cpu::rows_forward);
 }

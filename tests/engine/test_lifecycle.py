@@ -103,15 +103,15 @@ async def test_actor_crash_fails_every_request_and_closes_the_engine(tiny, monke
     caught: list[BaseException] = []
     async with Engine(tiny, config(4)) as engine:
         calls = {"n": 0}
-        forward = type(engine.model.model).forward
+        hidden = type(engine.model.model).final_hidden       # every forward runs it, with or without the head
 
-        def flaky(self, batch, kv):
+        def flaky(self, batch, kv, **kw):
             calls["n"] += 1
             if calls["n"] == 6:
                 raise RuntimeError("injected forward failure")
-            return forward(self, batch, kv)
+            return hidden(self, batch, kv, **kw)
 
-        monkeypatch.setattr(type(engine.model.model), "forward", flaky)
+        monkeypatch.setattr(type(engine.model.model), "final_hidden", flaky)
 
         async def consume() -> None:
             try:

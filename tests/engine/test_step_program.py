@@ -123,11 +123,14 @@ async def test_a_nan_logits_row_fails_only_its_request(tiny, monkeypatch, mode: 
     def poisoned(self) -> None:
         forward(self)
         work, offset = self._work, 0
-        work.logits = work.logits.clone()           # the forward returns an inference tensor
+        # The logits, or the rows the lean head turns into logits once the masks are in: NaN either way.
+        name = "logits" if work.logits is not None else "hidden"
+        rows = getattr(work, name).clone()           # the forward returns an inference tensor
         for i, drafts in zip(work.sampled, work.drafts):
             if work.plan.snapshots[i].request_id == "req-0":
-                work.logits[offset] = float("nan")
+                rows[offset] = float("nan")
             offset += len(drafts) + 1
+        setattr(work, name, rows)
 
     expected = await solo(tiny, MODES[mode])
     monkeypatch.setattr(VerifierActor, "forward", poisoned)

@@ -109,6 +109,12 @@ async def test_free_rows_are_skipped_not_applied(tiny, marker, mode, monkeypatch
         applied.extend(len(allowed_ids(bitmask, r, tiny.config.vocab_size)) for r in mask_rows.tolist() if r >= 0)
         return real_argmax(logits, bitmask, mask_rows, vocab, **kw)
     monkeypatch.setattr(verifier_actor.native, "masked_argmax", argmax)
+    real_head = type(tiny.model).head_argmax
+
+    def head(self, x, bitmask, mask_rows, vocab):           # the same, with the head told the masks
+        applied.extend(len(allowed_ids(bitmask, r, tiny.config.vocab_size)) for r in mask_rows.tolist() if r >= 0)
+        return real_head(self, x, bitmask, mask_rows, vocab)
+    monkeypatch.setattr(type(tiny.model), "head_argmax", head)
     spec = StructuralTag([marker], [Tag(marker, JsonSchema(SCHEMA), "</call>")])
     out = await outputs(tiny, spec, mode, "llguidance")
     assert marker in out.text and "</call>" in out.text          # free, constrained, free again

@@ -201,3 +201,39 @@ def test_masked_argmax_rejects_bad_arguments() -> None:
         native.masked_argmax(logits, bitmask, torch.tensor([0, -1]), 65)
     with pytest.raises(RuntimeError, match="mask_rows"):
         native.masked_argmax(logits, bitmask, torch.tensor([0]), 64)
+
+
+@needs_native
+@pytest.mark.parametrize("max_sparse", [0, 3, 40, 10**6])
+def test_head_argmax_is_masked_argmax_of_the_dense_head(max_sparse: int, gen: torch.Generator) -> None:
+    vocab, e = 300, 96                       # a padded head (V > vocab) and a half chunk at the end of E
+    q = torch.randint(-127, 128, (320, e), generator=gen, dtype=torch.int8)
+    scale = torch.rand(320, generator=gen) * 0.05
+    x = torch.randn(9, e, generator=gen)
+    x[5] = float("nan")                      # its allowed logits are NaN: peak NaN, id 0
+    q[41], scale[41] = q[40], scale[40]      # ids 40 and 41 tie: the lower one wins
+    bitmask = torch.zeros(7, 10, dtype=torch.int32)
+    bitmask[0, 3] = 0b1011                   # three ids
+    bitmask[1] = -1                          # everything (beyond vocab too)
+    bitmask[2, :5] = torch.randint(-2**31, 2**31 - 1, (5,), generator=gen, dtype=torch.int32)   # ~80 ids
+    bitmask[3, 9] = 1 << 13                  # one id, 301: outside the vocabulary, so none
+    bitmask[4, 0] = 1 << 7                   # one id
+    bitmask[5, 1] = 0b110                    # two ids, on the NaN row
+    bitmask[6, 1] = 0b11 << 8                # ids 40 and 41
+    mask_rows = torch.tensor([0, 1, 2, 3, 4, 5, -1, -2, 6])  # -1: no mask (dense); -2: nobody reads it
+    ids, peaks = native.head_argmax(x, q, scale, bitmask, mask_rows, vocab, max_sparse)
+    want_ids, want_peaks = native.head_argmax(x, q, scale, bitmask, mask_rows, vocab, max_sparse, backend="dense")
+    assert torch.equal(ids, want_ids)
+    assert torch.equal(peaks.isnan(), want_peaks.isnan())
+    assert torch.equal(peaks.nan_to_num(), want_peaks.nan_to_num())            # bit for bit elsewhere
+    assert peaks[3] == float("-inf") and peaks[7] == float("-inf") and peaks[5].isnan() and ids[8] == 40
+    allowed = torch.tensor([96, 97, 99])     # row 0's ids: bits 0, 1 and 3 of word 3
+    assert int(ids[0]) == int(allowed[native.int8_linear(x[:1], q, scale)[0, allowed].argmax()])
+
+
+@needs_native
+def test_head_argmax_rejects_a_mask_row_out_of_range(gen: torch.Generator) -> None:
+    q = torch.randint(-127, 128, (64, 32), generator=gen, dtype=torch.int8)
+    with pytest.raises(RuntimeError, match="mask_rows"):
+        native.head_argmax(torch.randn(1, 32), q, torch.ones(64), torch.zeros(2, 2, dtype=torch.int32),
+                           torch.tensor([-3]), 64, 8)

@@ -1,0 +1,108 @@
+#pragma once
+// Greedy verification's head, told by the grammar which logits it needs.
+//
+// A greedy constrained row needs only the largest allowed logit (argmax.h). Where the grammar's
+// mask allows few ids -- JSON structure, an enum, the row after a forced token; 60% of the verify
+// rows of 12 JME requests allowed <= 256 ids, the other 40% > 40,000 -- those few dot products are
+// all the row needs, not the 49,152 x 576 head (28 MB, a fifth of the weights a decode step reads).
+// Rows with many allowed ids, or no mask, take the dense head together.
+//
+// Each logit computed is the same (row, output) arithmetic as int8_linear_raw's (block<1, 1> on
+// the row quantized alone: a row's quantization depends on that row only), and the argmax reads
+// the allowed ids in increasing order with argmax.h's rules, so ids and peaks are bitwise those
+// of masked_argmax over the dense head. AMX machines take the dense head for every row: their tile
+// kernel's sums are not block<1, 1>'s.
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "argmax.h"
+#include "int8_linear.h"
+
+namespace interlock_cpu {
+
+// Allowed ids of one packed mask row below vocab, in increasing order.
+inline void allowed_ids(const int32_t* words, int64_t vocab, std::vector<int64_t>& out) {
+  out.clear();
+  for (int64_t w = 0; w * 32 < vocab; ++w) {
+    uint32_t bits = static_cast<uint32_t>(words[w]);
+    while (bits) {
+      const int64_t id = w * 32 + __builtin_ctz(bits);
+      if (id >= vocab) return;
+      out.push_back(id);
+      bits &= bits - 1;
+    }
+  }
+}
+
+inline int64_t allowed_count(const int32_t* words, int64_t vocab) {
+  int64_t n = 0;
+  for (int64_t w = 0; w * 32 < vocab; ++w) {
+    uint32_t bits = static_cast<uint32_t>(words[w]);
+    if ((w + 1) * 32 > vocab) bits &= (1u << (vocab - w * 32)) - 1u;
+    n += __builtin_popcount(bits);
+  }
+  return n;
+}
+
+// x [R, E]; q [V, E] int8, scale [V]; words(r): row r's packed mask or nullptr; skip(r): nobody
+// reads row r (id 0, peak -inf, nothing computed); ids/peaks [R].
+template <class Words, class Skip>
+inline void head_argmax_raw(const float* x, const int8_t* q, const float* scale, int64_t R, int64_t E, int64_t V,
+                            Words&& words, Skip&& skip, int64_t vocab, int64_t max_sparse, int64_t* ids,
+                            float* peaks) {
+  std::vector<int64_t> dense, sparse;
+  for (int64_t r = 0; r < R; ++r) {
+    if (skip(r)) {
+      ids[r] = 0;
+      peaks[r] = -std::numeric_limits<float>::infinity();
+      continue;
+    }
+    const int32_t* w = words(r);
+    (w != nullptr && !amx_enabled() && allowed_count(w, vocab) <= max_sparse ? sparse : dense).push_back(r);
+  }
+  if (!dense.empty()) {
+    std::vector<float> xd(dense.size() * E), yd(dense.size() * V);
+    for (size_t i = 0; i < dense.size(); ++i) std::copy(x + dense[i] * E, x + (dense[i] + 1) * E, xd.data() + i * E);
+    int8_linear_raw(xd.data(), q, scale, yd.data(), static_cast<int64_t>(dense.size()), E, V);
+    for (size_t i = 0; i < dense.size(); ++i)
+      masked_argmax_row(yd.data() + i * V, words(dense[i]), vocab, ids + dense[i], peaks + dense[i]);
+  }
+  std::vector<int64_t> allowed;
+  std::vector<float> logit;
+  for (const int64_t r : sparse) {
+    QuantRows a;
+#if defined(INTERLOCK_VNNI)
+    quantize_rows(x + r * E, 1, E, a, /*with_fix=*/true);
+#else
+    quantize_rows(x + r * E, 1, E, a, /*with_fix=*/false);
+#endif
+    allowed_ids(words(r), vocab, allowed);
+    logit.resize(allowed.size());
+    const int64_t n = static_cast<int64_t>(allowed.size());
+    at::parallel_for(0, n, 256, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i)
+        block<1, 1>(a, q + allowed[i] * E, scale + allowed[i], logit.data() + i, E, 1, 0, 0);
+    });
+    // argmax.h's rules, in id order: the lowest id of the largest value; NaN or nothing allowed: id 0.
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    float best = kNegInf;
+    int64_t best_id = 0;
+    bool nan = false;
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(logit[i])) {
+        nan = true;
+      } else if (logit[i] > best) {
+        best = logit[i];
+        best_id = allowed[i];
+      }
+    }
+    ids[r] = nan || !(best > kNegInf) ? 0 : best_id;
+    peaks[r] = nan ? std::numeric_limits<float>::quiet_NaN() : best;
+  }
+}
+
+}  // namespace interlock_cpu
