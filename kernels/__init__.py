@@ -27,7 +27,8 @@ captured CUDA graph; the "reference" versions loop in Python and are the obvious
                  a row from that row alone, in a fixed order (batch invariant). models/ uses
                  them when they build and falls back to torch ops when they do not; and
                  masked_argmax, greedy verification's one pass over a row (the largest logit its
-                 grammar row allows), which the VerifierActor's lean path calls
+                 grammar row allows), which the VerifierActor's lean path calls, and head_argmax,
+                 the same from the hidden rows, computing only the allowed logits of narrow masks
 - *_reference.py the slow obvious versions; _checks.py the shared argument checks
 - *_triton.py    the CUDA variants (bitmask_triton.py, rejection_triton.py), imported only
                  when backend "cuda" runs
