@@ -9,6 +9,9 @@ from interlock.models.loader import load_model
 def test_alternates_dense_and_sparse_heads_on_the_same_rows(tmp_path, monkeypatch, capsys) -> None:
     tiny = load_model("tiny")
     monkeypatch.setattr(head_ab, "load_model", lambda name: tiny)
+    # main() configures logging and torch's threads for a process of its own: not this one's.
+    monkeypatch.setattr(head_ab, "configure_logging", lambda **kw: None)
+    monkeypatch.setattr(head_ab.torch, "set_num_threads", lambda n: None)
     out = tmp_path / "head.json"
     monkeypatch.setattr(sys, "argv", ["head_ab", "--limit", "2", "--rounds", "2", "--speculative", "none",
                                       "--out", str(out)])
