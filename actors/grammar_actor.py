@@ -131,6 +131,18 @@ class GrammarActor(Actor[object]):
                 matcher.rollback(len(prefix))
             self.prefilled.setdefault(slot, {})[len(prefix)] = prefix
 
+    def check(self) -> None:
+        """Cut each constrained request's drafts (and their q) at the first one its grammar refuses:
+        it could not be accepted, and the forward would compute it and the rows after it for nothing."""
+        b = self.step
+        for slot, matcher in self._constrained():
+            drafts = b.drafts[slot]
+            n = matcher.validate(drafts) if drafts else 0
+            if n < len(drafts):
+                b.drafts[slot] = drafts[:n]
+                q = b.probs[slot]
+                b.probs[slot] = q[:n] if q is not None else None
+
     def fill(self) -> None:
         """K+1 rows per constrained request (rows already filled while drafting are reused)."""
         per = self.buffers.rows_per_slot

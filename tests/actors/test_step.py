@@ -41,6 +41,7 @@ class Part:
     def _note(self, what: str) -> None:
         self.seen.append((self.name, what, self._current()))
 
+    def check(self) -> None: self._note("check")
     def fill(self) -> None: self._note("fill")
     def commit(self) -> None: self._note("commit")
     def fill_draft_rows(self) -> None: self._note("draft_rows")

@@ -83,16 +83,23 @@ async def test_draft_equal_to_target_is_always_accepted(tiny, kind: str, tempera
 
 @pytest.mark.parametrize("masking", [True, False])
 async def test_draft_side_masking_keeps_every_draft_in_the_grammar(tiny, monkeypatch, masking: bool) -> None:
-    """With masking, every row the verifier gets is valid (1 + drafts); without it, the 1-layer
-    self-draft of a random model proposes refused tokens (which shows the check can fail)."""
-    seen: list[tuple[int, int]] = []         # (valid rows, drafts) per constrained request and step
-    fill = GrammarActor.fill
+    """With masking, every draft the model proposes is valid; without it, the 1-layer self-draft of a
+    random model proposes refused tokens (which shows the check can fail). Either way the grammar
+    lane cuts those before the forward, so every row the verifier gets is valid (1 + drafts)."""
+    seen: list[tuple[int, int]] = []         # (drafts the grammar allows, drafts) as proposed
+    rows: list[tuple[int, int]] = []         # (valid rows, drafts) the verifier gets
+    check, fill = GrammarActor.check, GrammarActor.fill
 
-    def spy(self):
+    def spy_check(self):
+        seen.extend((m.validate(self.step.drafts[slot]), len(self.step.drafts[slot])) for slot, m in self._constrained())
+        check(self)
+
+    def spy_fill(self):
         fill(self)
-        seen.extend((int(self.buffers.rows[slot]), len(self.step.drafts[slot])) for slot, _ in self._constrained())
+        rows.extend((int(self.buffers.rows[slot]), len(self.step.drafts[slot])) for slot, _ in self._constrained())
 
-    monkeypatch.setattr(GrammarActor, "fill", spy)
+    monkeypatch.setattr(GrammarActor, "check", spy_check)
+    monkeypatch.setattr(GrammarActor, "fill", spy_fill)
     cfg = EngineConfig(speculative=spec("self-draft", tiny, draft_masking=masking), max_batch_size=4)
     async with Engine(tiny, cfg) as engine:
         for i, prompt in enumerate(PROMPTS):
@@ -100,8 +107,9 @@ async def test_draft_side_masking_keeps_every_draft_in_the_grammar(tiny, monkeyp
             await engine.complete(prompt, grammar=JsonSchema(SCHEMA), sampling=sampling)
         await assert_all_free(engine)
     assert seen and any(n for _, n in seen)
-    violated = [r for r in seen if r[0] != r[1] + 1]
+    violated = [r for r in seen if r[0] != r[1]]
     assert (not violated) if masking else violated
+    assert rows and all(valid == n + 1 for valid, n in rows)
 
 
 async def test_same_seed_same_output_alone_or_in_a_batch_of_8_with_a_draft_model(tiny) -> None:
