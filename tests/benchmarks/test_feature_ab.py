@@ -1,0 +1,29 @@
+import json
+import sys
+
+import pytest
+
+from interlock.actors.grammar_actor import GrammarActor
+from interlock.benchmarks import feature_ab
+from interlock.models.llama import Transformer
+from interlock.models.loader import load_model
+
+
+@pytest.mark.parametrize("feature", ["head", "draft-check"])
+def test_alternates_off_and_on_on_the_same_rows(feature, tmp_path, monkeypatch, capsys) -> None:
+    tiny = load_model("tiny")
+    monkeypatch.setattr(feature_ab, "load_model", lambda name: tiny)
+    # main() configures logging and torch's threads for a process of its own: not this one's.
+    monkeypatch.setattr(feature_ab, "configure_logging", lambda **kw: None)
+    monkeypatch.setattr(feature_ab.torch, "set_num_threads", lambda n: None)
+    out = tmp_path / "head.json"
+    monkeypatch.setattr(sys, "argv", ["feature_ab", "--feature", feature, "--limit", "2", "--rounds", "2",
+                                      "--speculative", "ngram+forced", "--out", str(out)])
+    sparse, check = Transformer.__dict__["sparse_head"], GrammarActor.__dict__["check"]
+    feature_ab.main()
+    assert Transformer.__dict__["sparse_head"] is sparse and GrammarActor.__dict__["check"] is check, "put back"
+    saved = json.loads(out.read_text())
+    (row,) = saved["modes"]
+    assert saved["feature"] == feature and row["mode"] == "ngram+forced" and row["same_outputs"] is True
+    assert len(row["off_runs"]) == len(row["on_runs"]) == 2
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["saved"] == str(out)
