@@ -233,11 +233,13 @@ class StepProgram:
         m.launch_host(self._guard(self.draft.finish))
         m.record(ev.drafts_ready)
         g.wait(ev.drafts_ready)
-        g.launch_host(self._guard(self.grammar.check))
-        g.record(ev.drafts_checked)
+        if self.k:              # without speculation there are no drafts to check: no hand-off either
+            g.launch_host(self._guard(self.grammar.check))
+            g.record(ev.drafts_checked)
         g.launch_host(self._guard(self.grammar.fill))
         g.record(ev.mask_ready)
-        m.wait(ev.drafts_checked)
+        if self.k:
+            m.wait(ev.drafts_checked)
         m.launch_host(self._guard(self.verifier.begin))
         m.launch(self._guard(self.verifier.forward))
         m.wait(ev.mask_ready)

@@ -52,7 +52,7 @@ class Part:
     def verify(self) -> None: self._note("verify")
 
 
-async def run_two_steps(shared: dict | None, *, capture: bool, draft_model: bool
+async def run_two_steps(shared: dict | None, *, capture: bool, draft_model: bool, k: int = 2
                         ) -> tuple[list[tuple[str, str, int]], list[TokenEvent], StepProgram]:
     seen: list[tuple[str, str, int]] = []
     events: list[TokenEvent] = []
@@ -60,7 +60,7 @@ async def run_two_steps(shared: dict | None, *, capture: bool, draft_model: bool
     with CpuTimeline() as timeline:
         # The grammar part's first function blocks until both steps are staged and enqueued.
         parts = [Part("grammar", seen, shared, gate), Part("draft", seen, shared), Part("verifier", seen, shared)]
-        program = StepProgram(timeline, StepBuffers.allocate(2), *parts, max_draft_len=2, draft_model=draft_model,
+        program = StepProgram(timeline, StepBuffers.allocate(2), *parts, max_draft_len=k, draft_model=draft_model,
                               capture=capture)
         program.bind(events.append, lambda exc: None)
         for step in (1, 2):
@@ -91,6 +91,19 @@ async def test_each_steps_host_work_sees_its_own_plan(capture: bool, draft_model
     assert draft_ops == (2 * 2 + 2 if draft_model else 0)     # K forwards, K samples, K mask rows
     assert program.counts["replayed"] == (2 if capture else 0)
     assert program.counts["captured"] == (1 if capture else 0)
+
+
+@pytest.mark.parametrize("k", [0, 2])
+async def test_drafts_are_checked_before_the_forward_only_with_speculation(k: int) -> None:
+    seen, events, _ = await run_two_steps(None, capture=True, draft_model=False, k=k)
+    assert [e.step for e in events] == [1, 2]
+    for step in (1, 2):
+        ops = [(name, what) for name, what, s in seen if s == step]
+        if k:       # the check runs after the drafts are done and before the verifier's part
+            assert ops.index(("grammar", "check")) < ops.index(("verifier", "begin"))
+            assert ops.index(("draft", "finish")) < ops.index(("grammar", "check"))
+        else:
+            assert ("grammar", "check") not in ops
 
 
 async def test_without_the_queues_step_1_reads_step_2s_plan() -> None:
