@@ -16,15 +16,34 @@
 
 namespace interlock_cpu {
 
-// Over ids [0, vocab) of `row` allowed by `words` (bit i of words[i / 32]; nullptr: all): the
-// lowest id holding the largest value, and that value, NaN if an allowed value is NaN, -inf if no
-// allowed value is above -inf (the id is 0 in both cases).
+// The rules, over values seen in increasing id order: the lowest id holding the largest value, and
+// that value; NaN if a value seen is NaN, -inf if none is above -inf (the id is 0 in both cases).
+struct ArgmaxRule {
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t best_id = 0;
+  bool nan = false;
+
+  void see(int64_t id, float v) {
+    if (std::isnan(v)) {
+      nan = true;
+    } else if (v > best) {
+      best = v;
+      best_id = id;
+    }
+  }
+
+  void finish(int64_t* id_out, float* peak_out) const {
+    const bool none = nan || !(best > -std::numeric_limits<float>::infinity());
+    *id_out = none ? 0 : best_id;
+    *peak_out = nan ? std::numeric_limits<float>::quiet_NaN() : best;
+  }
+};
+
+// ArgmaxRule over ids [0, vocab) of `row` allowed by `words` (bit i of words[i / 32]; nullptr: all).
 inline void masked_argmax_row(const float* row, const int32_t* words, int64_t vocab, int64_t* id_out,
                               float* peak_out) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  float best = kNegInf;
-  int64_t best_id = 0;
-  bool nan = false;
+  ArgmaxRule rule;
   int64_t i = 0;
 #if defined(__AVX512F__)
   __m512 vbest = _mm512_set1_ps(kNegInf);
@@ -40,26 +59,18 @@ inline void masked_argmax_row(const float* row, const int32_t* words, int64_t vo
     vbest = _mm512_mask_mov_ps(vbest, better, v);
     vid = _mm512_mask_mov_epi32(vid, better, _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(i))));
   }
-  nan = any_nan != 0;
-  best = _mm512_reduce_max_ps(vbest);
-  if (best > kNegInf) {     // the lowest id among the lanes that hold the maximum
-    const __mmask16 at = _mm512_cmp_ps_mask(vbest, _mm512_set1_ps(best), _CMP_EQ_OQ);
-    best_id = _mm512_mask_reduce_min_epi32(at, vid);
+  rule.nan = any_nan != 0;
+  rule.best = _mm512_reduce_max_ps(vbest);
+  if (rule.best > kNegInf) {     // the lowest id among the lanes that hold the maximum
+    const __mmask16 at = _mm512_cmp_ps_mask(vbest, _mm512_set1_ps(rule.best), _CMP_EQ_OQ);
+    rule.best_id = _mm512_mask_reduce_min_epi32(at, vid);
   }
 #endif
   for (; i < vocab; ++i) {
     if (words != nullptr && !((static_cast<uint32_t>(words[i >> 5]) >> (i & 31)) & 1u)) continue;
-    const float v = row[i];
-    if (std::isnan(v)) {
-      nan = true;
-    } else if (v > best) {
-      best = v;
-      best_id = i;
-    }
+    rule.see(i, row[i]);
   }
-  const bool none = nan || !(best > kNegInf);
-  *id_out = none ? 0 : best_id;
-  *peak_out = nan ? std::numeric_limits<float>::quiet_NaN() : best;
+  rule.finish(id_out, peak_out);
 }
 
 }  // namespace interlock_cpu

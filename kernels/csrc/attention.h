@@ -376,6 +376,7 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
         }
       for (int64_t l = l1; l < l0 + kTile && (l - l0) % 16 != 0; ++l) keys[l - l0] = zeros.data();
       scores.resize(sq.n * G * kTile);
+      auto len_of = [&](int64_t r) { return std::min(l1, sq.pos0 + r + 1) - l0; };     // keys row r sees here
       // Scores 16 keys at a time from the tile's start; a row's keys past its own position are
       // computed with the others' and never used. With many queries on the tile (a verify step's
       // or a prompt chunk's rows) the keys are transposed once and scored four queries at a time
@@ -394,7 +395,7 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
             const int64_t qi = std::min(b + k, nq - 1), r = r0 + qi / G, g = qi % G;
             qs[k] = sq.q + r * sq.q_stride + (t.h * G + g) * D;
             outs[k] = b + k < nq ? scores.data() + (r * G + g) * kTile : sink.data();   // a padding query
-            need = std::max(need, std::min(l1, sq.pos0 + r + 1) - l0);
+            need = std::max(need, len_of(r));
           }
           for (int64_t c = 0; c < (need + 15) / 16; ++c) {
             float* const at[4] = {outs[0] + 16 * c, outs[1] + 16 * c, outs[2] + 16 * c, outs[3] + 16 * c};
@@ -405,14 +406,13 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
       } else
 #endif
       for (int64_t r = r0; r < sq.n; ++r) {
-        const int64_t len = std::min(l1, sq.pos0 + r + 1) - l0;
+        const int64_t len = len_of(r);
         for (int64_t g = 0; g < G; ++g)
           for (int64_t i = 0; i < len; i += 16)
             scores16(sq.q + r * sq.q_stride + (t.h * G + g) * D, keys + i, D, scale,
                      scores.data() + (r * G + g) * kTile + i);
       }
       float* part = partial.data() + part_offset[t.part];
-      auto len_of = [&](int64_t r) { return std::min(l1, sq.pos0 + r + 1) - l0; };
       for (int64_t r = 0; r < sq.n; ++r) {
         if (r < r0) {                                 // the row ends before this tile
           for (int64_t g = 0; g < G; ++g) {

@@ -14,7 +14,6 @@
 // kernel's sums are not block<1, 1>'s.
 #include <ATen/Parallel.h>
 
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -87,21 +86,9 @@ inline void head_argmax_raw(const float* x, const int8_t* q, const float* scale,
       for (int64_t i = i0; i < i1; ++i)
         block<1, 1>(a, q + allowed[i] * E, scale + allowed[i], logit.data() + i, E, 1, 0, 0);
     });
-    // argmax.h's rules, in id order: the lowest id of the largest value; NaN or nothing allowed: id 0.
-    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    float best = kNegInf;
-    int64_t best_id = 0;
-    bool nan = false;
-    for (int64_t i = 0; i < n; ++i) {
-      if (std::isnan(logit[i])) {
-        nan = true;
-      } else if (logit[i] > best) {
-        best = logit[i];
-        best_id = allowed[i];
-      }
-    }
-    ids[r] = nan || !(best > kNegInf) ? 0 : best_id;
-    peaks[r] = nan ? std::numeric_limits<float>::quiet_NaN() : best;
+    ArgmaxRule rule;                 // argmax.h's rules, the allowed ids in increasing order
+    for (int64_t i = 0; i < n; ++i) rule.see(allowed[i], logit[i]);
+    rule.finish(ids + r, peaks + r);
   }
 }
 
