@@ -20,11 +20,10 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-import anyio
 import torch
 
 from interlock.benchmarks.common import load_average, median, print_json_last, print_table
-from interlock.benchmarks.engine_bench import BenchConfig, run_bench
+from interlock.benchmarks.engine_bench import BenchConfig, alternate, same_tokens
 from interlock.benchmarks.prompts import DATASETS
 from interlock.kernels import native
 from interlock.logs import configure_logging
@@ -58,8 +57,8 @@ def build(rev: str | None, namespace: str) -> None:
     digest = hashlib.sha256("".join(files[n] for n in sorted(files)).encode()).hexdigest()[:12]
     from torch.utils.cpp_extension import load
 
-    load(name=f"{namespace}_{digest}", sources=[str(folder / "ops.cpp")], extra_cflags=["-O3", "-march=native", "-fopenmp"],
-         extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False, build_directory=str(folder))
+    load(name=f"{namespace}_{digest}", sources=[str(folder / "ops.cpp")], extra_cflags=native.CFLAGS,
+         extra_ldflags=native.LDFLAGS, is_python_module=False, verbose=False, build_directory=str(folder))
 
 
 def main() -> None:
@@ -83,16 +82,18 @@ def main() -> None:
     build(base, "interlock_cpu_base")
     build(None, "interlock_cpu_now")
     versions = {"base": torch.ops.interlock_cpu_base, "now": torch.ops.interlock_cpu_now}
+    missing = [op for op in native.OPS if not hasattr(versions["base"], op)]
+    if missing:        # this checkout's engine would call them and fail mid-run
+        p.error(f"the kernels of {base} lack {', '.join(missing)}, which this checkout calls: pick a later --base")
     loaded = load_model(EMBEDDED)
     cfg = BenchConfig(dataset=args.dataset, limit=args.limit, speculative=args.speculative)
     load_before = load_average()
-    runs: dict[str, list[dict]] = {"base": [], "now": []}
     own = torch.ops.interlock_cpu
+
+    def use(name: str) -> None:
+        torch.ops.interlock_cpu = versions[name]        # every call site looks the namespace up per call
     try:
-        for r in range(args.rounds):
-            for name in ("base", "now") if r % 2 == 0 else ("now", "base"):
-                torch.ops.interlock_cpu = versions[name]        # every call site looks the namespace up per call
-                runs[name].append(anyio.run(run_bench, loaded, cfg, False))
+        runs = alternate(loaded, cfg, args.rounds, ("base", "now"), use)
     finally:
         torch.ops.interlock_cpu = own
     summary = {}
@@ -100,13 +101,12 @@ def main() -> None:
         summary[name] = {"tokens_per_s": round(median([x["tokens_per_s"] for x in results]), 2),
                          "ttft_p50_s": round(median([x["ttft_p50_s"] for x in results]), 4),
                          "runs_tokens_per_s": [x["tokens_per_s"] for x in results]}
-    outputs = [[o["token_ids"] for o in x["outputs"]] for x in runs["base"] + runs["now"]]
     result = {"base": base, "dataset": args.dataset.stem, "limit": args.limit, "speculative": args.speculative,
               "rounds": args.rounds, "load_average_before": load_before, "load_average_after": load_average(),
               **summary,
               "now_over_base_tokens_per_s": round(summary["now"]["tokens_per_s"] / summary["base"]["tokens_per_s"], 3),
               "base_over_now_ttft": round(summary["base"]["ttft_p50_s"] / summary["now"]["ttft_p50_s"], 3),
-              "same_outputs": all(o == outputs[0] for o in outputs),
+              "same_outputs": same_tokens(runs),
               "runs": runs}
     out = Path(args.out) if args.out else RESULTS / f"engine-ab-{date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

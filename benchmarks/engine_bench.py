@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import anyio
 from rich.console import Console
@@ -131,6 +132,25 @@ async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], pro
             results.append(await run_bench(loaded, replace(cfg, speculative=mode, prefix_caching=caching), progress))
             results[-1]["ratio"] = round(results[-1]["tokens_per_s"] / max(results[0]["tokens_per_s"], 1e-9), 3)
     return results
+
+
+def alternate(loaded: LoadedModel, cfg: BenchConfig, rounds: int, sides: tuple[str, str],
+              set_side: Callable[[str], None]) -> dict[str, list[dict]]:
+    """run_bench on `cfg` `rounds` times per side, alternating (a, b, b, a, ...) so the speed of a
+    drifting host falls on both; `set_side(name)` switches the process to that side before each run."""
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    a, b = sides
+    for r in range(rounds):
+        for side in (a, b) if r % 2 == 0 else (b, a):
+            set_side(side)
+            runs[side].append(anyio.run(run_bench, loaded, cfg, False))
+    return runs
+
+
+def same_tokens(runs: dict[str, list[dict]]) -> bool:
+    """Whether every run of `alternate` gave every row the same tokens."""
+    outputs = [[o["token_ids"] for o in x["outputs"]] for results in runs.values() for x in results]
+    return all(o == outputs[0] for o in outputs)
 
 
 def report(results: list[dict]) -> None:

@@ -20,11 +20,10 @@ import json
 from datetime import date
 from pathlib import Path
 
-import anyio
 import torch
 
 from interlock.benchmarks.common import load_average, median, print_json_last, print_table
-from interlock.benchmarks.engine_bench import BenchConfig, run_bench
+from interlock.benchmarks.engine_bench import BenchConfig, alternate, same_tokens
 from interlock.benchmarks.prompts import DATASETS
 from interlock.actors.grammar_actor import GrammarActor
 from interlock.logs import configure_logging
@@ -57,20 +56,16 @@ def main() -> None:
     modes = []
     for mode in args.speculative.split(","):
         cfg = BenchConfig(dataset=args.dataset, limit=args.limit, speculative=mode)
-        runs: dict[str, list[dict]] = {"off": [], "on": []}
         try:
-            for r in range(args.rounds):
-                for setting in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                    setattr(cls, name, on if setting == "on" else off)
-                    runs[setting].append(anyio.run(run_bench, loaded, cfg, False))
+            runs = alternate(loaded, cfg, args.rounds, ("off", "on"),
+                             lambda setting: setattr(cls, name, on if setting == "on" else off))
         finally:
             setattr(cls, name, on)
-        outputs = [[o["token_ids"] for o in x["outputs"]] for x in runs["off"] + runs["on"]]
         row = {"mode": mode, **{f"{n}_tokens_per_s": round(median([x["tokens_per_s"] for x in runs[n]]), 2)
                                 for n in runs},
                **{f"{n}_runs": [x["tokens_per_s"] for x in runs[n]] for n in runs},
                "on_engine_steps": runs["on"][0]["engine_steps"], "off_engine_steps": runs["off"][0]["engine_steps"],
-               "same_outputs": all(o == outputs[0] for o in outputs)}
+               "same_outputs": same_tokens(runs)}
         row["on_over_off"] = round(row["on_tokens_per_s"] / row["off_tokens_per_s"], 3)
         modes.append((row, runs))
     result = {"feature": args.feature, "dataset": args.dataset.stem, "limit": args.limit, "rounds": args.rounds,

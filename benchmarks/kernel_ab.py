@@ -137,8 +137,8 @@ def main() -> None:
     base = found.stdout.strip()
     build = Path(tempfile.mkdtemp(prefix="kernel_ab_"))
     ext = load(name=f"interlock_kernel_ab_{base}", sources=[str(_source(base, build))],
-               extra_include_paths=[str(CSRC)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
-               extra_ldflags=["-fopenmp"], build_directory=str(build))
+               extra_include_paths=[str(CSRC)], extra_cflags=native.CFLAGS,
+               extra_ldflags=native.LDFLAGS, build_directory=str(build))
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randint(-127, 128, s, generator=gen, dtype=torch.int8) for s in GEMV_SHAPES]
     scales = [torch.rand(s[0], generator=gen) for s in GEMV_SHAPES]

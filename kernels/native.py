@@ -43,6 +43,13 @@ import torch
 _CSRC = Path(__file__).parent / "csrc"
 BACKENDS = ("auto", "native", "torch", "reference")
 ACT_BLOCK = 32           # activations per int8 quantization scale in the native int8_linear
+# How csrc/ is compiled (here and by the benchmarks that build other versions of it beside this one).
+# -fopenmp: at::parallel_for is header code that forks only when compiled with OpenMP; the library
+# it links is the libgomp.so.1 torch has already loaded (same soname), one pool.
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
+# What the library registers under torch.ops.interlock_cpu (and what the model and verifier call).
+OPS = ("int8_linear", "int8_kernel", "row_attention", "rms_norm", "rows_forward", "masked_argmax", "head_argmax")
 
 
 @functools.cache
@@ -56,16 +63,12 @@ def available() -> bool:
 
         _put_ninja_on_path()
 
-        # -fopenmp: at::parallel_for is header code that forks only when compiled with OpenMP; the
-        # library it links is the libgomp.so.1 torch has already loaded (same soname), one pool.
         # torch's build cache hashes the .cpp only; naming the build after every file in csrc/ makes
         # an edited header rebuild too.
         digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))).hexdigest()[:12]
-        load(name=f"interlock_cpu_{digest}", sources=[str(_CSRC / "ops.cpp")],
-             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-             is_python_module=False, verbose=False)
-        for op in ("int8_linear", "int8_kernel", "row_attention", "rms_norm", "rows_forward", "masked_argmax",
-                   "head_argmax"):    # raises if the library did not register
+        load(name=f"interlock_cpu_{digest}", sources=[str(_CSRC / "ops.cpp")], extra_cflags=CFLAGS,
+             extra_ldflags=LDFLAGS, is_python_module=False, verbose=False)
+        for op in OPS:    # raises if the library did not register
             getattr(torch.ops.interlock_cpu, op)
     except Exception as exc:                   # no compiler, no headers, an unsupported CPU ...
         log.warning("native CPU kernels unavailable; using torch ops", error=str(exc)[:300])
