@@ -133,7 +133,7 @@ async def _bench(args: argparse.Namespace) -> None:
                       max_tokens=args.max_tokens, temperature=args.temperature,
                       presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
                       repetition_penalty=args.repetition_penalty, threads=args.threads, prefill=args.prefill,
-                      repeat_schema=args.repeat_schema)
+                      repeat_schema=args.repeat_schema, repeats=args.repeats)
     try:
         bench_rows(cfg)                 # before the model loads: a bad row is a usage error
     except (KeyError, ValueError) as exc:
@@ -284,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat-schema", metavar="ROW", help="one row's schema, --limit documents (default 50) made "
                        "from its instance: the repeated-schema workload (python -m interlock.benchmarks.peers uses "
                        "JME_26 of JME.jsonl)")
+    bench.add_argument("--repeats", type=_positive_int, default=1,
+                       help="run each prompt this many times in a row (a warm-up and timed runs: later runs find "
+                            "the prompt in the prefix cache and the earlier output in the suffix drafter's global trie)")
     bench.add_argument("--concurrency", type=_positive_int, default=1)
     bench.add_argument("--json", help="also write the result JSON here")
     bench.add_argument("--prefix-caching", choices=["on", "off", "both"], default="on",

@@ -27,7 +27,7 @@ from interlock.models.loader import LoadedModel
 from interlock.protocol.errors import InterlockError
 from interlock.protocol.grammar import GrammarConfig, JsonSchema
 from interlock.protocol.sampling import Completion, SamplingParams
-from interlock.protocol.speculative import SpeculativeConfig
+from interlock.protocol.speculative import SpeculativeConfig, SuffixConfig
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,8 @@ class BenchConfig:
     threads: int | None = None          # the model lane's torch threads (EngineConfig.threads)
     prefill: str = "auto"               # EngineConfig.prefill
     repeat_schema: str | None = None    # a row id of `dataset`: its schema, `limit` documents (default 50)
+    repeats: int = 1                    # each row this many times in a row (a warm-up and timed runs)
+    suffix: SuffixConfig | None = None  # the suffix drafter's settings (None: SuffixConfig's defaults)
 
 
 def bench_rows(cfg: BenchConfig) -> list[Row]:
@@ -62,7 +64,8 @@ def valid(completion: Completion, row: Row) -> bool:
 
 async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True) -> dict:
     rows = bench_rows(cfg)
-    config = EngineConfig(speculative=SpeculativeConfig.parse(cfg.speculative, max_draft_len=cfg.draft_len),
+    fields = {} if cfg.suffix is None else {"suffix": cfg.suffix}
+    config = EngineConfig(speculative=SpeculativeConfig.parse(cfg.speculative, max_draft_len=cfg.draft_len, **fields),
                           grammar=GrammarConfig(backend=cfg.backend), max_batch_size=cfg.concurrency,
                           prefix_caching=cfg.prefix_caching, threads=cfg.threads, prefill=cfg.prefill)
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=0,
@@ -74,16 +77,18 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
 
         limiter = anyio.Semaphore(cfg.concurrency)
         with Progress(disable=not progress, transient=True) as bar:
-            task = bar.add_task(f"{cfg.dataset.stem} {cfg.speculative}", total=len(rows))
+            task = bar.add_task(f"{cfg.dataset.stem} {cfg.speculative}", total=len(rows) * cfg.repeats)
 
             async def one(row: Row) -> None:
                 async with limiter:
-                    try:
-                        c = await engine.complete(build_messages(row), grammar=JsonSchema(row.schema), sampling=sampling)
-                    except InterlockError:
-                        c = None
-                    results.append((row, c))
-                    bar.advance(task)
+                    for _ in range(cfg.repeats):
+                        try:
+                            c = await engine.complete(build_messages(row), grammar=JsonSchema(row.schema),
+                                                      sampling=sampling)
+                        except InterlockError:
+                            c = None
+                        results.append((row, c))
+                        bar.advance(task)
 
             start = time.perf_counter()
             async with anyio.create_task_group() as tg:
@@ -116,7 +121,7 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
         "draft_len": cfg.draft_len, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
         "penalties": {"presence": cfg.presence_penalty, "frequency": cfg.frequency_penalty,
                       "repetition": cfg.repetition_penalty},
-        "dataset": cfg.dataset.stem, "repeat_schema": cfg.repeat_schema,
+        "dataset": cfg.dataset.stem, "repeat_schema": cfg.repeat_schema, "repeats": cfg.repeats,
         "outputs": [{"id": r.id, "finish_reason": c.finish_reason if c else "error",
                      "token_ids": list(c.token_ids) if c else []} for r, c in sorted(results, key=lambda x: x[0].id)],
     }
@@ -135,15 +140,16 @@ async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], pro
 
 
 def alternate(loaded: LoadedModel, cfg: BenchConfig, rounds: int, sides: tuple[str, str],
-              set_side: Callable[[str], None]) -> dict[str, list[dict]]:
+              set_side: Callable[[str], BenchConfig | None]) -> dict[str, list[dict]]:
     """run_bench on `cfg` `rounds` times per side, alternating (a, b, b, a, ...) so the speed of a
-    drifting host falls on both; `set_side(name)` switches the process to that side before each run."""
+    drifting host falls on both; `set_side(name)` switches the process to that side before each run
+    (and may return the side's own config)."""
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     a, b = sides
     for r in range(rounds):
         for side in (a, b) if r % 2 == 0 else (b, a):
-            set_side(side)
-            runs[side].append(anyio.run(run_bench, loaded, cfg, False))
+            side_cfg = set_side(side) or cfg
+            runs[side].append(anyio.run(run_bench, loaded, side_cfg, False))
     return runs
 
 

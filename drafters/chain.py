@@ -14,7 +14,9 @@ request's tokens.
 
 Forced tokens are accepted whatever the model says, so they never count against a budget: a
 request's k is its forced tokens plus its lookup budget (K, or the adaptive one below), at most
-`step_drafts` = K + forced_extra (the rows the step has for it).
+`step_drafts` = K + forced_extra (the rows the step has for it). The suffix drafter alone may go
+past K, up to SuffixConfig.max_long_draft, where its match is as long as its draft (drafters/suffix.py);
+it is asked with that larger k while the request's budget is whole.
 
 Adaptive draft length: each request has a lookup budget (1..K). A step that accepts every draft
 raises it by one; a rejection sets it to accepted + 1. It changes how much is verified, never what is
@@ -83,7 +85,7 @@ class DraftChain:
         if config is not None and "ngram" in config.drafters:
             members.append(NGramDrafter(config.ngram, config.step_drafts))
         if config is not None and "suffix" in config.drafters:
-            members.append(SuffixDrafter(config.suffix, config.step_drafts))
+            members.append(SuffixDrafter(config.suffix, config.step_drafts, lookup_len=config.max_draft_len))
         if config is not None and config.user_drafter is not None:
             members.append(config.user_drafter)
         self.members = members
@@ -141,28 +143,33 @@ class DraftChain:
             return [ChainDraft((), 0) for _ in requests]
         asks = [DraftRequest(r.request_id, (), self.forced(r.forced)[: self.step_drafts]) for r in requests]
         ks = [self._budget(a) for a in asks]
+        long_ks = [self._budget(a, long=True) for a in asks]
         answers: list[list[Sequence[TokenId]]] = [[] for _ in requests]
         errors: list[BaseException | None] = [None] * len(requests)
         for member in self.members:
             with_tokens = not isinstance(member, Tracked)
-            for k, idx in _by_budget(ks).items():
+            member_ks = long_ks if isinstance(member, SuffixDrafter) else ks
+            for k, idx in _by_budget(member_ks).items():
                 batch = [self._with_tokens(asks[i]) if with_tokens else asks[i] for i in idx]
                 for i, answer in zip(idx, self._ask(member, batch, k)):
                     if isinstance(answer, BaseException):
                         errors[i] = answer
                     else:
-                        answers[i].append(consistent_prefix(answer, asks[i].forced, self.vocab_size))
+                        answers[i].append(consistent_prefix(answer, asks[i].forced, self.vocab_size)[:k])
         out = []
-        for k, cands, error in zip(ks, answers, errors):
-            drafts = tuple(combine_drafts(cands, k))
+        for k, long_k, cands, error in zip(ks, long_ks, answers, errors):
+            drafts = tuple(combine_drafts(cands, long_k))
             out.append(ChainDraft(drafts, k, error, model=self.model is not None and len(drafts) < k))
         return out
 
-    def _budget(self, a: DraftRequest) -> int:
-        """The request's k: its lookup budget on top of its forced tokens (which are free)."""
+    def _budget(self, a: DraftRequest, long: bool = False) -> int:
+        """The request's k: its lookup budget on top of its forced tokens (which are free). long: the
+        suffix drafter's, whose long matches may draft up to lookup_drafts while the budget is whole."""
         lookup = self.max_draft_len
         if self.config is not None and self.config.adaptive:
             lookup = self.budget.get(a.request_id, lookup)
+        if long and self.config is not None and lookup == self.max_draft_len:
+            lookup = self.config.lookup_drafts
         return min(self.step_drafts, len(a.forced) + lookup)
 
     def _with_tokens(self, a: DraftRequest) -> DraftRequest:

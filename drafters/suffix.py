@@ -21,8 +21,11 @@ Two tries of one kind (`SuffixTrie`, every substring of up to D tokens with its 
 
 A proposal walks from the longest match greedily to the most frequent child (ties: the most recently
 seen), while the path probability stays >= config.min_token_prob, for at most
-min(k, ceil(config.max_spec_factor * m)) tokens: a long match earns a long draft, a 1-token match a
-short one. The request's trie and the global trie each propose; the higher score wins (the request's
+min(K, ceil(config.max_spec_factor * m)) tokens (K: the step's lookup budget), or, beyond K, at most m
+tokens up to config.max_long_draft: a long match earns a long draft, a 1-token match a short one.
+Beyond K only the match length counts (SuffixDecoding's draft length = match length): a prompt or
+output seen before matches long and drafts long, while a key seen in other documents (a short match,
+followed there by their values) stays within K. The request's trie and the global trie each propose; the higher score wins (the request's
 own on a tie). Drafts are point masses: verification stays exact whatever they are.
 
 Costs: appending a token touches D nodes (the suffixes ending at it); a proposal does O(D^2) dict
@@ -167,7 +170,10 @@ class SuffixTrie:
                 return n - start, node
         return 0, None
 
-    def propose(self, context: Sequence[TokenId], k: int, factor: float, min_prob: float) -> Draft:
+    def propose(self, context: Sequence[TokenId], k: int, factor: float, min_prob: float, *,
+                short: int | None = None, long: int = 0) -> Draft:
+        """At most k tokens: up to min(short, ceil(factor * m)) after an m-token match, or up to
+        min(m, long) when that is more (short defaults to k)."""
         if k <= 0:
             return Draft((), 0.0, 0)
         # Match at most D - k tokens: the trie holds nothing deeper than D, so a match of D - 1 could
@@ -177,7 +183,8 @@ class SuffixTrie:
         m, node = self.match(context, min(k, self.max_depth - 1))
         if node is None:
             return Draft((), 0.0, m)
-        budget = min(k, math.ceil(factor * m), self.max_depth - m)
+        short = k if short is None else short
+        budget = min(k, max(min(short, math.ceil(factor * m)), min(m, long)), self.max_depth - m)
         count, last, kids = self._count, self._last, self._kids
         tokens: list[TokenId] = []
         prob, score = 1.0, 0.0
@@ -200,11 +207,14 @@ class SuffixDrafter:
     request's output to the global trie). Not thread-safe; the DraftChain calls it on the model lane.
     """
 
-    def __init__(self, config: SuffixConfig, max_draft_len: int) -> None:
+    def __init__(self, config: SuffixConfig, max_draft_len: int, lookup_len: int | None = None) -> None:
+        """max_draft_len: the largest k a caller may ask for; lookup_len: K, the draft length any match
+        may have (default max_draft_len); beyond it only long matches draft (config.max_long_draft)."""
         if max_draft_len < 1:
             raise ValueError(f"max_draft_len must be >= 1, got {max_draft_len}")
         self.config = config
         self.max_draft_len = max_draft_len
+        self.lookup_len = max_draft_len if lookup_len is None else lookup_len
         self._seqs: dict[RequestId, list[TokenId]] = {}
         self._prompt_len: dict[RequestId, int] = {}
         self._tries: dict[RequestId, SuffixTrie] = {}
@@ -262,8 +272,9 @@ class SuffixDrafter:
         d = self.config.max_depth
         context = seq[-d:] + list(after[-d:]) if after else seq[-d:]
         c = self.config
-        own = self._tries[request_id].propose(context, k, c.max_spec_factor, c.min_token_prob)
-        shared = self.global_trie.propose(context, k, c.max_spec_factor, c.min_token_prob)
+        rules = dict(short=self.lookup_len, long=c.max_long_draft)
+        own = self._tries[request_id].propose(context, k, c.max_spec_factor, c.min_token_prob, **rules)
+        shared = self.global_trie.propose(context, k, c.max_spec_factor, c.min_token_prob, **rules)
         return list(shared.tokens if shared.score > own.score else own.tokens)
 
     def propose(self, requests: Sequence[DraftRequest], k: int) -> list[list[TokenId]]:

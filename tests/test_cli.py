@@ -13,6 +13,7 @@ DATASET = __file__          # --dataset must name a file that exists
     ["generate", "--speculative", "ngram:0+forced", "hi"],
     ["bench", "--dataset", DATASET, "--speculative", "none,ngram:x"],
     ["bench", "--dataset", "/nonexistent/x.jsonl"],
+    ["bench", "--dataset", DATASET, "--repeats", "0"],
     ["serve", "--speculative", "self-draft:x"],
     ["generate", "--draft-len", "0", "hi"],
     ["--kv-cache-dtype", "fp8", "generate", "hi"],

@@ -9,8 +9,9 @@ from interlock.models.llama import Transformer
 from interlock.models.loader import load_model
 
 
-@pytest.mark.parametrize("feature", ["head", "draft-check"])
-def test_alternates_off_and_on_on_the_same_rows(feature, tmp_path, monkeypatch, capsys) -> None:
+@pytest.mark.parametrize("feature, mode, repeats", [("head", "ngram+forced", 1), ("draft-check", "ngram+forced", 1),
+                                                   ("long-drafts", "suffix+forced", 2)])
+def test_alternates_off_and_on_on_the_same_rows(feature, mode, repeats, tmp_path, monkeypatch, capsys) -> None:
     tiny = load_model("tiny")
     monkeypatch.setattr(feature_ab, "load_model", lambda name: tiny)
     # main() configures logging and torch's threads for a process of its own: not this one's.
@@ -18,12 +19,13 @@ def test_alternates_off_and_on_on_the_same_rows(feature, tmp_path, monkeypatch, 
     monkeypatch.setattr(feature_ab.torch, "set_num_threads", lambda n: None)
     out = tmp_path / "head.json"
     monkeypatch.setattr(sys, "argv", ["feature_ab", "--feature", feature, "--limit", "2", "--rounds", "2",
-                                      "--speculative", "ngram+forced", "--out", str(out)])
+                                      "--speculative", mode, "--repeats", str(repeats), "--out", str(out)])
     sparse, check = Transformer.__dict__["sparse_head"], GrammarActor.__dict__["check"]
     feature_ab.main()
     assert Transformer.__dict__["sparse_head"] is sparse and GrammarActor.__dict__["check"] is check, "put back"
     saved = json.loads(out.read_text())
     (row,) = saved["modes"]
-    assert saved["feature"] == feature and row["mode"] == "ngram+forced" and row["same_outputs"] is True
+    assert saved["feature"] == feature and row["mode"] == mode and row["same_outputs"] is True
     assert len(row["off_runs"]) == len(row["on_runs"]) == 2
+    assert all(len(run["outputs"]) == 2 * repeats for side in saved["runs"][0].values() for run in side)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["saved"] == str(out)

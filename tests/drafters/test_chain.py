@@ -40,6 +40,20 @@ def test_suffix_drafts_follow_the_forced_tokens_and_finished_outputs_feed_the_gl
     assert chain.propose([ChainRequest("b", (9,))])[0].drafts == (9, 10, 11)
 
 
+def test_suffix_drafts_go_past_k_on_long_matches_while_the_budget_is_whole() -> None:
+    spec = SpeculativeConfig(("suffix", "ngram", "forced"), max_draft_len=3, forced_extra=2, adaptive=True,
+                             suffix=SuffixConfig(max_depth=24, min_token_prob=0.0, max_long_draft=12))
+    assert spec.step_drafts == 14
+    chain = DraftChain(spec, vocab_size=200)
+    text = tuple(range(100, 130))
+    chain.add("a", text + text[:8])                    # its own text again: an 8-token match
+    (plain, forced) = chain.propose([ChainRequest("a", ()), ChainRequest("a", text[8:10])])
+    assert plain.drafts == text[8:16] and plain.k == 3          # k: the budget the draft model would get
+    assert forced.drafts == text[8:20] and forced.k == 5        # forced first; the match is then 10 long
+    chain.commit("a", text[8:9], drafted=8, accepted=0)         # a rejection: the budget drops to 1
+    assert chain.propose([ChainRequest("a", ())])[0].drafts == text[9:10]
+
+
 def test_forced_tokens_are_ignored_unless_forced_is_a_drafter() -> None:
     chain = DraftChain(SpeculativeConfig(("ngram",), max_draft_len=2), vocab_size=100)
     chain.add("a", (5, 6))

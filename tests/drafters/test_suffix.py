@@ -84,6 +84,24 @@ def test_a_long_match_leaves_room_for_a_full_draft():
     assert d.lookup("r", 1) == [6]
 
 
+def test_beyond_k_only_a_match_as_long_as_the_draft_drafts():
+    # K = 3 for any match; beyond it, an m-token match drafts at most m tokens (up to max_long_draft).
+    cfg = SuffixConfig(max_depth=24, max_spec_factor=3.0, min_token_prob=0.0, max_long_draft=12)
+    text = list(range(100, 130))                         # 30 distinct tokens: every match is exact
+    d = SuffixDrafter(cfg, max_draft_len=16, lookup_len=3)
+    d.add("seen", text + text[:8])                       # the text again, 8 tokens in: m = 8
+    assert d.lookup("seen", 16) == text[8:16]
+    d.add("short", text + [7, 100, 101])                 # only (100, 101) matches: m = 2, K caps it
+    assert d.lookup("short", 16) == text[2:5]
+    assert d.lookup("seen", 2) == text[8:10]             # a smaller k (an adaptive budget) still caps it
+    d.add("deep", text + text[:20])                      # m is capped at D - k = 12: 12 tokens below it
+    assert d.lookup("deep", 12) == text[20:30] + text[:2]
+    off = SuffixDrafter(SuffixConfig(max_depth=24, min_token_prob=0.0, max_long_draft=0), max_draft_len=16,
+                        lookup_len=3)
+    off.add("seen", text + text[:8])
+    assert off.lookup("seen", 16) == text[8:11]
+
+
 def test_low_probability_paths_stop_the_draft():
     d = SuffixDrafter(SuffixConfig(max_depth=8, max_spec_factor=4.0, min_token_prob=0.6), max_draft_len=4)
     d.add("r", [0, 1, 2, 0, 1, 3, 0, 1])   # after 0, 1: 2 or 3, each p = 0.5 < 0.6

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from interlock.protocol.speculative import SELF_DRAFT_LAYERS, NGramConfig, SpeculativeConfig
+from interlock.protocol.speculative import SELF_DRAFT_LAYERS, NGramConfig, SpeculativeConfig, SuffixConfig
 
 
 def test_none_disables_speculation() -> None:
@@ -22,6 +22,9 @@ def test_none_disables_speculation() -> None:
     ("ngram+forced:5", ("ngram", "forced"), {"forced_extra": 5, "step_drafts": 9}),
     ("ngram+forced", ("ngram", "forced"), {"step_drafts": 4 + SpeculativeConfig.forced_extra}),
     ("ngram", ("ngram",), {"step_drafts": 4}),        # no forced drafter: no rows for forced tokens
+    # the suffix drafter's long drafts get rows of their own: max_long_draft (12 <= max_depth / 2) over K
+    ("suffix+forced", ("suffix", "forced"), {"lookup_drafts": 12, "step_drafts": 12 + SpeculativeConfig.forced_extra}),
+    ("suffix", ("suffix",), {"step_drafts": 12}),
 ])
 def test_parse(text: str, drafters: tuple[str, ...], fields: dict) -> None:
     config = SpeculativeConfig.parse(text, max_draft_len=4)
@@ -47,3 +50,15 @@ def test_parse(text: str, drafters: tuple[str, ...], fields: dict) -> None:
 def test_nonsense_is_a_value_error_that_says_why(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SpeculativeConfig.parse(text)
+
+
+def test_long_suffix_drafts_are_sized_by_what_the_trie_can_hold() -> None:
+    def rows(**suffix: int) -> int:
+        return SpeculativeConfig(("suffix",), max_draft_len=3, suffix=SuffixConfig(**suffix)).lookup_drafts
+
+    assert rows(max_long_draft=12, max_depth=24) == 12
+    assert rows(max_long_draft=12, max_depth=16) == 8       # an 8-token match, 8 tokens below it
+    assert rows(max_long_draft=0) == 3                      # off: K caps every draft
+    assert rows(max_long_draft=2) == 3                      # never fewer than K
+    with pytest.raises(ValueError, match="max_long_draft"):
+        SuffixConfig(max_long_draft=17)
