@@ -163,3 +163,23 @@ def test_trie_nodes_are_not_objects_the_garbage_collector_walks():
     trie.add([i % 97 for i in range(2000)])
     assert trie.nodes > 2000
     assert len(gc.get_objects()) - before < 20
+
+
+def test_only_branching_nodes_hold_a_dict_and_freed_nodes_are_reused():
+    # A dict per node made the global trie ~3x larger (suffix.py): a node's only child lives in two
+    # list slots, and a dict comes with a second child and goes when one is left.
+    trie = SuffixTrie(8)
+    trie.add(list(range(100, 150)))                 # distinct tokens: only the root branches
+    assert sum(kids is not None for kids in trie._kids) == 1
+    trie.add([100, 101, 7])                          # (100, 101) and (101,) go on with 102 or 7
+    assert sum(kids is not None for kids in trie._kids) == 3     # with the root
+    trie.remove([100, 101, 7])
+    assert sum(kids is not None for kids in trie._kids) == 1
+    trie.add([1, 2, 3, 4])
+    trie.remove([1, 2, 3, 4])
+    used = trie._used
+    for _ in range(3):                               # the same nodes, freed and taken again
+        trie.add([1, 2, 3, 4])
+        trie.remove([1, 2, 3, 4])
+    assert trie._used == used
+    assert all_paths(trie) == dict(substring_counts([list(range(100, 150))], 8))
