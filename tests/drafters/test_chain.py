@@ -32,9 +32,9 @@ def test_suffix_drafts_follow_the_forced_tokens_and_finished_outputs_feed_the_gl
     chain.add("a", (1, 2))
     chain.commit("a", (7, 8, 9, 10, 11), drafted=0, accepted=0)
     assert chain.propose([ChainRequest("a", (7, 8))])[0].drafts == (7, 8, 9, 10, 11)   # forced, then the trie
-    chain.remove("a")                                   # its output (7 8 9 10 11) joins the global trie
-    counts = chain.counts()
-    assert counts["suffix_requests"] == counts["suffix_request_nodes"] == 0 and counts["suffix_global_tokens"] == 5
+    chain.remove("a")                                   # its output (7 8 9 10 11) joins the global trie,
+    counts = chain.counts()                             # after its prompt's tail (1 2)
+    assert counts["suffix_requests"] == counts["suffix_request_nodes"] == 0 and counts["suffix_global_tokens"] == 7
     chain.add("b", (3, 7, 8))                           # never saw 9 after 8 itself: the global trie did
     assert chain.propose([ChainRequest("b", ())])[0].drafts == (9, 10, 11)
     assert chain.propose([ChainRequest("b", (9,))])[0].drafts == (9, 10, 11)

@@ -123,19 +123,29 @@ def test_finished_outputs_draft_for_later_requests_and_are_bounded():
     d.commit("a", [20, 21, 22, 23, 24])
     assert d.lookup("a", 3) == []                  # nothing repeats yet
     d.remove("a")
-    assert d.stats().global_tokens == 5             # the output, not the prompt
+    assert d.stats().global_tokens == 7             # the output after its prompt's tail (D = 8 tokens)
     d.add("b", [100, 102, 20, 21])
     assert d.lookup("b", 3) == [22, 23, 24]        # from a's output
     d.remove("b")                                   # output () -> nothing added
-    for i in range(3):                              # 3 x 5 tokens > 12: a's output is evicted
+    for i in range(3):                              # 7 + 3 x 6 tokens > 12: a's entry, then c0's, is evicted
         d.add(f"c{i}", [0])
         d.commit(f"c{i}", [50 + i, 60, 61, 62, 63])
         d.remove(f"c{i}")
     s = d.stats()
-    assert s.global_tokens == 10 and s.global_outputs == 2
-    assert all_paths(d.global_trie) == dict(substring_counts([[51, 60, 61, 62, 63], [52, 60, 61, 62, 63]], 8))
+    assert s.global_tokens == 12 and s.global_outputs == 2
+    assert all_paths(d.global_trie) == dict(substring_counts([[0, 51, 60, 61, 62, 63], [0, 52, 60, 61, 62, 63]], 8))
     d.add("e", [20, 21])
     assert d.lookup("e", 3) == []                  # a's output is gone
+
+
+def test_a_prompt_seen_before_drafts_its_output_from_the_first_token():
+    d = SuffixDrafter(SuffixConfig(max_depth=8, min_token_prob=0.0), max_draft_len=4)
+    d.add("p", [40, 1, 2, 3, 4, 5, 6])
+    d.commit("p", [30, 31, 32])
+    d.remove("p")                                   # the global trie: (1 .. 6, 30, 31, 32) and the 40
+    d.add("q", [41, 1, 2, 3, 4, 5, 6])              # the same prompt tail: no output yet
+    assert d.lookup("q", 3) == [30, 31, 32]
+    assert d.global_trie.count([4, 5, 6, 30]) == 1 and d.global_trie.count([41]) == 0
 
 
 def test_the_request_trie_wins_ties_and_state_is_freed():
