@@ -51,8 +51,8 @@ class SuffixConfig:
     an m-token match. max_long_draft: beyond K, draft at most m tokens after an m-token match, up to
     this many (SuffixDecoding's rule, a draft no longer than the evidence it continues; 0: K caps
     every draft). min_token_prob: stop drafting once the path probability falls below it.
-    max_global_tokens: output tokens the global trie keeps (oldest finished outputs evicted first;
-    0 turns the global trie off).
+    max_global_tokens: tokens the global trie keeps, finished outputs with the last D tokens of their
+    prompts (oldest evicted first; 0 turns the global trie off).
 
     Defaults measured with suffix+forced, K = 3, in the engine (greedy, one request at a time):
     max_spec_factor 1 -> 3 (a 1-token match may draft all K) took acceptance 2.53 -> 2.84 on 20
