@@ -139,7 +139,7 @@ class SuffixTrie:
         children = self._kids[node]
         assert children is not None
         del children[token]
-        if len(children) == 1:                      # one child left: back into the array slots
+        if len(children) == 1:                      # one child left: back into the list slots
             ((t, child),) = children.items()
             self._tok[node], self._one[node], self._kids[node] = t, child, None
 
