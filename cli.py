@@ -228,6 +228,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _draft_len(text: str) -> int:
+    """argparse type for --draft-len: 1 .. MAX_DRAFT_LEN, a usage error otherwise."""
+    from interlock.protocol.speculative import MAX_DRAFT_LEN
+
+    value = _positive_int(text)
+    if value > MAX_DRAFT_LEN:
+        raise argparse.ArgumentTypeError(f"expected a draft length in 1..{MAX_DRAFT_LEN}, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="interlock", description="Grammar-constrained speculative decoding.")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines to stderr")
@@ -247,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:
         p.add_argument("--model", default="smollm2-135m-instruct")
         p.add_argument("--speculative", type=_speculative, default="ngram+forced", help="none, or drafters joined by +: ngram[:N], suffix, forced[:N] (N forced rows beyond --draft-len, 4 by default), self-draft[:N], draft:PATH; options: adaptive, nomask (no draft-side grammar masking), e.g. ngram+forced+adaptive or self-draft+forced")
-        p.add_argument("--draft-len", type=_positive_int, default=3)
+        p.add_argument("--draft-len", type=_draft_len, default=3)
         p.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
         p.add_argument("--temperature", type=float, default=0.0)
         p.add_argument("--max-tokens", type=int, default=max_tokens)
@@ -299,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--speculative", type=_speculative, default="ngram+forced", help="as for generate; fixed for every request")
-    srv.add_argument("--draft-len", type=_positive_int, default=3)
+    srv.add_argument("--draft-len", type=_draft_len, default=3)
     srv.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
     srv.add_argument("--max-batch-size", type=_positive_int, default=8)
     srv.add_argument("--max-queue", type=int, default=64,

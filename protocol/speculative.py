@@ -18,6 +18,8 @@ OPTIONS = ("adaptive", "nomask")
 # (1.56-1.57; 2.0 at 24, 2.8 at 29, 4.0 at 30) while the cost per draft grows with N, so the
 # cheapest depth wins. README "Measured" has the table.
 SELF_DRAFT_LAYERS = 4
+# The most lookup tokens one step may verify for a request (K, and the suffix drafter's long drafts).
+MAX_DRAFT_LEN = 16
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,8 @@ class SuffixConfig:
             raise ValueError(f"max_depth must be >= 2, got {self.max_depth}")
         if not self.max_spec_factor > 0:
             raise ValueError(f"max_spec_factor must be > 0, got {self.max_spec_factor}")
-        if not 0 <= self.max_long_draft <= 16:
-            raise ValueError(f"max_long_draft must be in 0..16, got {self.max_long_draft}")
+        if not 0 <= self.max_long_draft <= MAX_DRAFT_LEN:
+            raise ValueError(f"max_long_draft must be in 0..{MAX_DRAFT_LEN}, got {self.max_long_draft}")
         if not 0 <= self.min_token_prob <= 1:
             raise ValueError(f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
         if self.max_global_tokens < 0:
@@ -133,8 +135,8 @@ class SpeculativeConfig:
             raise ValueError(f"unknown drafter(s) {unknown}; choose from {', '.join(DRAFTERS)}, draft:PATH")
         if not self.drafters and self.user_drafter is None:
             raise ValueError("no drafters: use speculative=None to disable speculation")
-        if not 1 <= self.max_draft_len <= 16:
-            raise ValueError(f"max_draft_len must be in 1..16, got {self.max_draft_len}")
+        if not 1 <= self.max_draft_len <= MAX_DRAFT_LEN:
+            raise ValueError(f"max_draft_len must be in 1..{MAX_DRAFT_LEN}, got {self.max_draft_len}")
         if not 0 <= self.forced_extra <= 16:
             raise ValueError(f"forced_extra must be in 0..16, got {self.forced_extra}")
         if "self-draft" in self.drafters and "draft" in self.drafters:

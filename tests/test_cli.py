@@ -16,6 +16,8 @@ DATASET = __file__          # --dataset must name a file that exists
     ["bench", "--dataset", DATASET, "--repeats", "0"],
     ["serve", "--speculative", "self-draft:x"],
     ["generate", "--draft-len", "0", "hi"],
+    ["generate", "--draft-len", "17", "hi"],
+    ["serve", "--draft-len", "17"],
     ["--kv-cache-dtype", "fp8", "generate", "hi"],
     ["generate", "hi", "--schema", "/nonexistent/schema.json"],
     ["generate", "hi", "--grammar", "/nonexistent/g.lark"],
