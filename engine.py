@@ -13,7 +13,7 @@ import numbers
 import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 
 import anyio
@@ -132,14 +132,16 @@ def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> 
     return DraftLM.full(draft.model)
 
 
-def set_prefill(model: object, prefill: str) -> None:
-    """Point the model's prompt chunks at the path EngineConfig.prefill names."""
+def prefill_rows(model: object, prefill: str) -> bool:
+    """Whether EngineConfig.prefill puts prompt chunks on the rows path for this model. The engine
+    passes it with each batch and leaves the model as it is: engines sharing one model may differ."""
     fused = getattr(model, "fused_rows", None) is not None
     if prefill == "rows" and not fused:
         raise UnsupportedModelError("prefill='rows' needs the native int8 rows path (int8 weights on a CPU where "
                                     "the native kernels build, no tensor parallelism)")
-    if hasattr(model, "rows_prefill"):
-        model.rows_prefill = {"auto": getattr(model, "rows_prefill_default", False), "rows": True, "dense": False}[prefill]
+    if not hasattr(model, "rows_prefill"):
+        return False
+    return {"auto": getattr(model, "rows_prefill_default", False), "rows": True, "dense": False}[prefill]
 
 
 def lane_threads(threads: int | None) -> int:
@@ -176,6 +178,7 @@ class Engine:
         self._streams: dict[RequestId, OutputStream[Delta]] = {}
         self._runtime: Runtime | None = None
         self._closed = False                # no new requests (closed, or an actor crashed)
+        self.rows_prefill: bool | None = None   # at start: prompt chunks on the rows path (EngineConfig.prefill)
         self._shut_down = False             # runtime stopped and timeline closed
         self._failure: EngineError | None = None
         k = config.speculative.step_drafts if config.speculative else 0          # draft rows per request
@@ -218,7 +221,7 @@ class Engine:
     async def __aenter__(self) -> Engine:
         c = self._sched_config
         loaded = self.model
-        set_prefill(loaded.model, self.config.prefill)          # first: it may refuse, before anything starts
+        rows = self.rows_prefill = prefill_rows(loaded.model, self.config.prefill)  # first: it may refuse
         if isinstance(loaded.model, TensorParallelModel):
             await self._start_workers(loaded.model)
         timeline = self._timeline = CpuTimeline(model_threads=lane_threads(self.config.threads))
@@ -227,7 +230,6 @@ class Engine:
         # rows path a token's K/V are the same whichever chunk or step computed them: hits at any
         # block, outputs included. The dense path rounds by chunk: hits at whole chunks, and only
         # what prefill chunks computed is shared (models/kv_cache.py).
-        rows = getattr(loaded.model, "rows_prefill", False)
         kv = self._kv = PagedKVCache(loaded.config, num_blocks=c.num_blocks, block_size=c.block_size,
                                       prefix_caching=self.config.prefix_caching and not tp,
                                       prefix_granularity=c.block_size if rows else math.lcm(c.prefill_chunk, c.block_size),
@@ -240,9 +242,13 @@ class Engine:
         # Every actor is built with what it talks to: parts of a step meet only in the lanes and
         # the step buffers; the Scheduler alone sends to the others.
         kv_actor = KVActor(kv)
-        verifier = VerifierActor(loaded.model, kv, timeline, buffers, step, self.tokenizer.vocab_size, eos)
-        drafter = self._drafter = (ModelDrafter(self._draft_lm, c.num_blocks, c.block_size, eos, c.prefill_chunk)
-                                   if self._draft_lm is not None else None)
+        verifier = VerifierActor(loaded.model, kv, timeline, buffers, step, self.tokenizer.vocab_size, eos,
+                                 rows_prefill=rows)
+        draft_lm = self._draft_lm
+        if draft_lm is not None and draft_lm.model is loaded.model:
+            draft_lm = replace(draft_lm, all_rows=rows)     # the target's own layers: its prompt path too
+        drafter = self._drafter = (ModelDrafter(draft_lm, c.num_blocks, c.block_size, eos, c.prefill_chunk)
+                                   if draft_lm is not None else None)
         if drafter is not None and isinstance(drafter.lm.model, TensorParallelModel):
             drafter.kv.k = drafter.kv.v = torch.empty(0)        # a self-draft's K/V live on the ranks too
         draft = DraftActor(self.config.speculative, self.tokenizer.vocab_size, timeline, step, model=drafter,

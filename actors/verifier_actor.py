@@ -75,8 +75,10 @@ class _StepWork:
 
 class VerifierActor(Actor[object]):
     def __init__(self, model: Transformer, kv: PagedKVCache, timeline: Timeline, buffers: MaskBuffers,
-                 step: StepBuffers, tokenizer_vocab: int, eos_token_ids: tuple[int, ...]) -> None:
+                 step: StepBuffers, tokenizer_vocab: int, eos_token_ids: tuple[int, ...], *,
+                 rows_prefill: bool | None = None) -> None:
         self.model = model
+        self.rows_prefill = rows_prefill    # this engine's prompt path (EngineConfig.prefill); None: the model's
         self.kv = kv
         self.timeline = timeline
         self.buffers = buffers
@@ -142,9 +144,11 @@ class VerifierActor(Actor[object]):
                 chunks.append(SeqChunk(s.guide.seq, s.guide.chunk + d, s.guide.start, rows))
         start = time.perf_counter()
         if chunks and self._lean_head(work):
-            work.hidden = self.model.final_hidden(build_batch(chunks, plan.kv), self.kv)       # [sum(1+n_i), E]
+            batch = build_batch(chunks, plan.kv, all_rows=self.rows_prefill)
+            work.hidden = self.model.final_hidden(batch, self.kv)                               # [sum(1+n_i), E]
         elif chunks:
-            work.logits = self.model(build_batch(chunks, plan.kv), self.kv)  # [sum(1+n_i) (x2 CFG), V]
+            batch = build_batch(chunks, plan.kv, all_rows=self.rows_prefill)
+            work.logits = self.model(batch, self.kv)                        # [sum(1+n_i) (x2 CFG), V]
         work.forward_end = time.perf_counter()
         self.step.timing["forward_s"] = work.forward_end - start
 

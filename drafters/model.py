@@ -42,6 +42,7 @@ class DraftLM:
     n_layers: int
     head: nn.Module | None = None       # None: the model's own head
     d2t: torch.Tensor | None = None     # [Vd] long: target id of each draft id; None: same vocabulary
+    all_rows: bool | None = None        # prompt chunks on the rows path (None: the model's setting)
 
     def __post_init__(self) -> None:
         if not 1 <= self.n_layers <= self.model.config.n_layers:
@@ -71,7 +72,7 @@ class DraftLM:
         return PagedKVCache(replace(self.model.config, n_layers=self.n_layers), num_blocks, block_size)
 
     def __call__(self, chunks: list[SeqChunk], kv: PagedKVCache) -> torch.Tensor:
-        return self.model(build_batch(chunks, kv), kv, n_layers=self.n_layers, head=self.head)
+        return self.model(build_batch(chunks, kv, all_rows=self.all_rows), kv, n_layers=self.n_layers, head=self.head)
 
 
 @dataclass

@@ -70,13 +70,17 @@ class ForwardBatch:
     seqs: tuple[SeqView, ...]
     row_index: torch.Tensor | None     # [T'] long: tokens of row-path chunks (None: all of them)
     dense: tuple[tuple[int, int], ...]  # (offset, length) of each prompt chunk (own GEMM each)
+    # Prompt chunks on the rows path too (Transformer.rows_prefill); None: the model's own setting.
+    # Per batch, so engines sharing one model may each keep their EngineConfig.prefill.
+    all_rows: bool | None = None
 
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
 
 
-def build_batch(chunks: list[SeqChunk], kv: KVLayout, device: torch.device | str = "cpu") -> ForwardBatch:
+def build_batch(chunks: list[SeqChunk], kv: KVLayout, device: torch.device | str = "cpu", *,
+                all_rows: bool | None = None) -> ForwardBatch:
     """Pack chunks into one ForwardBatch (host-side index arithmetic, once per step).
 
     The chunks' positions must already be reserved in the cache that `kv` describes.
@@ -119,6 +123,7 @@ def build_batch(chunks: list[SeqChunk], kv: KVLayout, device: torch.device | str
         write_slots=torch.tensor(write, dtype=torch.long, device=device),
         logit_index=torch.tensor(logit_index, dtype=torch.long, device=device),
         seqs=tuple(views),
+        all_rows=all_rows,
     )
 
 

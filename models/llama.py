@@ -213,7 +213,7 @@ class Transformer(nn.Module):
 
         A row's bits then never depend on whether a prompt chunk shared its step.
         """
-        split = split_rows(batch, all_rows=self.rows_prefill)
+        split = split_rows(batch, all_rows=self.rows_prefill if batch.all_rows is None else batch.all_rows)
         rows, row_index = split.rows, split.row_index
         x = torch.empty(batch.num_tokens, self.config.hidden_size, device=batch.input_ids.device)
         if split.dense is not None:

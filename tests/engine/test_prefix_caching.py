@@ -318,9 +318,34 @@ async def test_prefill_option_is_checked_and_sets_the_path(tiny) -> None:
 
     with pytest.raises(ValueError, match="prefill"):
         EngineConfig(prefill="fast")
+    model_setting = tiny.model.rows_prefill
     for prefill, want in (("dense", False), ("auto", tiny.model.rows_prefill_default)):
         async with Engine(tiny, EngineConfig(prefill=prefill)) as engine:
-            assert engine.model.model.rows_prefill is want
+            assert engine.rows_prefill is want
     if native.available():
         async with Engine(tiny, EngineConfig(prefill="rows")) as engine:
-            assert engine.model.model.rows_prefill is True
+            assert engine.rows_prefill is True
+    assert tiny.model.rows_prefill is model_setting       # the engine passes its path per batch
+
+
+async def test_engines_sharing_a_model_keep_their_own_prompt_paths(tiny) -> None:
+    # The engines once set the shared model's path: a second engine switched the first one's prompts.
+    from interlock.kernels import native
+
+    if not native.available() or tiny.model.fused_rows is None:
+        pytest.skip("the rows prompt path needs the native kernels")
+    prompt = list(range(3, 60))
+    sampling = SamplingParams(temperature=0.0, max_tokens=4, logprobs=2)
+
+    async def first_logprobs(engine: Engine) -> list:
+        c = await engine.complete(prompt, sampling=sampling)
+        return [(lp.token_id, lp.logprob, lp.top) for lp in c.logprobs]
+
+    async with Engine(tiny, EngineConfig(prefill="dense", speculative=None)) as alone:
+        dense = await first_logprobs(alone)
+    async with Engine(tiny, EngineConfig(prefill="rows", speculative=None)) as alone:
+        rows = await first_logprobs(alone)
+    assert dense != rows                                # the two paths round differently: tellable apart
+    async with Engine(tiny, EngineConfig(prefill="dense", speculative=None)) as a, \
+            Engine(tiny, EngineConfig(prefill="rows", speculative=None)) as b:
+        assert await first_logprobs(a) == dense and await first_logprobs(b) == rows
