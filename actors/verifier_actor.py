@@ -143,11 +143,10 @@ class VerifierActor(Actor[object]):
             if s.guide is not None and s.guide.chunk:
                 chunks.append(SeqChunk(s.guide.seq, s.guide.chunk + d, s.guide.start, rows))
         start = time.perf_counter()
-        if chunks and self._lean_head(work):
-            batch = build_batch(chunks, plan.kv, all_rows=self.rows_prefill)
-            work.hidden = self.model.final_hidden(batch, self.kv)                               # [sum(1+n_i), E]
-        elif chunks:
-            batch = build_batch(chunks, plan.kv, all_rows=self.rows_prefill)
+        batch = build_batch(chunks, plan.kv, all_rows=self.rows_prefill) if chunks else None
+        if batch is not None and self._lean_head(work):
+            work.hidden = self.model.final_hidden(batch, self.kv)           # [sum(1+n_i), E]
+        elif batch is not None:
             work.logits = self.model(batch, self.kv)                        # [sum(1+n_i) (x2 CFG), V]
         work.forward_end = time.perf_counter()
         self.step.timing["forward_s"] = work.forward_end - start

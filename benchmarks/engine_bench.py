@@ -9,6 +9,7 @@ table (tokens/s ratio to the first mode), then one JSON line with every mode's r
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ import anyio
 from rich.console import Console
 
 from interlock.benchmarks.common import percentile, print_json_last, print_table
-from interlock.benchmarks.prompts import Row, build_messages, is_valid, load_rows
+from interlock.benchmarks.prompts import DATASETS, Row, build_messages, is_valid, load_rows
 from interlock.benchmarks.workloads import repeated_schema, row_by_id
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel
@@ -56,6 +57,27 @@ def bench_rows(cfg: BenchConfig) -> list[Row]:
     if cfg.repeat_schema is None:
         return load_rows(cfg.dataset, limit=cfg.limit)
     return repeated_schema(row_by_id(cfg.dataset, cfg.repeat_schema), cfg.limit or 50)
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """The rows an A/B script runs (feature_ab, mode_ab): --dataset, --limit, --repeat-schema, --repeats."""
+    p.add_argument("--dataset", type=Path, default=DATASETS / "JME.jsonl")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--repeat-schema", metavar="ROW", default=None,
+                   help="one row's schema over --limit documents (interlock bench's repeated-schema workload)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each prompt in a row (the first a warm-up)")
+
+
+def workload(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[BenchConfig, str]:
+    """The BenchConfig of add_workload_args' flags and a title for it; a row that is not there is a
+    usage error before any model loads (as in `interlock bench`)."""
+    cfg = BenchConfig(dataset=args.dataset, limit=args.limit, repeat_schema=args.repeat_schema, repeats=args.repeats)
+    try:
+        bench_rows(cfg)
+    except (KeyError, ValueError) as exc:
+        p.error(f"argument --repeat-schema: {exc.args[0]}")
+    rows = f"{args.limit} documents of {args.repeat_schema}" if args.repeat_schema else f"{args.limit} {args.dataset.stem} rows"
+    return cfg, f"{rows} x {args.repeats}"
 
 
 def valid(completion: Completion, row: Row) -> bool:

@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 
 from interlock.benchmarks.common import load_average, median, print_json_last, print_table
-from interlock.benchmarks.engine_bench import BenchConfig, alternate, same_tokens
-from interlock.benchmarks.prompts import DATASETS
+from interlock.benchmarks.engine_bench import BenchConfig, add_workload_args, alternate, same_tokens, workload
 from interlock.actors.grammar_actor import GrammarActor
 from interlock.logs import configure_logging
 from interlock.models.llama import Transformer
@@ -63,15 +62,12 @@ FEATURES: dict[str, Side] = {"head": patched(Transformer, "sparse_head", propert
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--feature", choices=sorted(FEATURES), required=True)
-    p.add_argument("--dataset", type=Path, default=DATASETS / "JME.jsonl")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--repeat-schema", metavar="ROW", default=None,
-                   help="one row's schema over --limit documents (interlock bench's repeated-schema workload)")
-    p.add_argument("--repeats", type=int, default=1, help="runs of each prompt in a row (the first a warm-up)")
+    add_workload_args(p)
     p.add_argument("--speculative", default="none,ngram+forced", help="modes, comma-separated, each A/B'd")
     p.add_argument("--rounds", type=int, default=3, help="runs of each setting (medians), alternating")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/feature-ab-NAME-DATE.json)")
     args = p.parse_args()
+    base, what = workload(p, args)
     configure_logging(level="warning")
     torch.set_num_threads(1)            # before loading: the engine's model lane gets 2 (engine.lane_threads)
     loaded = load_model(EMBEDDED)
@@ -81,8 +77,7 @@ def main() -> None:
     load_before = load_average()
     modes = []
     for mode in args.speculative.split(","):
-        cfg = BenchConfig(dataset=args.dataset, limit=args.limit, speculative=mode, repeat_schema=args.repeat_schema,
-                          repeats=args.repeats)
+        cfg = replace(base, speculative=mode)
         try:
             runs = alternate(loaded, cfg, args.rounds, ("off", "on"), lambda setting: side(setting, cfg))
         finally:
@@ -104,8 +99,7 @@ def main() -> None:
     out.write_text(json.dumps(result))
     keys = ["mode", "off_tokens_per_s", "on_tokens_per_s", "on_over_off", "off_acceptance", "on_acceptance",
             "same_outputs"]
-    rows = f"{args.limit} documents of {args.repeat_schema}" if args.repeat_schema else f"{args.limit} {args.dataset.stem} rows"
-    print_table(f"{rows} x {args.repeats}, {args.feature} off vs on, alternating, median of {args.rounds}",
+    print_table(f"{what}, {args.feature} off vs on, alternating, median of {args.rounds}",
                 keys, [[row[k] for k in keys] for row, _ in modes])
     print_json_last({k: v for k, v in result.items() if k != "runs"} | {"saved": str(out)})
 

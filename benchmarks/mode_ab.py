@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 
 from interlock.benchmarks.common import load_average, median, print_json_last, print_table
-from interlock.benchmarks.engine_bench import BenchConfig, alternate, same_tokens
-from interlock.benchmarks.prompts import DATASETS
+from interlock.benchmarks.engine_bench import add_workload_args, alternate, same_tokens, workload
 from interlock.logs import configure_logging
 from interlock.models.loader import EMBEDDED, load_model
 
@@ -29,11 +28,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--modes", required=True, help="two modes, comma-separated, e.g. ngram+forced,suffix+forced")
-    p.add_argument("--dataset", type=Path, default=DATASETS / "JME.jsonl")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--repeat-schema", metavar="ROW", default=None,
-                   help="one row's schema over --limit documents (interlock bench's repeated-schema workload)")
-    p.add_argument("--repeats", type=int, default=1, help="runs of each prompt in a row (the first a warm-up)")
+    add_workload_args(p)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3, help="runs of each mode (medians), alternating")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/mode-ab-DATE.json)")
@@ -41,11 +36,11 @@ def main() -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if len(modes) != 2 or modes[0] == modes[1]:
         p.error("--modes needs two different modes, e.g. ngram+forced,suffix+forced")
+    base, what = workload(p, args)
     configure_logging(level="warning")
     torch.set_num_threads(1)            # before loading: the engine's model lane gets 2 (engine.lane_threads)
     loaded = load_model(EMBEDDED)
-    cfg = BenchConfig(dataset=args.dataset, limit=args.limit, repeat_schema=args.repeat_schema, repeats=args.repeats,
-                      max_tokens=args.max_tokens)
+    cfg = replace(base, max_tokens=args.max_tokens)
     load_before = load_average()
     runs = alternate(loaded, cfg, args.rounds, (modes[0], modes[1]), lambda mode: replace(cfg, speculative=mode))
     rows = [{"mode": m, "tokens_per_s": round(median([x["tokens_per_s"] for x in runs[m]]), 2),
@@ -62,9 +57,8 @@ def main() -> None:
     out = Path(args.out) if args.out else RESULTS / f"mode-ab-{date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result))
-    what = f"{args.limit} documents of {args.repeat_schema}" if args.repeat_schema else f"{args.limit} {args.dataset.stem} rows"
     keys = ["mode", "tokens_per_s", "ratio", "acceptance", "ttft_p50_s", "engine_steps"]
-    print_table(f"{what} x {args.repeats}, alternating, median of {args.rounds}; same outputs: {result['same_outputs']}",
+    print_table(f"{what}, alternating, median of {args.rounds}; same outputs: {result['same_outputs']}",
                 keys, [[row[k] for k in keys] for row in rows])
     print_json_last({k: v for k, v in result.items() if k != "results"} | {"saved": str(out)})
 

@@ -104,8 +104,7 @@ class SuffixTrie:
                 child = children.get(token) if children is not None else None
                 if child is None:          # a new node, set up inline: this is the trie's hot loop
                     if self._free:
-                        child = self._free.pop()                # freed childless: count 0, no kids
-                        tok[child] = _NONE
+                        child = self._free.pop()    # freed childless: count 0, _tok _NONE, _kids None
                     else:
                         child = self._used
                         if child == len(count):

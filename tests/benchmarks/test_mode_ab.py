@@ -30,3 +30,11 @@ def test_two_different_modes_are_required(monkeypatch, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         mode_ab.main()
     assert exit_info.value.code == 2 and "two different modes" in capsys.readouterr().err
+
+
+def test_a_repeat_schema_row_that_is_not_there_is_a_usage_error_before_loading(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(mode_ab, "load_model", lambda name: pytest.fail("loaded a model for a bad row"))
+    monkeypatch.setattr(sys, "argv", ["mode_ab", "--modes", "ngram+forced,suffix+forced", "--repeat-schema", "JME_nope"])
+    with pytest.raises(SystemExit) as exit_info:
+        mode_ab.main()
+    assert exit_info.value.code == 2 and "argument --repeat-schema" in capsys.readouterr().err
