@@ -65,15 +65,19 @@ def _config(model: Transformer, kv_dtype: Dtype | None) -> ModelConfig:
     return model.config if kv_dtype is None else model.config.replace(kv_dtype=kv_dtype)
 
 
-def step_s(model: Transformer, context: int, rows: int, repeats: int, kv_dtype: Dtype | None = None) -> float:
+def step_s(model: Transformer, context: int, rows: int, repeats: int, kv_dtype: Dtype | None = None,
+           head: bool = True) -> float:
+    """head=False: the layers and final norm only (`final_hidden`), as a greedy verify step whose rows'
+    masks all let the head compute a few logits (Transformer.head_argmax) costs at most."""
     kv = PagedKVCache(_config(model, kv_dtype), num_blocks=-(-(context + rows) // 16) + 1, block_size=16)
     kv.add_sequence(0)
     _prefill(model, kv, _tokens(model, context, seed=context))
     new = _tokens(model, rows, seed=1)
+    forward = model if head else model.final_hidden
 
     def step() -> None:
         start = kv.reserve(0, rows)
-        model(build_batch([SeqChunk(0, new, start, tuple(range(rows)))], kv), kv)
+        forward(build_batch([SeqChunk(0, new, start, tuple(range(rows)))], kv), kv)
         kv.rewind(0, rows)
 
     return _median_s(step, repeats)

@@ -55,6 +55,9 @@ class Draft:
     tokens: tuple[TokenId, ...]
     score: float
     match: int                  # m: how many context tokens matched
+    # Per draft token, up to `siblings` other children of the same node, most frequent first: what
+    # a tree of candidates would verify beside it (benchmarks/tree_oracle.py); () unless asked.
+    siblings: tuple[tuple[TokenId, ...], ...] = ()
 
 
 _ROOT = 0
@@ -220,9 +223,10 @@ class SuffixTrie:
         return 0, None
 
     def propose(self, context: Sequence[TokenId], k: int, factor: float, min_prob: float, *,
-                short: int | None = None, long: int = 0) -> Draft:
+                short: int | None = None, long: int = 0, siblings: int = 0) -> Draft:
         """At most k tokens: up to min(short, ceil(factor * m)) after an m-token match, or up to
-        min(m, long) when that is more (short defaults to k)."""
+        min(m, long) when that is more (short defaults to k). siblings: also keep, per draft token,
+        up to this many runners-up among its node's children (Draft.siblings)."""
         if k <= 0:
             return Draft((), 0.0, 0)
         # Match at most D - k tokens: the trie holds nothing deeper than D, so a match of D - 1 could
@@ -236,16 +240,24 @@ class SuffixTrie:
         budget = min(k, max(min(short, math.ceil(factor * m)), min(m, long)), self.max_depth - m)
         count, last = self._count, self._last
         tokens: list[TokenId] = []
+        others: list[tuple[TokenId, ...]] = []
         prob, score = 1.0, 0.0
+
+        def rank(kv: tuple[TokenId, int]) -> tuple[int, int]:       # most frequent, then most recent
+            return count[kv[1]], last[kv[1]]
+
         while len(tokens) < budget and self._has_children(node):
             children = self._children(node)
-            token, child = max(children, key=lambda kv: (count[kv[1]], last[kv[1]]))
+            token, child = max(children, key=rank)
             p = prob * count[child] / sum(count[c] for _, c in children)
             if p < min_prob:
                 break
             tokens.append(token)
+            if siblings:
+                runners_up = sorted((kv for kv in children if kv[0] != token), key=rank, reverse=True)
+                others.append(tuple(t for t, _ in runners_up[:siblings]))
             prob, score, node = p, score + p, child
-        return Draft(tuple(tokens), score, m)
+        return Draft(tuple(tokens), score, m, tuple(others))
 
 
 class SuffixDrafter:
@@ -317,18 +329,24 @@ class SuffixDrafter:
 
     def lookup(self, request_id: RequestId, k: int, *, after: Sequence[TokenId] = ()) -> list[TokenId]:
         """Up to k draft tokens continuing the request's sequence followed by `after`; [] on no match."""
+        return list(self.lookup_draft(request_id, k, after=after).tokens)
+
+    def lookup_draft(self, request_id: RequestId, k: int, *, after: Sequence[TokenId] = (),
+                     siblings: int = 0) -> Draft:
+        """`lookup`'s winning Draft (the request's trie's or the global one's), with `siblings`
+        runners-up per token (SuffixTrie.propose)."""
         if not 0 <= k <= self.max_draft_len:
             raise ValueError(f"k must be in 0..{self.max_draft_len}, got {k}")
         seq = self._seq(request_id)
         if k == 0:
-            return []
+            return Draft((), 0.0, 0)
         d = self.config.max_depth
         context = seq[-d:] + list(after[-d:]) if after else seq[-d:]
         c = self.config
-        rules = dict(short=self.lookup_len, long=c.max_long_draft)
+        rules = dict(short=self.lookup_len, long=c.max_long_draft, siblings=siblings)
         own = self._tries[request_id].propose(context, k, c.max_spec_factor, c.min_token_prob, **rules)
         shared = self.global_trie.propose(context, k, c.max_spec_factor, c.min_token_prob, **rules)
-        return list(shared.tokens if shared.score > own.score else own.tokens)
+        return shared if shared.score > own.score else own
 
     def propose(self, requests: Sequence[DraftRequest], k: int) -> list[list[TokenId]]:
         return [after_forced(r.forced, k, partial(self._lookup_after, r.request_id)) for r in requests]

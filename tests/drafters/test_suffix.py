@@ -193,3 +193,23 @@ def test_only_branching_nodes_hold_a_dict_and_freed_nodes_are_reused():
         trie.remove([1, 2, 3, 4])
     assert trie._used == used
     assert all_paths(trie) == dict(substring_counts([list(range(100, 150))], 8))
+
+
+def test_siblings_are_the_runners_up_of_each_drafted_node():
+    trie = SuffixTrie(max_depth=6)
+    for s in ([1, 2, 3, 7], [1, 2, 4, 7], [1, 2, 4, 8], [1, 2, 5, 7]):
+        trie.add(s)
+    # after (1, 2): 4 twice, then 3 and 5 once each (5 seen last: first among equals); after (1, 2, 4): 7 and 8
+    draft = trie.propose([1, 2], 2, factor=4.0, min_prob=0.0, siblings=2)
+    assert draft.tokens == (4, 8) and draft.siblings == ((5, 3), (7,))
+    assert trie.propose([1, 2], 2, factor=4.0, min_prob=0.0, siblings=1).siblings == ((5,), (7,))
+    plain = trie.propose([1, 2], 2, factor=4.0, min_prob=0.0)
+    assert plain.tokens == draft.tokens and plain.siblings == ()
+
+
+def test_lookup_draft_is_lookup_with_its_siblings():
+    d = SuffixDrafter(SuffixConfig(max_depth=8, max_spec_factor=4.0, min_token_prob=0.0), max_draft_len=4)
+    d.add("r", [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 9, 0, 1, 2])
+    found = d.lookup_draft("r", 3, siblings=1)
+    assert list(found.tokens) == d.lookup("r", 3) == [3, 0, 1]
+    assert found.siblings[0] == (9,) and len(found.siblings) == 3
