@@ -35,6 +35,8 @@ async def test_bench_counts_finish_reasons_and_invalid_stop(tiny, tmp_path, caps
     assert result["invalid_stop"] == 0
     assert [o["id"] for o in result["outputs"]] == ["bad", "loose", "small"]
     assert sum(len(o["token_ids"]) for o in result["outputs"]) == result["output_tokens"]
+    # the completed requests' times to first token, each inside the run's wall
+    assert 0 < result["ttft_total_s"] <= (result["requests"] - reasons["error"]) * result["wall_s"]
     report([{**result, "ratio": 1.0}])
     out = capsys.readouterr().out
     assert "invalid_stop" in out and "stop/length/error" in out
