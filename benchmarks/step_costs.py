@@ -5,7 +5,7 @@
   viewed as int64), at the same thread count. A decode step cannot read its weights faster.
 - step: one forward of `rows` new tokens of one sequence after `context` cached tokens (1 row: a
   decode step; 4 rows: a K=3 verify step), the cache rewound after each so every repeat sees the
-  same context. Batch building is inside the timing, as in the engine.
+  same context. Batch building is inside the timing, as in the engine; `head=False` leaves the head out.
 - prefill: a `prompt`-token prompt prefilled in the engine's 256-token chunks, as tokens/s.
 - kv_dtype: what the KV cache stores in the step and prefill measurements (the model's own unless
   the caller names another: the same weights can be timed with each cache side by side).
@@ -67,8 +67,8 @@ def _config(model: Transformer, kv_dtype: Dtype | None) -> ModelConfig:
 
 def step_s(model: Transformer, context: int, rows: int, repeats: int, kv_dtype: Dtype | None = None,
            head: bool = True) -> float:
-    """head=False: the layers and final norm only (`final_hidden`), as a greedy verify step whose rows'
-    masks all let the head compute a few logits (Transformer.head_argmax) costs at most."""
+    """head=False: the layers and the final norm only (`final_hidden`), about what a greedy verify step
+    costs when each row's mask allows a few ids (Transformer.head_argmax computes only those logits)."""
     kv = PagedKVCache(_config(model, kv_dtype), num_blocks=-(-(context + rows) // 16) + 1, block_size=16)
     kv.add_sequence(0)
     _prefill(model, kv, _tokens(model, context, seed=context))

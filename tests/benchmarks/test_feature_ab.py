@@ -1,7 +1,7 @@
 import json
-import sys
 
 import pytest
+from bench_scripts import run_main
 
 from interlock.actors.grammar_actor import GrammarActor
 from interlock.benchmarks import feature_ab
@@ -12,16 +12,10 @@ from interlock.models.loader import load_model
 @pytest.mark.parametrize("feature, mode, repeats", [("head", "ngram+forced", 1), ("draft-check", "ngram+forced", 1),
                                                    ("long-drafts", "suffix+forced", 2)])
 def test_alternates_off_and_on_on_the_same_rows(feature, mode, repeats, tmp_path, monkeypatch, capsys) -> None:
-    tiny = load_model("tiny")
-    monkeypatch.setattr(feature_ab, "load_model", lambda name: tiny)
-    # main() configures logging and torch's threads for a process of its own: not this one's.
-    monkeypatch.setattr(feature_ab, "configure_logging", lambda **kw: None)
-    monkeypatch.setattr(feature_ab.torch, "set_num_threads", lambda n: None)
     out = tmp_path / "head.json"
-    monkeypatch.setattr(sys, "argv", ["feature_ab", "--feature", feature, "--limit", "2", "--rounds", "2",
-                                      "--speculative", mode, "--repeats", str(repeats), "--out", str(out)])
     sparse, check = Transformer.__dict__["sparse_head"], GrammarActor.__dict__["check"]
-    feature_ab.main()
+    run_main(feature_ab, ["--feature", feature, "--limit", "2", "--rounds", "2", "--speculative", mode,
+                          "--repeats", str(repeats), "--out", str(out)], monkeypatch, model=load_model("tiny"))
     assert Transformer.__dict__["sparse_head"] is sparse and GrammarActor.__dict__["check"] is check, "put back"
     saved = json.loads(out.read_text())
     (row,) = saved["modes"]

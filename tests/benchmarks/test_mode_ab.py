@@ -1,22 +1,16 @@
 import json
-import sys
 
 import pytest
+from bench_scripts import run_main, usage_error
 
 from interlock.benchmarks import mode_ab
 from interlock.models.loader import load_model
 
 
 def test_alternates_two_modes_on_the_same_rows(tmp_path, monkeypatch, capsys) -> None:
-    tiny = load_model("tiny")
-    monkeypatch.setattr(mode_ab, "load_model", lambda name: tiny)
-    # main() configures logging and torch's threads for a process of its own: not this one's.
-    monkeypatch.setattr(mode_ab, "configure_logging", lambda **kw: None)
-    monkeypatch.setattr(mode_ab.torch, "set_num_threads", lambda n: None)
     out = tmp_path / "modes.json"
-    monkeypatch.setattr(sys, "argv", ["mode_ab", "--modes", "ngram+forced,suffix+forced", "--limit", "2",
-                                      "--repeats", "2", "--max-tokens", "16", "--rounds", "2", "--out", str(out)])
-    mode_ab.main()
+    run_main(mode_ab, ["--modes", "ngram+forced,suffix+forced", "--limit", "2", "--repeats", "2", "--max-tokens", "16",
+                       "--rounds", "2", "--out", str(out)], monkeypatch, model=load_model("tiny"))
     saved = json.loads(out.read_text())
     assert [row["mode"] for row in saved["modes"]] == ["ngram+forced", "suffix+forced"]
     assert saved["same_outputs"] is True and saved["modes"][0]["ratio"] == 1.0
@@ -26,15 +20,10 @@ def test_alternates_two_modes_on_the_same_rows(tmp_path, monkeypatch, capsys) ->
 
 
 def test_two_different_modes_are_required(monkeypatch, capsys) -> None:
-    monkeypatch.setattr(sys, "argv", ["mode_ab", "--modes", "ngram+forced"])
-    with pytest.raises(SystemExit) as exit_info:
-        mode_ab.main()
-    assert exit_info.value.code == 2 and "two different modes" in capsys.readouterr().err
+    assert "two different modes" in usage_error(mode_ab, ["--modes", "ngram+forced"], monkeypatch, capsys)
 
 
 def test_a_repeat_schema_row_that_is_not_there_is_a_usage_error_before_loading(monkeypatch, capsys) -> None:
     monkeypatch.setattr(mode_ab, "load_model", lambda name: pytest.fail("loaded a model for a bad row"))
-    monkeypatch.setattr(sys, "argv", ["mode_ab", "--modes", "ngram+forced,suffix+forced", "--repeat-schema", "JME_nope"])
-    with pytest.raises(SystemExit) as exit_info:
-        mode_ab.main()
-    assert exit_info.value.code == 2 and "argument --repeat-schema" in capsys.readouterr().err
+    err = usage_error(mode_ab, ["--modes", "ngram+forced,suffix+forced", "--repeat-schema", "JME_nope"], monkeypatch, capsys)
+    assert "argument --repeat-schema" in err

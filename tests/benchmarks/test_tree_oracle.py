@@ -1,9 +1,9 @@
 """tree_oracle's accounting: what a step's committed tokens say about its draft and siblings, the
 projection of trees from step records and row costs, and a run end to end on the tiny model."""
 import json
-import sys
 
 import pytest
+from bench_scripts import run_main, usage_error
 
 from interlock.benchmarks import tree_oracle
 from interlock.benchmarks.tree_oracle import SiblingRecorder, StepRecord, outcome, project
@@ -62,15 +62,9 @@ def test_the_recorder_drafts_as_the_suffix_drafter_and_records_each_step() -> No
 
 
 def test_runs_end_to_end_and_saves_its_records(tmp_path, monkeypatch, capsys) -> None:
-    tiny = load_model("tiny")
-    monkeypatch.setattr(tree_oracle, "load_model", lambda name: tiny)
-    # main() configures logging and torch's threads for a process of its own: not this one's.
-    monkeypatch.setattr(tree_oracle, "configure_logging", lambda **kw: None)
-    monkeypatch.setattr(tree_oracle.torch, "set_num_threads", lambda n: None)
     out = tmp_path / "tree.json"
-    monkeypatch.setattr(sys, "argv", ["tree_oracle", "--limit", "2", "--repeats", "2", "--max-tokens", "12",
-                                      "--rounds", "1", "--step-repeats", "1", "--out", str(out)])
-    tree_oracle.main()
+    run_main(tree_oracle, ["--limit", "2", "--repeats", "2", "--max-tokens", "12", "--rounds", "1",
+                           "--step-repeats", "1", "--out", str(out)], monkeypatch, model=load_model("tiny"))
     saved = json.loads(out.read_text())
     assert saved["steps"] == len(saved["records"]) > 0 and len(saved["outputs"]) == 4
     assert {s["rows_cost"] for s in saved["shapes"]} == {"dense head", "no head"}
@@ -80,7 +74,4 @@ def test_runs_end_to_end_and_saves_its_records(tmp_path, monkeypatch, capsys) ->
 
 
 def test_a_tree_needs_a_runner_up(monkeypatch, capsys) -> None:
-    monkeypatch.setattr(sys, "argv", ["tree_oracle", "--width", "1"])
-    with pytest.raises(SystemExit) as exit_info:
-        tree_oracle.main()
-    assert exit_info.value.code == 2 and "--width" in capsys.readouterr().err
+    assert "--width" in usage_error(tree_oracle, ["--width", "1"], monkeypatch, capsys)
