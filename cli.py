@@ -141,7 +141,8 @@ async def _bench(args: argparse.Namespace) -> None:
         raise SystemExit(2) from None
     modes = [m.strip() for m in args.speculative.split(",") if m.strip()]
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
-    results = await run_modes(load_model(args.model, kv_dtype=_kv_dtype(args)), cfg, modes, prefix_caching=caching)
+    results = await run_modes(load_model(args.model, kv_dtype=_kv_dtype(args)), cfg, modes, prefix_caching=caching,
+                              rounds=args.rounds)
     report(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")
@@ -288,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="JSONSchemaBench rows through the engine",
                            description="--speculative may list several modes, comma-separated "
                                        "(e.g. none,ngram+forced,self-draft+forced): they run in turn on the same rows "
-                                       "and the table gives each one's tokens/s ratio to the first.")
+                                       "and the table gives each one's tokens/s ratio to the first (with --rounds, "
+                                       "each mode's median run's).")
     bench.add_argument("--dataset", type=_file, required=True)
     bench.add_argument("--limit", type=int)
     bench.add_argument("--repeat-schema", metavar="ROW", help="one row's schema, --limit documents (default 50) made "
@@ -298,6 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run each prompt this many times in a row (a warm-up and timed runs: later runs find "
                             "the prompt in the prefix cache and the earlier output in the suffix drafter's global trie)")
     bench.add_argument("--concurrency", type=_positive_int, default=1)
+    bench.add_argument("--rounds", type=_positive_int, default=1,
+                       help="run the modes this many times, the order reversed every other round (A B C, C B A, "
+                            "...), and report each mode's median run: on a host whose speed drifts from minute to "
+                            "minute, one pass's ratios can be off by 10-20%%")
     bench.add_argument("--json", help="also write the result JSON here")
     bench.add_argument("--prefix-caching", choices=["on", "off", "both"], default="on",
                        help="share cached prompt blocks between requests; both: run each mode with, then without")

@@ -153,14 +153,26 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
 
 
 async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], progress: bool = True,
-                    prefix_caching: tuple[bool, ...] | None = None) -> list[dict]:
-    """run_bench for each mode (and each prefix-caching setting) in turn; each result gets its
-    tokens/s ratio to the first one's."""
+                    prefix_caching: tuple[bool, ...] | None = None, rounds: int = 1) -> list[dict]:
+    """run_bench for each mode (and each prefix-caching setting), `rounds` times with the order reversed
+    every other round (A B C, C B A, ...), so a drifting host's speed falls on every mode alike. A
+    mode's result is its median run by tokens/s (the lower middle one for an even count: a run, not
+    an average), with every run's tokens/s when there are several, and its ratio to the first mode's."""
+    sides = [(mode, caching) for mode in modes for caching in prefix_caching or (cfg.prefix_caching,)]
+    runs: dict[tuple[str, bool], list[dict]] = {side: [] for side in sides}
+    for r in range(rounds):
+        for mode, caching in sides if r % 2 == 0 else sides[::-1]:
+            runs[(mode, caching)].append(
+                await run_bench(loaded, replace(cfg, speculative=mode, prefix_caching=caching), progress))
     results = []
-    for mode in modes:
-        for caching in prefix_caching or (cfg.prefix_caching,):
-            results.append(await run_bench(loaded, replace(cfg, speculative=mode, prefix_caching=caching), progress))
-            results[-1]["ratio"] = round(results[-1]["tokens_per_s"] / max(results[0]["tokens_per_s"], 1e-9), 3)
+    for side in sides:
+        by_speed = sorted(runs[side], key=lambda x: x["tokens_per_s"])
+        result = dict(by_speed[(len(by_speed) - 1) // 2])
+        if rounds > 1:
+            result["runs_tokens_per_s"] = [x["tokens_per_s"] for x in runs[side]]
+        results.append(result)
+    for result in results:
+        result["ratio"] = round(result["tokens_per_s"] / max(results[0]["tokens_per_s"], 1e-9), 3)
     return results
 
 
@@ -194,6 +206,9 @@ def report(results: list[dict]) -> None:
             else f"{first['requests']} rows")
     title = (f"interlock bench: {first['dataset']}, {rows}, T={first['temperature']}, "
              f"K={first['draft_len']}, concurrency {first['concurrency']}, backend {first['backend']}")
+    if "runs_tokens_per_s" in first:
+        title += f", each mode's median of {len(first['runs_tokens_per_s'])} alternating runs"
+        runtime = [*runtime, "runs_tokens_per_s"]
     shown = [{**r, "stop/length/error": "/".join(str(r["finish_reasons"][k]) for k in ("stop", "length", "error"))}
              for r in results]
     wide = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)   # 11 columns: 120 wraps headers

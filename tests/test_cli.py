@@ -14,6 +14,7 @@ DATASET = __file__          # --dataset must name a file that exists
     ["bench", "--dataset", DATASET, "--speculative", "none,ngram:x"],
     ["bench", "--dataset", "/nonexistent/x.jsonl"],
     ["bench", "--dataset", DATASET, "--repeats", "0"],
+    ["bench", "--dataset", DATASET, "--rounds", "0"],
     ["serve", "--speculative", "self-draft:x"],
     ["generate", "--draft-len", "0", "hi"],
     ["generate", "--draft-len", "17", "hi"],
@@ -32,7 +33,7 @@ def test_bad_values_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixt
 
 def test_good_values_pass_through_unchanged() -> None:
     args = build_parser().parse_args(["bench", "--dataset", DATASET, "--speculative", "none,ngram:4+forced"])
-    assert args.speculative == "none,ngram:4+forced"
+    assert args.speculative == "none,ngram:4+forced" and args.rounds == 1
 
 
 @pytest.mark.parametrize(("flag", "kv_dtype"), [([], None), (["--kv-cache-dtype", "auto"], None),

@@ -43,3 +43,28 @@ async def test_bench_counts_finish_reasons_and_invalid_stop(tiny, tmp_path, caps
     assert f"{reasons['stop']}/{reasons['length']}/{reasons['error']}" in out
     last = json.loads(out.strip().splitlines()[-1])
     assert last["finish_reasons"] == reasons and "outputs" not in last
+
+
+async def test_rounds_alternate_the_modes_and_report_each_modes_median_run(tiny, tmp_path, monkeypatch, capsys) -> None:
+    from interlock.benchmarks import engine_bench
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(ROWS[0]) + "\n")
+    order, speeds = [], iter([30.0, 10.0, 20.0, 40.0, 50.0, 60.0])   # none, ngram, ngram, none, none, ngram
+    real = engine_bench.run_bench
+
+    async def timed(loaded, cfg, progress=True):
+        result = await real(loaded, cfg, progress)
+        order.append(cfg.speculative)
+        return {**result, "tokens_per_s": next(speeds)}
+
+    monkeypatch.setattr(engine_bench, "run_bench", timed)
+    results = await engine_bench.run_modes(tiny, BenchConfig(dataset=data, max_tokens=8), ["none", "ngram+forced"],
+                                           progress=False, rounds=3)
+    assert order == ["none", "ngram+forced", "ngram+forced", "none", "none", "ngram+forced"]
+    none, ngram = results
+    assert none["runs_tokens_per_s"] == [30.0, 40.0, 50.0] and none["tokens_per_s"] == 40.0
+    assert ngram["runs_tokens_per_s"] == [10.0, 20.0, 60.0] and ngram["tokens_per_s"] == 20.0
+    assert none["ratio"] == 1.0 and ngram["ratio"] == 0.5
+    report(results)
+    assert "median of 3 alternating runs" in capsys.readouterr().out
