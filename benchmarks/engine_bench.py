@@ -13,9 +13,10 @@ import argparse
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import anyio
 from rich.console import Console
@@ -29,6 +30,8 @@ from interlock.protocol.errors import InterlockError
 from interlock.protocol.grammar import GrammarConfig, JsonSchema
 from interlock.protocol.sampling import Completion, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig, SuffixConfig
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -152,16 +155,21 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     }
 
 
+def round_order(sides: Sequence[T], r: int) -> Sequence[T]:
+    """The order of the sides in round r: as given, reversed every other round (A B C, C B A, ...),
+    so a drifting host's speed falls on every side alike."""
+    return sides if r % 2 == 0 else sides[::-1]
+
+
 async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], progress: bool = True,
                     prefix_caching: tuple[bool, ...] | None = None, rounds: int = 1) -> list[dict]:
     """run_bench for each mode (and each prefix-caching setting), `rounds` times with the order reversed
-    every other round (A B C, C B A, ...), so a drifting host's speed falls on every mode alike. A
-    mode's result is its median run by tokens/s (the lower middle one for an even count: a run, not
+    every other round (`round_order`). A mode's result is its median run by tokens/s (the lower middle one for an even count: a run, not
     an average), with every run's tokens/s when there are several, and its ratio to the first mode's."""
     sides = [(mode, caching) for mode in modes for caching in prefix_caching or (cfg.prefix_caching,)]
     runs: dict[tuple[str, bool], list[dict]] = {side: [] for side in sides}
     for r in range(rounds):
-        for mode, caching in sides if r % 2 == 0 else sides[::-1]:
+        for mode, caching in round_order(sides, r):
             runs[(mode, caching)].append(
                 await run_bench(loaded, replace(cfg, speculative=mode, prefix_caching=caching), progress))
     results = []
@@ -178,13 +186,12 @@ async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], pro
 
 def alternate(loaded: LoadedModel, cfg: BenchConfig, rounds: int, sides: tuple[str, str],
               set_side: Callable[[str], BenchConfig | None]) -> dict[str, list[dict]]:
-    """run_bench on `cfg` `rounds` times per side, alternating (a, b, b, a, ...) so the speed of a
-    drifting host falls on both; `set_side(name)` switches the process to that side before each run
-    (and may return the side's own config)."""
+    """run_bench on `cfg` `rounds` times per side, alternating (a, b, b, a, ...: `round_order`);
+    `set_side(name)` switches the process to that side before each run (and may return the side's
+    own config)."""
     runs: dict[str, list[dict]] = {side: [] for side in sides}
-    a, b = sides
     for r in range(rounds):
-        for side in (a, b) if r % 2 == 0 else (b, a):
+        for side in round_order(sides, r):
             side_cfg = set_side(side) or cfg
             runs[side].append(anyio.run(run_bench, loaded, side_cfg, False))
     return runs

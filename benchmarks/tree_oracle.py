@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import date
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from interlock.benchmarks.common import load_average, median, print_json_last, p
 from interlock.benchmarks.engine_bench import add_workload_args, bench_rows, workload
 from interlock.benchmarks.prompts import build_messages
 from interlock.benchmarks.step_costs import step_s
+from interlock.drafters.combine import after_forced
 from interlock.drafters.suffix import Draft, SuffixDrafter
 from interlock.engine import Engine, EngineConfig, lane_threads
 from interlock.logs import configure_logging
@@ -130,12 +131,16 @@ class SiblingRecorder:
     def propose(self, requests: Sequence[DraftRequest], k: int) -> list[list[TokenId]]:
         out = []
         for r in requests:
-            head = tuple(r.forced[:k])
-            found = (self.suffix.lookup_draft(r.request_id, k - len(head), after=head, siblings=self.width - 1)
-                     if len(head) < k else Draft((), 0.0, 0))
-            draft = head + found.tokens
-            self._pending[r.request_id] = (draft, len(head), found.siblings)
-            out.append(list(draft))
+            found = Draft((), 0.0, 0)
+
+            def lookup(n: int, head: Sequence[TokenId], rid: RequestId = r.request_id) -> list[TokenId]:
+                nonlocal found
+                found = self.suffix.lookup_draft(rid, n, after=head, siblings=self.width - 1)
+                return list(found.tokens)
+
+            draft = after_forced(r.forced, k, lookup)        # the forced tokens, then the lookup past them
+            self._pending[r.request_id] = (tuple(draft), len(draft) - len(found.tokens), found.siblings)
+            out.append(draft)
         return out
 
     def commit(self, request_id: RequestId, new_tokens: tuple[TokenId, ...]) -> None:
@@ -151,8 +156,7 @@ async def record_steps(loaded: LoadedModel, rows: list, repeats: int, draft_len:
                        max_tokens: int) -> tuple[SiblingRecorder, list[dict]]:
     spec = SpeculativeConfig(drafters=("forced",), max_draft_len=draft_len)
     recorder = SiblingRecorder(SuffixDrafter(SuffixConfig(), spec.step_drafts, lookup_len=draft_len), width)
-    config = EngineConfig(speculative=SpeculativeConfig(drafters=("forced",), max_draft_len=draft_len,
-                                                        user_drafter=recorder), max_batch_size=1)
+    config = EngineConfig(speculative=replace(spec, user_drafter=recorder), max_batch_size=1)
     sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0)
     outputs = []
     async with Engine(loaded, config) as engine:
