@@ -5,7 +5,7 @@ Run on a CUDA machine (random weights of real shapes, drawn on the GPU; no check
 
 One step, for B requests with n-gram-style point-mass drafts of length K = 3:
 - model lane: async H2D of the step's token ids, drafts and uniforms from pinned buffers, target
-  forward over B*(K+1) rows (models/cuda_llama.py), wait for the mask event, mask apply (Triton),
+  forward over B*(K+1) rows (models/device_llama.py), wait for the mask event, mask apply (Triton),
   probabilities, rejection sampling (Triton), async D2H of the tokens, a host function that
   delivers them and stages the next step's inputs into the pinned buffers, token event. (Staging
   at the head of the step instead costs the whole mask fill: the driver runs host functions one
@@ -140,7 +140,7 @@ class Step:
     """Persistent buffers of one (model, batch) and the ops of one speculative step."""
 
     def __init__(self, timeline, model, kv: PagedKVCache, scripts: list[list[int]], grammar: GrammarHost | None) -> None:
-        from interlock.models.cuda_llama import step_inputs
+        from interlock.models.device_llama import step_inputs
         from interlock.models.batch import SeqChunk
 
         self.timeline, self.model, self.kv, self.grammar, self.scripts = timeline, model, kv, grammar, scripts
@@ -272,7 +272,7 @@ def bench_steps(name: str, model, batch: int, tokenizer: str, steps: int, thread
 def bench_invariance(name: str, model, batch: int) -> dict[str, object]:
     """Forward time (captured) with and without the batch-invariant path."""
     from interlock.models.batch import SeqChunk
-    from interlock.models.cuda_llama import step_inputs
+    from interlock.models.device_llama import step_inputs
 
     kv = make_cache(SHAPES[name], batch)
     chunks = [SeqChunk(s, (5,) * (K + 1), PROMPT, ()) for s in range(batch)]
@@ -333,7 +333,7 @@ def device_name() -> str:
 
 
 def main() -> None:
-    from interlock.models.cuda_llama import CudaLlama
+    from interlock.models.device_llama import DeviceLlama
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", required=True, help="a byte-level BPE tokenizer.json (SmolLM2's)")
@@ -353,7 +353,7 @@ def main() -> None:
     save()
     shapes = ["llama3.2-1b"] if args.quick else ["llama3-8b", "llama3.2-1b"]
     for name in shapes:
-        model = CudaLlama.random(SHAPES[name], seed=0)
+        model = DeviceLlama.random(SHAPES[name], seed=0)
         for batch in ([1] if args.quick else [1, 32]):
             try:
                 results["steps"].append(bench_steps(name, model, batch, args.tokenizer, args.steps, args.grammar_threads))

@@ -5,8 +5,9 @@ owns the KV blocks, drawn from `prefix_cache.BlockPool` (refcounts, content-addr
 shared between requests, an LRU of cached ones); `Transformer.forward(batch, kv)` runs one packed batch:
 decode / verify rows (and, with `rows_prefill`, prompt chunks) through the native batch-invariant
 rows path, other prompt chunks through bf16 GEMMs (`batch.py` splits them).
-`cuda_llama.py` is the same forward on CUDA in bf16 over `StepInputs` tensors (batch-invariant,
-capturable in a CUDA graph), with its row-independent Triton ops in `triton_ops.py`.
+`device_llama.py` is the same forward over fixed-shape `StepInputs` tensors (batch-invariant,
+capturable in a CUDA graph): bf16 on CUDA with the row-independent Triton ops of `triton_ops.py`,
+float32 on the CPU with their torch references (`reference_ops.py`), which is how CI tests it.
 Tensor parallelism: `parallel.py` (which slice each rank holds; the sharded forward's collectives),
 `shard_sources.py` (reading only those slices from GGUF / safetensors), `tp_group.py` (the supervised
 worker processes, `TensorParallelModel`), `tp_worker.py` (a rank's loop), `wire.py` (a step as ints).

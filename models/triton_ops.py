@@ -1,4 +1,4 @@
-"""Row-independent Triton ops for the CUDA forward (models/cuda_llama.py).
+"""Row-independent Triton ops for the CUDA forward (models/device_llama.py).
 
 Terms: T rows (one new token each), E hidden, Hkv KV heads, G = query heads per KV head,
 D head dim, S KV block size, L = a row's context length (its position + 1).

@@ -1,11 +1,13 @@
-"""The CUDA bf16 forward: close to the CPU fp32 reference, and bitwise batch-invariant (a row's
-logits are the same alone, in a verify chunk, and next to other sequences). Skips without CUDA."""
+"""The device forward (models/device_llama.py): close to the CPU fp32 reference, and bitwise
+batch-invariant (a row's logits are the same alone, in a verify chunk, and next to other sequences).
+Every law runs on the CPU (float32, torch reference ops) and, with CUDA, on the GPU (bf16, Triton);
+graph capture is CUDA-only and skips without it."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 from interlock.models.batch import SeqChunk, build_batch  # noqa: E402
 from interlock.models.config import ModelConfig, tiny_config  # noqa: E402
@@ -17,29 +19,30 @@ EXTRA = [5, 6, 7, 8]
 MAX_BLOCKS = 16
 
 
-@pytest.fixture(scope="module")
-def models():
-    from interlock.models.cuda_llama import CudaLlama
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=CUDA)])
+def models(request):
+    from interlock.models.device_llama import DeviceLlama
 
     cfg = tiny_config(1088).replace(max_position=256)
     cpu = random_transformer(cfg, seed=3)
     for p in cpu.parameters():            # the reference gets the same bf16-rounded weights
         p.data = p.data.to(torch.bfloat16).float()
     cpu.build("float")
-    return cfg, cpu, CudaLlama.from_transformer(cpu, gemm_rows=16)
+    dtype = torch.bfloat16 if request.param == "cuda" else torch.float32
+    return cfg, cpu, DeviceLlama.from_transformer(cpu, request.param, dtype, gemm_rows=16)
 
 
-def _cache(cfg: ModelConfig) -> PagedKVCache:
-    kv = PagedKVCache(cfg.replace(dtype="bfloat16"), num_blocks=64, block_size=4, device="cuda")
+def _cache(cfg: ModelConfig, model) -> PagedKVCache:
+    kv = PagedKVCache(model.config, num_blocks=64, block_size=4, device=model.device)
     kv.add_sequence(999)
     kv.reserve(999, 4)                    # block 0 belongs to nobody but padding rows
     return kv
 
 
 def _run(model, kv, chunks, rows=None):
-    from interlock.models.cuda_llama import step_inputs
+    from interlock.models.device_llama import step_inputs
 
-    return model(step_inputs(chunks, kv, rows=rows, max_blocks=MAX_BLOCKS, pad_slot=0), kv)
+    return model(step_inputs(chunks, kv, rows=rows, max_blocks=MAX_BLOCKS, pad_slot=0, device=model.device), kv)
 
 
 def _prefill(model, kv, seq, prompt):
@@ -49,29 +52,29 @@ def _prefill(model, kv, seq, prompt):
 
 def test_close_to_the_cpu_fp32_reference(models) -> None:
     cfg, cpu, cuda = models
-    kv = _cache(cfg)
+    kv = _cache(cfg, cuda)
     out = _prefill(cuda, kv, 0, PROMPT)                                          # [23, V]
     kv_ref = PagedKVCache(cfg, num_blocks=64, block_size=4)
     kv_ref.add_sequence(0)
     kv_ref.reserve(0, len(PROMPT))
     ref = cpu(build_batch([SeqChunk(0, tuple(PROMPT), 0, tuple(range(len(PROMPT))))], kv_ref), kv_ref)
     err = float((out.cpu() - ref).norm() / ref.norm())
-    assert err < 3e-2, err                                                      # bf16 activations
+    assert err < (3e-2 if cuda.device.type == "cuda" else 1e-4), err            # bf16 activations on CUDA
     assert float((out.cpu().argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.8
 
 
 def test_rows_are_bitwise_the_same_alone_in_a_verify_chunk_and_in_a_batch(models) -> None:
     cfg, _, cuda = models
-    kv = _cache(cfg)                                   # decoded one token per step, alone
+    kv = _cache(cfg, cuda)                                   # decoded one token per step, alone
     _prefill(cuda, kv, 0, PROMPT)
     alone = torch.cat([_run(cuda, kv, [SeqChunk(0, (t,), kv.reserve(0, 1), (0,))]) for t in EXTRA])
 
-    kv = _cache(cfg)                                   # one verify chunk of 4 rows
+    kv = _cache(cfg, cuda)                                   # one verify chunk of 4 rows
     _prefill(cuda, kv, 0, PROMPT)
     chunk = _run(cuda, kv, [SeqChunk(0, tuple(EXTRA), kv.reserve(0, 4), (0, 1, 2, 3))])
     assert torch.equal(chunk, alone)
 
-    kv = _cache(cfg)                                   # the chunk next to another sequence, padded
+    kv = _cache(cfg, cuda)                                   # the chunk next to another sequence, padded
     _prefill(cuda, kv, 1, list(range(500, 520)))
     _prefill(cuda, kv, 0, PROMPT)
     kv_rows = [SeqChunk(1, (77,), kv.reserve(1, 1), (0,)), SeqChunk(0, tuple(EXTRA), kv.reserve(0, 4), (0, 1, 2, 3))]
@@ -79,14 +82,15 @@ def test_rows_are_bitwise_the_same_alone_in_a_verify_chunk_and_in_a_batch(models
     assert torch.equal(batch[1:5], alone)
 
 
+@CUDA
 def test_forward_replays_in_a_cuda_graph(models) -> None:
-    from interlock.models.cuda_llama import step_inputs
+    from interlock.models.device_llama import step_inputs
 
     cfg, _, cuda = models
-    kv = _cache(cfg)
+    kv = _cache(cfg, cuda)
     _prefill(cuda, kv, 0, PROMPT)
     start = kv.reserve(0, 4)
-    inputs = step_inputs([SeqChunk(0, tuple(EXTRA), start, (0, 1, 2, 3))], kv, max_blocks=MAX_BLOCKS)
+    inputs = step_inputs([SeqChunk(0, tuple(EXTRA), start, (0, 1, 2, 3))], kv, max_blocks=MAX_BLOCKS, device=cuda.device)
     eager = cuda(inputs, kv).clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -108,13 +112,13 @@ def test_greedy_speculative_equals_greedy_plain(models) -> None:
 
     cfg, _, cuda = models
     steps, k, vocab = 24, 3, cfg.vocab_size
-    kv = _cache(cfg)
+    kv = _cache(cfg, cuda)
     plain = [int(_prefill(cuda, kv, 0, PROMPT)[-1].argmax())]
     while len(plain) < steps + k + 1:
         logits = _run(cuda, kv, [SeqChunk(0, (plain[-1],), kv.reserve(0, 1), (0,))])
         plain.append(int(logits[0].argmax()))
 
-    kv = _cache(cfg)
+    kv = _cache(cfg, cuda)
     out = [int(_prefill(cuda, kv, 0, PROMPT)[-1].argmax())]
     rejected = 0
     while len(out) < steps:
@@ -122,8 +126,8 @@ def test_greedy_speculative_equals_greedy_plain(models) -> None:
         if len(out) % 3 == 1:
             drafts[1] = (drafts[1] + 1) % vocab                # a wrong draft: rejected, then rewound
         logits = _run(cuda, kv, [SeqChunk(0, (out[-1], *drafts), kv.reserve(0, k + 1), tuple(range(k + 1)))])
-        result = rejection_sample_greedy(logits.view(1, k + 1, vocab), torch.tensor([drafts], device="cuda"),
-                                         torch.tensor([k], device="cuda"), backend="cuda")
+        result = rejection_sample_greedy(logits.view(1, k + 1, vocab), torch.tensor([drafts], device=cuda.device),
+                                         torch.tensor([k], device=cuda.device))
         accepted = int(result.num_accepted[0])
         rejected += accepted < k
         out.extend(result.tokens[0, : accepted + 1].tolist())

@@ -1,4 +1,6 @@
-"""The Llama forward on CUDA in bf16 over the paged KV cache, batch-invariant, graph-capturable.
+"""The device forward: the Llama decoder over `StepInputs` tensors and the paged KV cache,
+batch-invariant and graph-capturable. bf16 on CUDA; on the CPU (float32, torch reference ops)
+it is what CI runs the CUDA engine's path with.
 
 Terms as in llama.py (T rows = new tokens, E, H, Hkv, D, V), plus M = `gemm_rows`.
 
@@ -14,13 +16,15 @@ greedy plain, as on the CPU):
   GEMM per M rows): same shape, same kernel, same per-row arithmetic. Cost: a decode step of one
   row does an M-row GEMM; decode GEMMs are bound by weight bytes, so M = 128 costs little
   (measured in benchmarks/gpu_bench.py: `invariant_cost`).
-- RMSNorm and attention: Triton kernels with one program per row (models/triton_ops.py).
+- RMSNorm and attention: Triton kernels with one program per row (models/triton_ops.py); on
+  the CPU their torch references (models/reference_ops.py), row by row as well.
 - everything else (embedding, RoPE, SiLU, residual adds, KV writes) is elementwise.
 `invariant=False` uses plain unpadded GEMMs and torch's RMSNorm, for measuring that cost.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +34,7 @@ from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import PagedKVCache, slots_of
 from interlock.models.llama import Transformer
 from interlock.models.rope import apply_rope, cos_sin_table
+from interlock.protocol.errors import UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -94,66 +99,87 @@ class _Layer:
     w2: torch.Tensor
 
 
-class CudaLlama:
-    """bf16 weights on a CUDA device and the forward over `StepInputs` (see the module docstring)."""
+class DeviceLlama:
+    """Weights on one device and the forward over `StepInputs` (see the module docstring).
+
+    `config` is the model's, with `dtype` and `kv_dtype` set to what this copy computes and caches in.
+    """
 
     def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[_Layer], norm: torch.Tensor,
-                 head: torch.Tensor, *, gemm_rows: int = 128, invariant: bool = True) -> None:
+                 head: torch.Tensor, *, gemm_rows: int = 128, invariant: bool = True,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         if gemm_rows < 1:
             raise ValueError(f"gemm_rows must be >= 1, got {gemm_rows}")
-        self.config = config
+        dtype = str(embed.dtype).removeprefix("torch.")
+        self.config = config.replace(dtype=dtype, kv_dtype=dtype)
+        self.device = embed.device
         self.embed, self.layers, self.norm, self.head = embed, layers, norm, head
         self.gemm_rows = gemm_rows
         self.invariant = invariant
-        cos, sin = cos_sin_table(config)
+        cos, sin = rope if rope is not None else cos_sin_table(config)
         self.rope_cos = cos.to(embed.device, embed.dtype)
         self.rope_sin = sin.to(embed.device, embed.dtype)
 
     @classmethod
     def from_transformer(cls, model: Transformer, device: torch.device | str = "cuda",
-                         dtype: torch.dtype = torch.bfloat16, **kwargs: object) -> CudaLlama:
-        """The same weights as a (float-weight) CPU Transformer, rounded to `dtype` on `device`
-        (the KV cache must have that dtype too)."""
+                         dtype: torch.dtype = torch.bfloat16, **kwargs: object) -> DeviceLlama:
+        """The same weights as a float-weight CPU Transformer (`build("float")`, or not built),
+        rounded to `dtype` on `device`. Its RoPE table comes along (a GGUF may carry its own
+        frequencies). Raises UnsupportedModelError for quantized weights: their float matrices are gone."""
+        if model.weights not in (None, "float") or model.layers[0].wqkv is None:
+            raise UnsupportedModelError(f"the device forward needs float weights (load_model(..., weights='float')); "
+                                        f"this model was built with {model.weights!r}")
+
         def to(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.detach().to(device, dtype).contiguous()
 
         layers = [_Layer(to(x.attention_norm), to(x.wqkv), to(x.bqkv), to(x.wo), to(x.ffn_norm), to(x.w13),
                          to(x.w2)) for x in model.layers]
         head = model.tok_embeddings if model.output is None else model.output
-        return cls(model.config, to(model.tok_embeddings), layers, to(model.norm), to(head), **kwargs)
+        return cls(model.config, to(model.tok_embeddings), layers, to(model.norm), to(head),
+                   rope=(model.rope_cos, model.rope_sin), **kwargs)
 
     @classmethod
     def random(cls, config: ModelConfig, device: torch.device | str = "cuda", seed: int = 0,
-               **kwargs: object) -> CudaLlama:
+               dtype: torch.dtype = torch.bfloat16, **kwargs: object) -> DeviceLlama:
         """Random weights drawn on the device (no host copy of a multi-GB model), scaled as
         llama.random_transformer scales them: unit embeddings and norms, 1/sqrt(fan_in) matrices."""
         gen = torch.Generator(device=device).manual_seed(seed)
 
         def mat(rows: int, cols: int, scale: float) -> torch.Tensor:
-            w = torch.randn(rows, cols, generator=gen, device=device, dtype=torch.bfloat16)
+            w = torch.randn(rows, cols, generator=gen, device=device, dtype=dtype)
             return w.mul_(scale)
 
         c = config
         e, i, qkv = c.hidden_size, c.intermediate_size, c.q_size + 2 * c.kv_size
-        ones = torch.ones(e, device=device, dtype=torch.bfloat16)
+        ones = torch.ones(e, device=device, dtype=dtype)
         layers = [_Layer(ones, mat(qkv, e, e ** -0.5), None, mat(e, c.q_size, c.q_size ** -0.5), ones,
                          mat(2 * i, e, e ** -0.5), mat(e, i, i ** -0.5)) for _ in range(c.n_layers)]
         embed = mat(c.vocab_size, e, 1.0)
         head = embed if c.tie_embeddings else mat(c.vocab_size, e, 1.0)
         return cls(config, embed, layers, ones, head, **kwargs)
 
+    def ops(self) -> ModuleType:
+        """The row ops for this device: Triton on CUDA, the torch references elsewhere."""
+        if self.device.type == "cuda":
+            from interlock.models import triton_ops  # needs triton and a CUDA device
+
+            return triton_ops
+        from interlock.models import reference_ops
+
+        return reference_ops
+
     @torch.inference_mode()
     def forward(self, inputs: StepInputs, kv: PagedKVCache) -> torch.Tensor:
-        """Write K/V of every row, return fp32 logits [T, V]. No host sync: capturable."""
-        from interlock.models import triton_ops  # needs triton and a CUDA device
-
+        """Write K/V of every row, return fp32 logits [T, V]. No host sync on CUDA: capturable."""
         c = self.config
-        norm = triton_ops.rms_norm if self.invariant else _torch_rms_norm
+        ops = self.ops()
+        norm = ops.rms_norm if self.invariant else _torch_rms_norm
         x = self.embed[inputs.input_ids]                                           # [T, E]
         cos, sin = self.rope_cos[inputs.positions], self.rope_sin[inputs.positions]   # [T, D]
         for index, layer in enumerate(self.layers):
             qkv = self._linear(norm(x, layer.attention_norm, c.rms_eps), layer.wqkv, layer.bqkv)
-            attn = self._attention(qkv, cos, sin, inputs, kv, index, triton_ops)
+            attn = self._attention(qkv, cos, sin, inputs, kv, index, ops)
             x = x + self._linear(attn, layer.wo)
             gate, up = self._linear(norm(x, layer.ffn_norm, c.rms_eps), layer.w13).chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, layer.w2)
@@ -162,14 +188,15 @@ class CudaLlama:
     __call__ = forward
 
     def _attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inputs: StepInputs,
-                   kv: PagedKVCache, index: int, ops: object) -> torch.Tensor:
+                   kv: PagedKVCache, index: int, ops: ModuleType) -> torch.Tensor:
         c = self.config
         t = qkv.shape[0]
         qk = apply_rope(qkv[:, : c.q_size + c.kv_size].reshape(t, c.n_heads + c.n_kv_heads, c.head_dim), cos, sin)
         q = qk[:, : c.n_heads].reshape(t, c.q_size).contiguous()                     # [T, H D]
-        kv.k[index].index_copy_(0, inputs.write_slots, qk[:, c.n_heads:])
-        kv.v[index].index_copy_(0, inputs.write_slots, qkv[:, c.q_size + c.kv_size:].reshape(t, c.n_kv_heads, c.head_dim))
-        return ops.paged_attention(q, kv.k[index], kv.v[index], inputs.tables, inputs.positions,  # type: ignore[attr-defined]
+        kv.k[index].index_copy_(0, inputs.write_slots, qk[:, c.n_heads:].to(kv.k.dtype))
+        kv.v[index].index_copy_(0, inputs.write_slots,
+                                qkv[:, c.q_size + c.kv_size:].reshape(t, c.n_kv_heads, c.head_dim).to(kv.v.dtype))
+        return ops.paged_attention(q, kv.k[index], kv.v[index], inputs.tables, inputs.positions,
                                    c.n_kv_heads, kv.block_size)
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
