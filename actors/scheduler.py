@@ -96,7 +96,9 @@ class Scheduler(Actor[object]):
         messages = sum(a.inbox.statistics().total_sent for a in actors) + self.program.counts["staged"]
         msg.reply.set_result(EngineMetrics(**self._totals, messages=messages,
                                            loop_wakeups=self.program.counts["wakeups"],
-                                           replayed_steps=self.program.counts["replayed"]))
+                                           replayed_steps=self.program.counts["replayed"],
+                                           eager_steps=self.program.counts["eager"],
+                                           captured_programs=self.program.counts["captured"]))
 
     # --- messages ------------------------------------------------------------------------------
 

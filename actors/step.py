@@ -20,13 +20,21 @@ The program, for draft length K (a draft model adds the K iterations in brackets
     K+1 mask rows; record mask_ready
                                                wait drafts_checked;
                                                take plan; target forward; wait mask_ready;
-                                               mask + verify; record tokens_ready;
+                                               mask + verify; finish; record tokens_ready;
                                                commit drafters (n-gram, draft KV, budgets)
     wait tokens_ready; matchers accept;
     publish the TokenEvent to the event loop
 
 The op list depends only on the shape (K, draft model or not), never on the step's data, so
 `StepProgram` captures it once per shape and replays it (`timeline.capture()` / `replay()`).
+
+The verifier's device work (forward, verify) may have a shape of its own (`StepShape`: the
+device runner lays a decode step out in a padded batch bucket, actors/device_verifier.py); it is
+passed to that work as an argument, so a program is captured per (K, draft model, shape). A
+shape that is not a bucket runs eagerly, and a bucket is captured on its second step (its first
+runs eagerly: kernels compile, and a CUDA graph must not capture that). `counts` says how many
+steps replayed a program and how many ran eagerly. The host runner's verifier has no shape
+(None): its ops read everything from the plan, and one program per (K, draft model) serves.
 
 Why the forward waits for drafts_checked: a lookup draft the grammar refuses can never be accepted,
 and the rows after it are never read, yet each costs the forward a row (18% of the verify rows of
@@ -107,6 +115,16 @@ class StepBuffers:
 
 
 @dataclass(frozen=True)
+class StepShape:
+    """The device runner's step shape: what its device work is sized by (module docstring)."""
+
+    rows: int               # forward rows
+    batch: int              # verified requests (padded to a bucket when `graph`)
+    mode: str               # kernels.verify.Mode
+    graph: bool             # a bucket shape: captured and replayed
+
+
+@dataclass(frozen=True)
 class StepEvents:
     """The timeline events one step's parts wait on (reused every step: fresh generations)."""
 
@@ -146,9 +164,11 @@ class DraftPart(Protocol):
 class VerifyPart(Protocol):
     queue: StepQueue
 
+    def shape_of(self, plan: StepPlan) -> StepShape | None: ...
     def begin(self) -> None: ...
-    def forward(self) -> None: ...
-    def verify(self) -> None: ...
+    def forward(self, shape: StepShape | None = None) -> None: ...
+    def verify(self, shape: StepShape | None = None) -> None: ...
+    def finish(self) -> None: ...
 
 
 Publish = Callable[[TokenEvent], None]
@@ -168,11 +188,12 @@ class StepProgram:
         self.draft_model = draft_model
         self.capture = capture
         self.queue = StepQueue("publish")
-        self._programs: dict[tuple[int, bool], Program] = {}
+        self._programs: dict[tuple[int, bool, StepShape | None], Program] = {}
+        self._warm: set[StepShape] = set()          # bucket shapes that ran once: captured next time
         self._publish: Publish | None = None
         self._on_error: OnError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.counts = {"steps": 0, "staged": 0, "replayed": 0, "captured": 0, "wakeups": 0}
+        self.counts = {"steps": 0, "staged": 0, "replayed": 0, "captured": 0, "eager": 0, "wakeups": 0}
 
     def bind(self, publish: Publish, on_error: OnError) -> None:
         """Where the finished step's TokenEvent goes (called on this loop, once per step), and where
@@ -180,11 +201,11 @@ class StepProgram:
         self._publish, self._on_error = publish, on_error
         self._loop = asyncio.get_running_loop()
 
-    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+    def _guard(self, fn: Callable[..., None]) -> Callable[..., None]:
         """fn, reporting an exception to the loop before it fails the timeline."""
-        def guarded() -> None:
+        def guarded(*args: object) -> None:
             try:
-                fn()
+                fn(*args)
             except BaseException as exc:
                 if self._loop is not None and self._on_error is not None:
                     try:
@@ -202,25 +223,41 @@ class StepProgram:
             self.counts["staged"] += 1
         self.counts["steps"] += 1
         self.counts["wakeups"] += 1
-        if not self.capture:
-            self.enqueue(self.timeline)
-            return
-        key = (self.k, self.draft_model)
+        shape = self.verifier.shape_of(plan)
+        key = (self.k, self.draft_model, shape)
         program = self._programs.get(key)
+        if program is None and not self._capturable(shape):
+            self.enqueue(self.timeline, shape)
+            self.counts["eager"] += 1
+            return
         if program is None:
             with self.timeline.capture() as program:
-                self.enqueue(self.timeline)
+                self.enqueue(self.timeline, shape)
             self._programs[key] = program
             self.counts["captured"] += 1
         self.timeline.replay(program)
         self.counts["replayed"] += 1
+
+    def _capturable(self, shape: StepShape | None) -> bool:
+        """Capture now? Host-runner steps always (their ops read the plan); a device bucket shape
+        from its second step on (module docstring); any other device shape never."""
+        if not self.capture:
+            return False
+        if shape is None:
+            return True
+        if not shape.graph:
+            return False
+        if shape in self._warm:
+            return True
+        self._warm.add(shape)
+        return False
 
     def close(self) -> None:
         for program in self._programs.values():
             program.close()
         self._programs.clear()
 
-    def enqueue(self, timeline: Timeline) -> None:
+    def enqueue(self, timeline: Timeline, shape: StepShape | None = None) -> None:
         """The step's lane ops in host order (see the module docstring). Data-independent."""
         g, m, ev = timeline.grammar, timeline.model, self.events
         g.launch_host(self._guard(self.grammar.begin))
@@ -240,10 +277,13 @@ class StepProgram:
         g.record(ev.mask_ready)
         if self.k:
             m.wait(ev.drafts_checked)
+        sized = () if shape is None else (shape,)      # device work is sized by the shape (module docstring)
         m.launch_host(self._guard(self.verifier.begin))
-        m.launch(self._guard(self.verifier.forward))
+        m.launch(self._guard(self.verifier.forward), *sized)
         m.wait(ev.mask_ready)
-        m.launch(self._guard(self.verifier.verify))
+        m.launch(self._guard(self.verifier.verify), *sized)
+        if shape is not None:
+            m.launch_host(self._guard(self.verifier.finish))
         m.record(ev.tokens_ready)
         m.launch_host(self._guard(self.draft.commit))
         g.wait(ev.tokens_ready)

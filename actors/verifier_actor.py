@@ -41,7 +41,7 @@ from interlock.actors.base import Actor, Handler
 from interlock.actors.delivery import cut_at_stop
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.actors.penalty_book import PenaltyBook
-from interlock.actors.step import StepBuffers, StepQueue
+from interlock.actors.step import StepBuffers, StepQueue, StepShape
 from interlock.kernels import (
     apply_token_bitmask_, native, probs_from_logits, rejection_sample, rejection_sample_greedy, token_logprobs,
 )
@@ -112,6 +112,10 @@ class VerifierActor(Actor[object]):
 
     # --- model lane: this actor's part of a step -----------------------------------------------
 
+    def shape_of(self, plan: StepPlan) -> StepShape | None:
+        """None: this runner's ops read everything from the plan (actors/step.py)."""
+        return None
+
     def begin(self) -> None:
         """Take the step's plan; the drafts and q the drafter wrote; the requests' generators."""
         plan = self.queue.take()
@@ -126,7 +130,7 @@ class VerifierActor(Actor[object]):
         slots = [plan.snapshots[i].slot for i in sampled]
         self._work = _StepWork(plan, sampled, [b.drafts[slot] for slot in slots], [b.probs[slot] for slot in slots])
 
-    def forward(self) -> None:
+    def forward(self, shape: StepShape | None = None) -> None:
         work = self._work
         assert work is not None
         plan = work.plan
@@ -151,7 +155,7 @@ class VerifierActor(Actor[object]):
         work.forward_end = time.perf_counter()
         self.step.timing["forward_s"] = work.forward_end - start
 
-    def verify(self) -> None:
+    def verify(self, shape: StepShape | None = None) -> None:
         """Mask and verify every sampled request; write its SlotResult (or its SamplingError)."""
         work = self._work
         assert work is not None
@@ -159,6 +163,9 @@ class VerifierActor(Actor[object]):
         if work.sampled:
             self._verify(work)
         self._work = None
+
+    def finish(self) -> None:
+        """Nothing: `verify` wrote the results (the device runner copies them back first)."""
 
     def _lean(self, snaps: list[RequestSnapshot]) -> bool:
         """Greedy verification from the allowed argmax alone fits these requests (module docstring)."""

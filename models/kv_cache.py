@@ -53,7 +53,8 @@ class PagedKVCache:
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
                  device: torch.device | str = "cpu", *, prefix_caching: bool = False,
-                 namespace: bytes = b"", prefix_granularity: int | None = None, share_outputs: bool = True) -> None:
+                 namespace: bytes = b"", prefix_granularity: int | None = None, share_outputs: bool = True,
+                 spare_blocks: int = 0) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         granularity = prefix_granularity or block_size
@@ -63,7 +64,9 @@ class PagedKVCache:
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (config.n_layers, num_blocks * block_size, config.n_kv_heads, config.head_dim)
+        # spare blocks: storage past the pool's blocks, never granted (the device runner's padding
+        # rows write their K/V to the first one: block id num_blocks)
+        shape = (config.n_layers, (num_blocks + spare_blocks) * block_size, config.n_kv_heads, config.head_dim)
         self.k = torch.zeros(shape, dtype=_DTYPES[config.cache_dtype], device=device)   # [L, N*S, Hkv, D]
         self.v = torch.zeros_like(self.k)
         self.prefix_caching = prefix_caching

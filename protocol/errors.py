@@ -24,6 +24,10 @@ class UnsupportedModelError(ModelLoadError):
     """The checkpoint uses an architecture, quantization type or option we do not implement."""
 
 
+class DeviceUnavailableError(ModelLoadError):
+    """The device asked for is not there (no CUDA device, or a torch built without CUDA)."""
+
+
 # --- per-request input -----------------------------------------------------------------------
 
 class RequestError(InterlockError):
@@ -61,6 +65,14 @@ class SchemaKeywordError(GrammarError):
         super().__init__(message)
         self.keyword = keyword
         self.path = path
+
+
+class UnsupportedFeatureError(RequestError):
+    """This engine's device does not run a feature yet; the message names it ("... not on CUDA yet")."""
+
+    def __init__(self, feature: str, where: str = "CUDA") -> None:
+        super().__init__(f"{feature} is not on {where} yet: run it on the CPU engine (device='cpu')")
+        self.feature = feature
 
 
 class SamplingError(RequestError):

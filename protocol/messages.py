@@ -223,7 +223,9 @@ class EngineMetrics:
     messages: int = 0             # actor messages + staged step plans, over all actors
     loop_wakeups: int = 0         # event-loop entries for steps: one launch + one token event each
     host_s: float = 0.0           # Scheduler time on the event loop handling token events and launching
-    replayed_steps: int = 0       # steps enqueued by replaying a captured program
+    replayed_steps: int = 0       # steps enqueued by replaying a captured program (a CUDA graph on CUDA)
+    eager_steps: int = 0          # steps enqueued op by op (shapes that are not captured, or not yet)
+    captured_programs: int = 0    # programs captured so far: one per step shape
     prompt_tokens: int = 0        # prompt tokens of admitted requests (CFG companions included)
     cached_prompt_tokens: int = 0  # of those, found in the prefix cache (not prefilled)
 

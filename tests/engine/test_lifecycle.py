@@ -167,7 +167,7 @@ async def test_kv_pool_is_capped_by_bytes_queues_requests_and_is_released_on_clo
                 tg.start_soon(one, i)
         assert len(done) == 12 and all(c.stats.output_tokens > 0 for c in done)
         await assert_all_free(engine)
-    assert engine._kv.k.numel() == 0 and engine._kv.v.numel() == 0
+    assert engine._rt.kv.k.numel() == 0 and engine._rt.kv.v.numel() == 0
 
 
 PROMPTS_LONG = ["word " * 30, "other words here " * 12]

@@ -1,0 +1,115 @@
+"""EngineConfig: everything an engine is built with (validated here, never mutated), and the
+device and runner it resolves to."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from interlock.protocol.errors import DeviceUnavailableError, UnsupportedModelError
+from interlock.protocol.grammar import GrammarConfig
+from interlock.protocol.speculative import SpeculativeConfig
+
+PREFILL_MODES = ("auto", "rows", "dense")
+RUNNERS = ("auto", "host", "device")
+Runner = Literal["host", "device"]
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an engine is built with (validated here, never mutated)."""
+
+    speculative: SpeculativeConfig | None = SpeculativeConfig()
+    grammar: GrammarConfig = GrammarConfig()
+    max_batch_size: int = 8
+    num_kv_blocks: int | None = None        # None: enough for max_batch_size full contexts, within kv_cache_bytes
+    kv_cache_bytes: int = 1 << 30           # cap on the pool when num_kv_blocks is None (vLLM sizes it by memory too)
+    block_size: int = 16
+    prefill_chunk: int = 256
+    max_step_tokens: int = 512
+    output_buffer: int = 16                 # deltas a slow consumer may leave unread before its request pauses
+    capture_steps: bool = True              # replay one captured lane program per step shape (else eager)
+    max_context: int | None = None          # None: the model's context window
+    tp_step_timeout_s: float = 60.0         # tensor parallel: a step taking longer means a hung worker
+    # Share the K/V of full prompt blocks between requests (models/prefix_cache.py): a request whose
+    # prompt starts with a cached prefix skips prefilling it. Outputs are the same either way.
+    # Not yet under tensor parallelism (untested there): off when tensor_parallel > 1.
+    prefix_caching: bool = True
+    # torch intra-op threads of the model lane. Each thread that runs torch ops in parallel keeps an
+    # OpenMP pool of its own, and two pools on a small machine make each parallel op wait for
+    # sleeping workers (decode 2x slower: docs/performance.md). None: min(2, cores) when the
+    # thread that starts the engine runs torch at 1 thread (`torch.set_num_threads(1)` before
+    # loading, as the CLI does), else 1 (that thread's pool is then the only one).
+    threads: int | None = None
+    # How prompt chunks are computed on the host runner. "rows": on the int8 rows path every decode
+    # step takes, batch invariant, so a prefix-cache hit may end at any block and cover earlier
+    # outputs (multi-turn); "dense": bf16 GEMMs with the unquantized weights, a little closer to the
+    # checkpoint, hits at whole prefill chunks of a prompt only. "auto": rows where the CPU has AMX
+    # or AVX512-VNNI (as fast as dense there: models/llama.py), else dense. The device runner's
+    # forward is batch invariant for every row: it has one path.
+    prefill: str = "auto"
+    # While the engine runs, keep the objects alive at its start (the model's modules, tokenizer
+    # vocabularies, every imported library: ~450k objects after loading SmolLM2) out of the garbage
+    # collector's full passes (gc.freeze; gc.unfreeze when it stops). Each full pass otherwise walks
+    # them all, ~200 ms holding the GIL. Only the young generations are collected first: older
+    # garbage is frozen with the rest until the engine stops. Process-wide: when engines overlap,
+    # the first to stop unfreezes for all (each still works, just as before).
+    freeze_gc: bool = True
+    # Where the target runs: "cpu", "cuda", "cuda:N", or "auto" (CUDA when torch sees a device).
+    device: str = "cpu"
+    # How a step is computed. "host": the CPU engine (int8 native kernels, shapes as the step
+    # needs). "device": fixed-shape steps over persistent buffers (actors/device_verifier.py),
+    # decode steps padded to batch buckets and captured (CUDA graphs on CUDA); on the CPU it runs
+    # in float32 with torch reference ops, which is how CI tests the CUDA path. "auto": device on
+    # CUDA, host on the CPU.
+    runner: str = "auto"
+    # The device runner's padded batch sizes; None: powers of two below max_batch_size, and it.
+    graph_buckets: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefill not in PREFILL_MODES:
+            raise ValueError(f"prefill must be one of {PREFILL_MODES}, got {self.prefill!r}")
+        if self.max_batch_size < 1 or self.output_buffer < 1 or self.block_size < 1 or self.kv_cache_bytes < 1:
+            raise ValueError("max_batch_size, output_buffer, block_size and kv_cache_bytes must be >= 1")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise ValueError(f"threads must be None or an int >= 1, got {self.threads!r}")
+        if not isinstance(self.device, str) or not _DEVICE.match(self.device):
+            raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {self.device!r}")
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {RUNNERS}, got {self.runner!r}")
+        buckets = self.graph_buckets
+        if buckets is not None and (not buckets or any(not isinstance(b, int) or b < 1 for b in buckets)
+                                    or list(buckets) != sorted(set(buckets)) or buckets[-1] > self.max_batch_size):
+            raise ValueError(f"graph_buckets must be increasing ints in [1, max_batch_size], got {buckets!r}")
+
+    def torch_device(self) -> torch.device:
+        """The device the target runs on. Raises DeviceUnavailableError for CUDA without a device."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise DeviceUnavailableError(f"device={self.device!r}, but torch sees no CUDA device "
+                                         f"(torch {torch.__version__}); use device='cpu' or 'auto'")
+        return device
+
+    def runner_for(self, device: torch.device) -> Runner:
+        """The runner this config asks for on `device` (see `runner`)."""
+        if self.runner == "auto":
+            return "device" if device.type == "cuda" else "host"
+        if self.runner == "host" and device.type != "cpu":
+            raise UnsupportedModelError("runner='host' is the CPU engine; on CUDA the runner is 'device'")
+        return self.runner  # type: ignore[return-value]
+
+    def buckets(self) -> tuple[int, ...]:
+        """The device runner's padded batch sizes, ending at max_batch_size."""
+        if self.graph_buckets is not None:
+            return tuple(sorted({*self.graph_buckets, self.max_batch_size}))
+        out, b = [], 1
+        while b < self.max_batch_size:
+            out.append(b)
+            b *= 2
+        return (*out, self.max_batch_size)

@@ -1,0 +1,91 @@
+"""A request's way in: its prompt encoded and every parameter checked before anything is queued.
+
+One error type per fault, raised for this request only:
+    a prompt of the wrong type, a token id outside the vocabulary,
+    a chat template that refuses the messages, a bad parameter   InvalidParameterError (field named)
+    an empty prompt (or one that encodes to no token)            EmptyPromptError
+    a prompt that leaves no room for one new token                PromptTooLongError
+    a feature this engine's runner does not have yet              UnsupportedFeatureError
+"""
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from interlock.models.tokenizer import Message, Tokenizer
+from interlock.protocol.errors import (
+    EmptyPromptError, InterlockError, InvalidParameterError, PromptTooLongError, UnsupportedFeatureError,
+)
+from interlock.protocol.grammar import GrammarSpec
+from interlock.protocol.sampling import SamplingParams
+
+Prompt = str | Sequence[Message] | Sequence[int]   # text, chat messages, or token ids
+EMPTY_CHAT: list[Message] = [{"role": "user", "content": ""}]   # classifier-free guidance's default negative prompt
+
+
+@dataclass(frozen=True)
+class Intake:
+    """What a request is checked against: the tokenizer, the engine's context, its runner."""
+
+    tokenizer: Tokenizer
+    max_context: int                 # prompt + at least one new token must fit
+    device_runner: bool = False      # the device runner: no CFG, penalties or logprobs yet
+
+    def check(self, grammar: GrammarSpec | None, sampling: SamplingParams, negative_prompt: Prompt | None) -> None:
+        """The request's parameters (the prompt is `encode`'s)."""
+        if not isinstance(sampling, SamplingParams):
+            raise InvalidParameterError("sampling", f"must be a SamplingParams, got {type(sampling).__name__}")
+        if sampling.ignore_eos and grammar is not None:
+            # Once the grammar completes, the stop token is the only one it allows: there is no going on.
+            raise InvalidParameterError("ignore_eos", "cannot be combined with a grammar (a complete document "
+                                                      "ends the request); use max_tokens or drop ignore_eos")
+        if negative_prompt is not None and sampling.guidance_scale is None:
+            raise InvalidParameterError("negative_prompt", "needs classifier-free guidance: set "
+                                                           "sampling.guidance_scale")
+        if self.device_runner:
+            for feature, used in (("classifier-free guidance (guidance_scale)", sampling.guidance_scale is not None),
+                                  ("repetition penalties", sampling.penalized),
+                                  ("logprobs", sampling.logprobs is not None)):
+                if used:
+                    raise UnsupportedFeatureError(feature)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids: text as is, chat messages through the chat template, ids checked."""
+        if _is_ids(prompt):
+            return self._fits(self._ids(prompt))                                      # type: ignore[arg-type]
+        if not isinstance(prompt, str) and not (isinstance(prompt, Sequence) and
+                                                all(isinstance(m, Mapping) for m in prompt)):
+            raise InvalidParameterError("prompt", f"must be a str, a list of chat messages (dicts) or a list of "
+                                                  f"token ids (ints), got {type(prompt).__name__}")
+        if len(prompt) == 0:
+            raise EmptyPromptError("the prompt is empty (an empty string or message list): give at least one token")
+        try:
+            tokens = self.tokenizer.encode_prompt(prompt)  # type: ignore[arg-type]
+        except InterlockError:
+            raise
+        except Exception as exc:        # jinja2 / transformers errors: how a chat template refuses bad messages
+            raise InvalidParameterError("prompt", f"the chat template refused the messages: {exc}") from exc
+        return self._fits(tokens)
+
+    def _ids(self, ids: Sequence[int]) -> list[int]:
+        """A prompt given as token ids: each must be a tokenizer id (the model's padding ids are not)."""
+        vocab = self.tokenizer.vocab_size
+        for i, t in enumerate(ids):
+            if not 0 <= t < vocab:
+                raise InvalidParameterError("prompt", f"token id {int(t)} at position {i} is outside the "
+                                                      f"vocabulary [0, {vocab})")
+        return [int(t) for t in ids]
+
+    def _fits(self, tokens: list[int]) -> list[int]:
+        if not tokens:
+            raise EmptyPromptError("the prompt encodes to no tokens: give at least one token")
+        if len(tokens) + 1 > self.max_context:
+            raise PromptTooLongError(f"prompt has {len(tokens)} tokens; the engine's context is {self.max_context} "
+                                     "(prompt + at least 1 generated token must fit): shorten the prompt")
+        return tokens
+
+
+def _is_ids(prompt: object) -> bool:
+    return (isinstance(prompt, Sequence) and not isinstance(prompt, str) and len(prompt) > 0
+            and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt))

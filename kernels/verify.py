@@ -1,0 +1,86 @@
+"""A whole step's verification as one fixed-shape function of tensors: what the device runner's
+model lane runs after the mask event (eagerly, or inside a captured CUDA graph).
+
+Terms: R forward rows, V model vocabulary, B verified requests (a padded bucket), K draft length,
+S slots (max batch), W int32 words per bitmask row. Request b's K+1 verify rows are rows
+index[b, :] of the forward; its bitmask rows are slot_of[b] * (K+1) + j, valid for
+j < rows_filled[slot_of[b]] (the grammar lane's count) and skipped where `free` says the grammar
+is free there, or where the request has no grammar.
+
+It decides exactly what the host VerifierActor decides for the same rows: padded ids are never
+sampled, drafts past the grammar's filled rows are moot, greedy requests take the masked argmax
+(lowest id on ties) and the others rejection sampling on the masked, temperature / top-k / top-p
+distribution. It makes no host sync (no .item(), no data-dependent shapes): every output is a
+tensor the caller copies to the host after the step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from interlock.kernels.bitmask import apply_token_bitmask_
+from interlock.kernels.rejection import rejection_sample, rejection_sample_greedy
+from interlock.kernels.sampling import probs_from_logits
+
+Mode = Literal["greedy", "sample", "filtered"]     # filtered: some request uses top-k or top-p
+
+
+@dataclass(frozen=True)
+class VerifyInputs:
+    """One step's verification inputs, all on the logits' device (fixed shapes for a bucket)."""
+
+    index: torch.Tensor          # [B, K+1] int64: forward row of each verify row
+    drafts: torch.Tensor         # [B, K] int64
+    num_drafts: torch.Tensor     # [B] int64: drafts the request brought (after the grammar's cut)
+    slot_of: torch.Tensor        # [B] int64
+    constrained: torch.Tensor    # [B] bool
+    temperature: torch.Tensor    # [B] float32, 0 for greedy
+    top_k: torch.Tensor          # [B] int64, 0: off
+    top_p: torch.Tensor          # [B] float32, 1: off
+    uniforms: torch.Tensor       # [B, K+1] float32
+
+
+@dataclass(frozen=True)
+class MaskInputs:
+    """The grammar lane's step output, on the logits' device."""
+
+    bitmask: torch.Tensor        # [S * (K+1), W] int32
+    rows_filled: torch.Tensor    # [S] int32
+    free: torch.Tensor           # [S * (K+1)] bool
+
+
+@dataclass(frozen=True)
+class VerifyOutputs:
+    tokens: torch.Tensor         # [B, K+1] int64: accepted drafts, the new token, then -1
+    accepted: torch.Tensor       # [B] int64
+    valid_drafts: torch.Tensor   # [B] int64: drafts that were verified (the rest were moot)
+    peaks: torch.Tensor          # [B, K+1] float32: each row's largest allowed logit (NaN / -inf: a bad row)
+
+
+def verify_step(logits: torch.Tensor, v: VerifyInputs, m: MaskInputs, tokenizer_vocab: int,
+                mode: Mode) -> VerifyOutputs:
+    """Mask every verify row with its grammar row, then accept drafts (module docstring)."""
+    b, k1 = v.index.shape
+    vocab = logits.shape[1]
+    x = logits.index_select(0, v.index.reshape(-1)).float()                      # [B (K+1), V]
+    x[:, tokenizer_vocab:] = float("-inf")                                        # padded ids: never
+    j = torch.arange(k1, device=x.device)
+    filled = m.rows_filled.long().index_select(0, v.slot_of)                      # [B]
+    rows = v.slot_of.unsqueeze(1) * k1 + j                                        # [B, K+1]
+    skip = ~v.constrained.unsqueeze(1) | (j >= filled.unsqueeze(1)) | m.free[rows]
+    apply_token_bitmask_(x, m.bitmask, rows=rows.reshape(-1), skip=skip.reshape(-1),
+                         mask_vocab_size=tokenizer_vocab)
+    valid = torch.where(v.constrained, torch.minimum(v.num_drafts, (filled - 1).clamp(min=0)), v.num_drafts)
+    x = x.view(b, k1, vocab)
+    peaks = x.amax(-1)                                                            # [B, K+1]
+    if mode == "greedy":
+        result = rejection_sample_greedy(x, v.drafts, valid)
+    else:
+        filtered = mode == "filtered"
+        temp = v.temperature.repeat_interleave(k1)
+        probs = probs_from_logits(x.view(b * k1, vocab), temp, v.top_k.repeat_interleave(k1) if filtered else None,
+                                  v.top_p.repeat_interleave(k1) if filtered else None)
+        result = rejection_sample(probs.view(b, k1, vocab), v.drafts, None, valid, v.uniforms)
+    return VerifyOutputs(result.tokens, result.num_accepted, valid, peaks)
