@@ -81,10 +81,11 @@ class Output:
         tokens, stopped = cut_at_stop(tokens, eos, sampling, keep_stop=False)
         reason: FinishReason | None = "stop" if stopped else None
         room = sampling.max_tokens - len(self.output)
-        if len(tokens) > room:
+        if len(tokens) >= room:
+            # "length" even when a stop token follows the last one that fits: one token at a time,
+            # the request ends at max_tokens before that stop token is drawn (speculation must not
+            # change the finish reason either)
             tokens, reason = tokens[:room], "length"
-        elif len(tokens) == room and reason is None:
-            reason = "length"
         self.output.extend(tokens)
         if logprobs is not None:
             logprobs = logprobs[: len(tokens)]      # tokens only ever lose a tail above

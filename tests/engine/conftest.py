@@ -31,3 +31,9 @@ def alone(tiny) -> dict[int, tuple[int, ...]]:
     from helpers import alone_outputs
 
     return anyio.run(alone_outputs, tiny, 20)
+
+
+@pytest.fixture(scope="session")
+def tiny_float() -> LoadedModel:
+    """The tiny preset with float weights: what the device runner computes with (in float32 on the CPU)."""
+    return load_model("tiny", weights="float")

@@ -68,12 +68,12 @@ CASES = {
 }
 
 
-async def _draw(tiny, case: Case, draws: int) -> tuple[list[tuple[int, ...]], int, int, dict]:
+async def _draw(tiny, case: Case, draws: int, runner: str = "auto") -> tuple[list[tuple[int, ...]], int, int, dict]:
     sampling = [SamplingParams(temperature=case.temperature, top_k=case.top_k, top_p=case.top_p, seed=i,
                                max_tokens=case.tokens) for i in range(draws)]
     samples: list[tuple[int, ...]] = []
     drafted = accepted = 0
-    async with Engine(tiny, EngineConfig(speculative=case.speculative, max_batch_size=16)) as engine:
+    async with Engine(tiny, EngineConfig(speculative=case.speculative, max_batch_size=16, runner=runner)) as engine:
 
         async def worker(w: int) -> None:
             nonlocal drafted, accepted
@@ -99,8 +99,8 @@ def _pvalue(samples: list[tuple[int, ...]], law: dict) -> float:
     return chi_square_pvalue(counts, torch.tensor([law.get(o, 0.0) for o in outcomes]))
 
 
-async def _check(tiny, name: str, draws: int) -> None:
-    samples, drafted, accepted, law = await _draw(tiny, CASES[name], draws)
+async def _check(tiny, name: str, draws: int, runner: str = "auto") -> None:
+    samples, drafted, accepted, law = await _draw(tiny, CASES[name], draws, runner)
     assert accepted > 0, f"{name}: no draft was accepted"
     assert accepted < drafted or not CASES[name].rejects, f"{name}: every one of {drafted} drafts was accepted"
     assert set(samples) <= set(law), f"{name}: an outcome the masked target law gives no mass"
@@ -111,6 +111,12 @@ async def _check(tiny, name: str, draws: int) -> None:
 @pytest.mark.parametrize("name", list(CASES))
 async def test_point_mass_drafts_sample_the_masked_target_law(tiny, name: str) -> None:
     await _check(tiny, name, SHORT)
+
+
+@pytest.mark.parametrize("name", ["ngram-top_k", "user-top_p"])
+async def test_the_device_runner_samples_the_masked_target_law(tiny_float, name: str) -> None:
+    """The CUDA engine's path (kernels/verify.py over staged buffers), run on the CPU."""
+    await _check(tiny_float, name, SHORT, runner="device")
 
 
 @pytest.mark.soak
@@ -164,3 +170,10 @@ async def test_the_loop_version_without_a_bug_passes(tiny, monkeypatch) -> None:
     monkeypatch.setattr(rejection_module, "_rejection_torch", _planted("none"))
     samples, _, _, law = await _draw(tiny, CASES["user-top_p"], SHORT)
     assert _pvalue(samples, law) > ALPHA / len(CASES)
+
+
+async def test_the_device_runner_test_rejects_a_planted_bug(tiny_float, monkeypatch) -> None:
+    """The device runner's verification goes through the same rejection rule: a planted bug shows."""
+    monkeypatch.setattr(rejection_module, "_rejection_torch", _planted("off_by_one"))
+    samples, _, _, law = await _draw(tiny_float, CASES["user-top_p"], SHORT, runner="device")
+    assert _pvalue(samples, law) < ALPHA / len(CASES)

@@ -1,0 +1,201 @@
+"""The device runner (the CUDA engine's path) keeps every engine law. Each test runs on the CPU,
+where the runner computes in float32 with torch reference ops and captures steps on the CPU
+timeline, and again on CUDA when a GPU is present (bf16, Triton, CUDA graphs):
+
+- greedy speculative == greedy plain, token for token, for every drafter it runs, in a batch that
+  mixes prompt chunks (eager steps) and decode steps (captured buckets), and the same alone;
+- constrained outputs validate; switching grammars keep the law across the switch;
+- captured programs are replayed for steady decode at batch 1 and 8, and give the eager output;
+- a NaN row fails its request alone, cancels and failures leak nothing, prefix caching is exact;
+- what it does not run yet is refused with a typed error naming it.
+The stochastic law on this runner is tests/engine/test_point_mass_stats.py's chi-square.
+"""
+from __future__ import annotations
+
+import json
+
+import anyio
+import jsonschema
+import pytest
+import torch
+
+from interlock.actors.device_verifier import DeviceVerifier
+from interlock.engine import Engine, EngineConfig
+from interlock.protocol.errors import SamplingError, UnsupportedFeatureError, UnsupportedModelError
+from interlock.protocol.grammar import JsonSchema, Reasoning
+from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.speculative import SpeculativeConfig
+
+from helpers import SCHEMA, assert_all_free, case, complete_all, wait_idle
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                   reason="needs a CUDA device"))]
+MODES = ["none", "ngram", "forced", "ngram+forced", "suffix+forced"]
+
+
+class Oracle:
+    """A user drafter that proposes the request's own plain output (and junk after a mismatch)."""
+
+    def __init__(self, answers: dict[tuple[int, ...], tuple[int, ...]]) -> None:
+        self.answers = answers
+
+    def propose(self, requests, k):
+        out = []
+        for r in requests:
+            for prompt, answer in self.answers.items():
+                if tuple(r.tokens[: len(prompt)]) == prompt:
+                    done = len(r.tokens) - len(prompt)
+                    out.append(list(answer[done: done + k]) or [7] * k)
+                    break
+            else:
+                out.append([])
+        return out
+
+
+def device_config(device: str, mode: str | SpeculativeConfig = "ngram+forced", **kw) -> EngineConfig:
+    spec = mode if isinstance(mode, SpeculativeConfig) else SpeculativeConfig.parse(mode, max_draft_len=3)
+    return EngineConfig(speculative=spec, runner="device", device=device, **kw)
+
+
+async def run_cases(model, config: EngineConfig, cases) -> list:
+    async with Engine(model, config) as engine:
+        out = await complete_all(engine, cases, timeout_s=300)
+        await wait_idle(engine)
+        await assert_all_free(engine)
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_greedy_speculative_equals_greedy_plain_for_every_drafter(tiny_float, device: str) -> None:
+    cases = [case(i) for i in range(10)]
+    plain = await run_cases(tiny_float, device_config(device, "none", max_batch_size=4), cases)
+    alone = await run_cases(tiny_float, device_config(device, "none", max_batch_size=1), cases[:4])
+    assert [c.token_ids for c in alone] == [c.token_ids for c in plain[:4]], "batching changed an output"
+    tok = tiny_float.tokenizer
+    oracle = Oracle({tuple(tok.encode_prompt(p)): c.token_ids for (p, _, _), c in zip(cases, plain)})
+    modes = MODES[1:] + [SpeculativeConfig(drafters=(), user_drafter=oracle, max_draft_len=3)]
+    for mode in modes:
+        got = await run_cases(tiny_float, device_config(device, mode, max_batch_size=4), cases)
+        for i, (want, have) in enumerate(zip(plain, got)):
+            assert have.token_ids == want.token_ids, f"{mode} differs on case {i}"
+            assert have.finish_reason == want.finish_reason
+        assert sum(c.stats.drafted for c in got) > 0, f"{mode} did not speculate"
+    for (_, grammar, _), c in zip(cases, plain):
+        if isinstance(grammar, JsonSchema) and c.finish_reason == "stop":
+            jsonschema.validate(json.loads(c.text), SCHEMA)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_steady_decode_replays_captured_steps_at_batch_1_and_8(tiny_float, device: str) -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    for batch in (1, 8):
+        async with Engine(tiny_float, device_config(device, max_batch_size=8)) as engine:
+            async with anyio.create_task_group() as tg:
+                for i in range(batch):
+                    tg.start_soon(lambda i=i: engine.complete(f"Once upon a time {i}", sampling=greedy))
+            metrics = await engine.metrics()
+        assert metrics.captured_programs >= 1, metrics
+        # prompt chunks and each bucket's first step run eagerly; the steady decode replays
+        assert metrics.replayed_steps >= metrics.steps - 6, metrics
+        assert metrics.replayed_steps + metrics.eager_steps == metrics.steps
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_captured_steps_give_the_eager_output(tiny_float, device: str) -> None:
+    cases = [case(i) for i in range(6)]
+    captured = await run_cases(tiny_float, device_config(device, max_batch_size=4), cases)
+    eager = await run_cases(tiny_float, device_config(device, max_batch_size=4, capture_steps=False), cases)
+    assert [c.token_ids for c in captured] == [c.token_ids for c in eager]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_greedy_speculative_equals_plain_across_a_grammar_switch(tiny_float, device: str) -> None:
+    spec = Reasoning(then=JsonSchema(SCHEMA), max_reasoning_tokens=4)
+    greedy = SamplingParams(temperature=0.0, max_tokens=40)
+    outs = []
+    for mode in ("none", "ngram+forced"):
+        async with Engine(tiny_float, device_config(device, mode, max_batch_size=2)) as engine:
+            outs.append(await engine.complete("abc abc abc abc", grammar=spec, sampling=greedy))
+            await assert_all_free(engine)
+    assert outs[0].token_ids == outs[1].token_ids and outs[0].reasoning_text
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_a_nan_row_fails_only_its_request(tiny_float, device: str, monkeypatch) -> None:
+    forward = DeviceVerifier.forward
+
+    def poisoned(self, shape=None) -> None:
+        forward(self, shape)
+        work = self._dwork
+        for v, s in work.verified:
+            if s.request_id == "req-0":
+                row = int(self.staging.host.index[v, 0])
+                self._logits = self._logits.clone()
+                self._logits[row] = float("nan")
+
+    prompt, grammar, sampling = case(1)
+    async with Engine(tiny_float, device_config(device, max_batch_size=2)) as engine:
+        expected = (await engine.complete(prompt, grammar=grammar, sampling=sampling)).token_ids
+    monkeypatch.setattr(DeviceVerifier, "forward", poisoned)
+    async with Engine(tiny_float, device_config(device, max_batch_size=2)) as engine:
+        results: dict[str, object] = {}
+
+        async def one(name: str) -> None:
+            try:
+                results[name] = (await engine.complete(prompt, grammar=grammar, sampling=sampling)).token_ids
+            except SamplingError as exc:
+                results[name] = exc
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, "victim")
+            await anyio.sleep(0.05)
+            tg.start_soon(one, "neighbour")
+        assert isinstance(results["victim"], SamplingError)
+        assert results["neighbour"] == expected
+        await wait_idle(engine)
+        await assert_all_free(engine)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_cancelled_requests_leak_nothing(tiny_float, device: str) -> None:
+    async with Engine(tiny_float, device_config(device, max_batch_size=4)) as engine:
+        async def cut_short(i: int) -> None:
+            n = 0
+            async for _ in engine.generate(f"Once upon a time {i}", sampling=SamplingParams(max_tokens=50)):
+                n += 1
+                if n == 3:
+                    break
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(cut_short, i)
+        await wait_idle(engine)
+        await assert_all_free(engine)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_prefix_caching_is_exact(tiny_float, device: str) -> None:
+    prompt = "word " * 40
+    greedy = SamplingParams(temperature=0.0, max_tokens=16)
+    outs = {}
+    for caching in (False, True):
+        async with Engine(tiny_float, device_config(device, prefix_caching=caching, max_batch_size=2)) as engine:
+            outs[caching] = [(await engine.complete(prompt, sampling=greedy)).token_ids for _ in range(2)]
+            cached = (await engine.metrics()).cached_prompt_tokens
+        assert (cached > 0) == caching
+    assert outs[True] == outs[False] and outs[True][0] == outs[True][1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_what_it_does_not_run_yet_is_refused_by_name(tiny_float, device: str) -> None:
+    with pytest.raises(UnsupportedModelError, match="not on CUDA yet"):
+        Engine(tiny_float, device_config(device, "self-draft+forced"))
+    async with Engine(tiny_float, device_config(device, max_batch_size=2)) as engine:
+        for sampling, name in ((SamplingParams(guidance_scale=1.5), "guidance"),
+                               (SamplingParams(repetition_penalty=1.2), "penalties"),
+                               (SamplingParams(logprobs=2), "logprobs")):
+            with pytest.raises(UnsupportedFeatureError, match=f"{name}.* not on CUDA yet"):
+                await engine.complete("Hello", sampling=sampling)
+        done = await engine.complete("Hello", sampling=SamplingParams(max_tokens=4))
+        assert done.stats.output_tokens > 0
+        await assert_all_free(engine)
