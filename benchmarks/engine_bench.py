@@ -22,7 +22,7 @@ import anyio
 from rich.console import Console
 
 from interlock.benchmarks.common import percentile, print_json_last, print_table
-from interlock.benchmarks.prompts import DATASETS, Row, build_messages, is_valid, load_rows
+from interlock.benchmarks.prompts import Row, build_messages, dataset_arg, is_valid, load_rows
 from interlock.benchmarks.workloads import repeated_schema, row_by_id
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel
@@ -64,7 +64,7 @@ def bench_rows(cfg: BenchConfig) -> list[Row]:
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     """The rows an A/B script runs (feature_ab, mode_ab): --dataset, --limit, --repeat-schema, --repeats."""
-    p.add_argument("--dataset", type=Path, default=DATASETS / "JME.jsonl")
+    p.add_argument("--dataset", type=dataset_arg, default="JME", help="a JSONSchemaBench set (name or .jsonl path)")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--repeat-schema", metavar="ROW", default=None,
                    help="one row's schema over --limit documents (interlock bench's repeated-schema workload)")

@@ -12,11 +12,11 @@ import json
 import os
 
 import pytest
+from bench_data import JSONSCHEMABENCH as DATA
 from hypothesis import settings
 
 from interlock.grammars.bitmask import allowed_ids
 from interlock.protocol.grammar import Ebnf, JsonSchema, Regex
-from interlock.benchmarks.prompts import DATASETS as DATA
 from interlock.testing import (Accept, OfferRefused, default_settings, grammar_case, matcher_machine,
                                run_operations)
 
