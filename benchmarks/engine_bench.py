@@ -16,13 +16,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import anyio
 from rich.console import Console
 
 from interlock.benchmarks.common import percentile, print_json_last, print_table
-from interlock.benchmarks.prompts import DATASETS, Row, build_messages, is_valid, load_rows
+from interlock.benchmarks.prompts import Row, build_messages, dataset_arg, is_valid, load_rows
 from interlock.benchmarks.workloads import repeated_schema, row_by_id
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel
@@ -63,8 +63,8 @@ def bench_rows(cfg: BenchConfig) -> list[Row]:
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
-    """The rows an A/B script runs (feature_ab, mode_ab): --dataset, --limit, --repeat-schema, --repeats."""
-    p.add_argument("--dataset", type=Path, default=DATASETS / "JME.jsonl")
+    """The rows benchmarks/ab.py runs: --dataset, --limit, --repeat-schema, --repeats."""
+    p.add_argument("--dataset", type=dataset_arg, default="JME", help="a JSONSchemaBench set (name or .jsonl path)")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--repeat-schema", metavar="ROW", default=None,
                    help="one row's schema over --limit documents (interlock bench's repeated-schema workload)")
@@ -184,21 +184,8 @@ async def run_modes(loaded: LoadedModel, cfg: BenchConfig, modes: list[str], pro
     return results
 
 
-def alternate(loaded: LoadedModel, cfg: BenchConfig, rounds: int, sides: tuple[str, str],
-              set_side: Callable[[str], BenchConfig | None]) -> dict[str, list[dict]]:
-    """run_bench on `cfg` `rounds` times per side, alternating (a, b, b, a, ...: `round_order`);
-    `set_side(name)` switches the process to that side before each run (and may return the side's
-    own config)."""
-    runs: dict[str, list[dict]] = {side: [] for side in sides}
-    for r in range(rounds):
-        for side in round_order(sides, r):
-            side_cfg = set_side(side) or cfg
-            runs[side].append(anyio.run(run_bench, loaded, side_cfg, False))
-    return runs
-
-
 def same_tokens(runs: dict[str, list[dict]]) -> bool:
-    """Whether every run of `alternate` gave every row the same tokens."""
+    """Whether every run_bench result in `runs` (side -> its runs) gave every row the same tokens."""
     outputs = [[o["token_ids"] for o in x["outputs"]] for results in runs.values() for x in results]
     return all(o == outputs[0] for o in outputs)
 

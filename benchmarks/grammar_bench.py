@@ -1,6 +1,6 @@
 """Grammar backends on JSONSchemaBench: coverage, compliance, compile time, mask time.
 
-    .venv/bin/python -m interlock.benchmarks.grammar_bench --dataset /work/shared/data/jsonschemabench/JME.jsonl
+    python -m interlock.benchmarks.grammar_bench --dataset JME      # a set name, or a path to its .jsonl
 
 Each schema is compiled (compact whitespace) by xgrammar and by llguidance, with the real
 SmolLM2 tokenizer (V = 49152). Every test instance is serialized compactly, tokenized as the
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from interlock.benchmarks.prompts import dataset_arg
 from interlock.grammars import make_backend
 from interlock.grammars.auto import AutoBackend
 from interlock.grammars.backends import AUTO_ORDER
@@ -248,7 +249,7 @@ def print_table(summary: dict[str, dict[str, Any]], out: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", type=Path, required=True)
+    parser.add_argument("--dataset", type=dataset_arg, required=True, help="a JSONSchemaBench set (name or .jsonl path)")
     parser.add_argument("--limit", type=int, default=None, help="first N schemas only")
     parser.add_argument("--timeout", type=float, default=GrammarConfig().compile_timeout_s)
     parser.add_argument("--tokenizer", default="smollm2-135m-instruct")

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from interlock.benchmarks.common import print_json_last, print_table
-from interlock.benchmarks.prompts import build_messages, load_rows
+from interlock.benchmarks.prompts import build_messages, dataset_arg, load_rows
 from interlock.kernels import native
 from interlock.models.batch import ROW_PATH_MAX_TOKENS, SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
@@ -37,7 +37,6 @@ from interlock.models.llama import Transformer
 from interlock.models.loader import EMBEDDED, load_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench" / "JME.jsonl"
 
 
 def _kv(model: Transformer, tokens: int) -> PagedKVCache:
@@ -84,7 +83,7 @@ def torch_int8(model: Transformer) -> Transformer:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", default=str(DATASET))
+    p.add_argument("--dataset", type=dataset_arg, default="JME", help="a JSONSchemaBench set (name or .jsonl path)")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=2)
@@ -125,7 +124,7 @@ def main() -> None:
     rows = [{"model": name, "top1_agreement": round(s["agree"] / s["positions"], 4),
              "mean_kl": round(s["kl_sum"] / s["positions"], 5), "max_kl": round(s["kl_max"], 4),
              "same_greedy": f"{s['same_greedy']}/{len(prompts)}"} for name, s in stats.items()]
-    result = {"dataset": args.dataset, "limit": args.limit, "tokens": args.tokens, "threads": args.threads,
+    result = {"dataset": str(args.dataset), "limit": args.limit, "tokens": args.tokens, "threads": args.threads,
               "int8_kernel": native.int8_kernel(), "rows": rows, "prompts": prompts}
     keys = ["model", "top1_agreement", "mean_kl", "max_kl", "same_greedy"]
     print_table(f"vs the unquantized model ({args.limit} prompts x {args.tokens} tokens, "

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from interlock.benchmarks.common import load_average, percentile, print_json_last, print_table
-from interlock.benchmarks.prompts import DATASETS, Row, build_messages, is_valid, load_rows
+from interlock.benchmarks.prompts import Row, build_messages, dataset_arg, is_valid, load_rows
 from interlock.benchmarks.workloads import REPEATED_ROW, repeated_schema, row_by_id
 from interlock.logs import configure_logging
 
@@ -264,6 +264,7 @@ def summarize(name: str, rows: Sequence[Row], samples: list[list[Sample]]) -> di
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workload", choices=["jme", "repeated"], default="jme")
+    p.add_argument("--dataset", type=dataset_arg, default="JME", help="a JSONSchemaBench set (name or .jsonl path)")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--row", default=REPEATED_ROW, help="the JME row whose schema the repeated workload uses")
     p.add_argument("--repeats", type=int, default=3)
@@ -281,8 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     configure_logging(level="warning")
     torch.set_num_threads(1)                # interlock's model lane owns its threads; HF gets them below
-    rows = (load_rows(DATASETS / "JME.jsonl", args.limit) if args.workload == "jme" else
-            repeated_schema(row_by_id(DATASETS / "JME.jsonl", args.row), args.limit))
+    rows = (load_rows(args.dataset, args.limit) if args.workload == "jme" else
+            repeated_schema(row_by_id(args.dataset, args.row), args.limit))
     out = Path(args.json) if args.json else RESULTS / f"peers-{args.workload}-{datetime.date.today()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []

@@ -4,8 +4,7 @@ Per context length (tokens already in the cache): the best-of-N time of one forw
 prompt chunk (the engine's default 256 tokens), as tokens/s, on the two prompt paths measured side
 by side: the rows path (int8 rows kernels, batch invariant: `EngineConfig.prefill="rows"`, the
 default where the CPU has AMX or AVX512-VNNI) and the dense path (bf16 GEMMs with the unquantized weights and
-SDPA). Prints a table and one JSON line; saves the JSON under benchmarks/results/. (Until
-2026-11-25 it compared SDPA's 3-D and 4-D call forms instead: benchmarks/results/prefill-2026-11-23.json.)
+SDPA). Prints a table and one JSON line; saves the JSON under benchmarks/results/.
 """
 from __future__ import annotations
 

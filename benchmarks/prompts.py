@@ -1,6 +1,6 @@
 """JSONSchemaBench rows and the chat prompts built from them (issue 4's benchmark contract).
 
-    rows = load_rows(Path("/work/shared/data/jsonschemabench/JME.jsonl"), limit=20)
+    rows = load_rows(dataset("JME"), limit=20)        # DATASETS / "JME.jsonl", or MissingDataError
     messages = build_messages(rows[0])      # [{"role": "system", ...}, {"role": "user", ...}]
 
 The system message holds the instructions and the schema as JSON. For a row with a valid test
@@ -15,6 +15,7 @@ say how many items they hold and enumerate them; empty objects and lists are cal
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -36,8 +37,38 @@ ROOT = "the answer"
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\- ]*\Z")
 
 
-# The shared data sits beside the checkout (../shared/data/jsonschemabench); INTERLOCK_DATA overrides it.
-DATASETS = Path(os.environ.get("INTERLOCK_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench")
+# The full JSONSchemaBench sets are not in the repository (tens of MB): a checkout finds them in
+# ../shared/data/jsonschemabench beside it, or wherever INTERLOCK_DATA names. The tests use the slice
+# vendored in tests/data/jsonschemabench (its README says which rows and where they come from).
+DATA_ENV = "INTERLOCK_DATA"
+DATASETS = Path(os.environ.get(DATA_ENV) or Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench")
+
+
+class MissingDataError(FileNotFoundError):
+    """A JSONSchemaBench set that is not where the benchmarks look; the message says how to provide it."""
+
+
+def dataset(name: str | Path) -> Path:
+    """The file of a set: a name ("JME", "BFCL_simple", ...) in DATASETS, or a path to a .jsonl file.
+
+    Raises MissingDataError when it is not there (a benchmark turns it into a usage error)."""
+    path = Path(name)
+    if path.suffix != ".jsonl" and len(path.parts) == 1:
+        path = DATASETS / f"{name}.jsonl"
+    if not path.is_file():
+        raise MissingDataError(
+            f"{path}: no such JSONSchemaBench file. The full sets are not shipped with interlock: put them in "
+            f"../shared/data/jsonschemabench beside the checkout or set {DATA_ENV} to their folder, or pass "
+            f"a .jsonl path (tests/data/jsonschemabench holds JME and BFCL_simple in full)")
+    return path
+
+
+def dataset_arg(text: str) -> Path:
+    """argparse `type=` for --dataset: a set name or a path; a missing file is a usage error, not a traceback."""
+    try:
+        return dataset(text)
+    except MissingDataError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @dataclass(frozen=True)

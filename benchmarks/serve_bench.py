@@ -23,7 +23,7 @@ from pathlib import Path
 import anyio
 
 from interlock.benchmarks.common import load_average, percentile, print_json_last, print_table
-from interlock.benchmarks.prompts import DATASETS, Row, build_messages, load_rows
+from interlock.benchmarks.prompts import Row, build_messages, dataset_arg, load_rows
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel, load_model
 from interlock.protocol.grammar import JsonSchema
@@ -175,7 +175,7 @@ async def main_async(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", default=str(DATASETS / "JME.jsonl"))
+    p.add_argument("--dataset", type=dataset_arg, default="JME", help="a JSONSchemaBench set (name or .jsonl path)")
     p.add_argument("--limit", type=int, default=32)
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--speculative", default="ngram+forced")

@@ -2,7 +2,7 @@
 JSON schema only a grammar that enforces it exactly.
 
 Why this order (measured by benchmarks/grammar_bench.py on the shared JSONSchemaBench files, see
-grammars/README.md): llguidance compiles in about a millisecond and refuses at compile time the
+docs/grammars.md): llguidance compiles in about a millisecond and refuses at compile time the
 keywords it cannot enforce, while xgrammar compiles in tens to hundreds of milliseconds, has a long
 mask-time tail and silently drops keywords (grammars/LENIENCY.md). xgrammar still enforces a few
 schemas llguidance refuses (min/maxProperties beside optional properties, some regexes), so it is

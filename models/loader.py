@@ -64,7 +64,7 @@ def default_kv_dtype(weights: Weights, dtype: Dtype) -> Dtype:
     activations, and an fp32 cache made a step at 1,000 tokens of context read 46 MB of K/V beside
     134 MB of weights; fp16 halves that (the AVX-512 row attention widens it exactly as it loads
     it), as llama.cpp's default f16 cache does, at a small measured cost against the fp32 cache
-    (README, "An fp16 KV cache"). The portable attention (no AVX-512) converts scalar by scalar,
+    (docs/performance.md, "Quality"). The portable attention (no AVX-512) converts scalar by scalar,
     which made it 1.5x slower with fp16 than with fp32: those CPUs keep fp32. "float" weights keep
     their own dtype: float32 is the reference that matches HF."""
     quantized = weights in ("int8", "int4")

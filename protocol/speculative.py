@@ -16,7 +16,7 @@ OPTIONS = ("adaptive", "nomask")
 # Layers of the target the self-draft runs when none are named, chosen from data: on JME (10 rows,
 # greedy, K=3, self-draft:N+forced) SmolLM2-135M's acceptance length is flat from N=4 to N=16
 # (1.56-1.57; 2.0 at 24, 2.8 at 29, 4.0 at 30) while the cost per draft grows with N, so the
-# cheapest depth wins. README "Measured" has the table.
+# cheapest depth wins (issue 12's runs, in git history: the README of 2026-11-21).
 SELF_DRAFT_LAYERS = 4
 # The most lookup tokens one step may verify for a request (K, and the suffix drafter's long drafts).
 MAX_DRAFT_LEN = 16
@@ -33,7 +33,7 @@ class NGramConfig:
 
     Default N = 8: on structured output a long match is the specific one (a key's whole context,
     not just `":"`). Measured with ngram+forced, K = 3, first 50 rows: acceptance length 2.66 -> 2.83
-    on JME and 2.79 -> 2.82 on Glaiveai2K against N = 3 (README, Measured).
+    on JME and 2.79 -> 2.82 on Glaiveai2K against N = 3 (interlock bench, 2026-11-25).
     """
 
     max_matching_ngram_size: int = 8
@@ -63,7 +63,7 @@ class SuffixConfig:
     prompt seen before (the same JME row run again, its output in the global trie) takes
     acceptance 4.1 -> ~12 while new prompts keep theirs; K = 16 for every draft instead made
     the repeated-schema documents slower (values differ per document, and a 3-token match on a key
-    drafted another document's value 16 tokens long). README "Measured" has the runs.
+    drafted another document's value 16 tokens long). Runs of issue 13, recorded in git history.
     """
 
     max_depth: int = 24
@@ -111,7 +111,7 @@ class SpeculativeConfig:
     # Grammar-forced tokens are certain, so they need no draft budget, only rows: a step may carry
     # up to K + forced_extra draft tokens when forced ones lead, and the other drafters still get K
     # after them (jump-forward riding in the verify step). A forced row always yields a token for
-    # ~1 ms of a 2-core CPU's ~8 ms step. JME 50, K = 3 (README): acceptance 2.81 / 3.09 / 3.15 at
+    # ~1 ms of a 2-core CPU's ~8 ms step. JME 50, K = 3 (interlock bench, 2026-11-25): acceptance 2.81 / 3.09 / 3.15 at
     # 0 / 2 / 4, tokens/s 1.00 / 1.01 / 1.02x. 0: forced tokens count against K (TensorRT-LLM's way).
     forced_extra: int = 4
     ngram: NGramConfig = NGramConfig()

@@ -45,7 +45,8 @@ def test_kv_cache_dtype_reaches_the_loader_as_kv_dtype(flag: list[str], kv_dtype
 
 
 def test_a_repeat_schema_row_that_is_not_there_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from interlock.benchmarks.prompts import DATASETS
+    from bench_data import JSONSCHEMABENCH as DATASETS
+
     from interlock.cli import main
 
     with pytest.raises(SystemExit) as exit_info:        # before any model loads
@@ -57,8 +58,9 @@ def test_a_repeat_schema_row_that_is_not_there_is_a_usage_error(capsys: pytest.C
 def test_repeat_schema_benches_one_schema_with_varied_documents() -> None:
     from pathlib import Path
 
+    from bench_data import JSONSCHEMABENCH as DATASETS
+
     from interlock.benchmarks.engine_bench import BenchConfig, bench_rows
-    from interlock.benchmarks.prompts import DATASETS
     from interlock.benchmarks.workloads import REPEATED_ROW
 
     rows = bench_rows(BenchConfig(dataset=Path(DATASETS / "JME.jsonl"), limit=5, repeat_schema=REPEATED_ROW))

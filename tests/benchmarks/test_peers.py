@@ -8,8 +8,9 @@ import random
 import jsonschema
 import pytest
 import torch
+from bench_data import JSONSCHEMABENCH as DATASETS
 
-from interlock.benchmarks.prompts import DATASETS, build_messages
+from interlock.benchmarks.prompts import build_messages
 from interlock.benchmarks.workloads import REPEATED_ROW, repeated_schema, row_by_id
 
 

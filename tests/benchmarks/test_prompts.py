@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_data import JSONSCHEMABENCH as DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interlock.benchmarks.prompts import DATASETS as DATA
 from interlock.benchmarks.prompts import (GENERIC_REQUEST, Instance, Row, build_messages, describe,
                                           load_rows)
 
@@ -98,7 +98,7 @@ def test_every_jme_row_gets_schema_and_prose(jme_rows: list[Row]) -> None:
 
 
 def test_rows_without_a_valid_instance_get_the_generic_request() -> None:
-    rows = [r for r in load_rows(DATA / "Glaiveai2K.jsonl", limit=300) if not r.valid_instances]
+    rows = [r for path in sorted(DATA.glob("*.jsonl")) for r in load_rows(path) if not r.valid_instances]
     assert rows, "the data set should hold rows without a valid instance"
     for row in rows + [row_of({"a": 1}, valid=False), Row("e", {}, ())]:
         assert build_messages(row)[1]["content"] == GENERIC_REQUEST
@@ -162,3 +162,24 @@ def test_prose_holds_every_scalar_is_not_json_and_is_deterministic(value: Any) -
         assert expected_text(scalar) in user
     assert not is_json(user) and not is_json(describe(value))
     assert build_messages(row_of(json.loads(json.dumps(value))))[1]["content"] == user
+
+
+# --- where the full sets are -----------------------------------------------------------------------
+
+def test_a_missing_set_is_a_usage_error_naming_the_way_to_provide_it(tmp_path: Path, monkeypatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from interlock.benchmarks import prompts
+
+    monkeypatch.setattr(prompts, "DATASETS", tmp_path)
+    with pytest.raises(prompts.MissingDataError, match="INTERLOCK_DATA"):
+        prompts.dataset("JME")
+    p = argparse.ArgumentParser()
+    p.add_argument("--dataset", type=prompts.dataset_arg, default="JME")
+    with pytest.raises(SystemExit) as exit_info:      # the default is checked too: argparse converts it
+        p.parse_args([])
+    assert exit_info.value.code == 2 and "INTERLOCK_DATA" in capsys.readouterr().err
+    (tmp_path / "JME.jsonl").write_text("")
+    assert p.parse_args([]).dataset == tmp_path / "JME.jsonl"
+    assert p.parse_args(["--dataset", str(DATA / "BFCL_simple.jsonl")]).dataset == DATA / "BFCL_simple.jsonl"

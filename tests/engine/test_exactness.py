@@ -9,8 +9,9 @@ from __future__ import annotations
 import anyio
 import jsonschema
 import pytest
+from bench_data import JSONSCHEMABENCH as DATASETS
 
-from interlock.benchmarks.prompts import DATASETS, build_messages, load_rows
+from interlock.benchmarks.prompts import build_messages, load_rows
 from interlock.engine import Engine, EngineConfig
 from interlock.protocol.grammar import GrammarConfig, JsonSchema
 from interlock.protocol.sampling import SamplingParams

@@ -3,7 +3,7 @@ multi-row fill, a matcher's mask equals a fresh matcher replaying its accepted p
 
 The machine is the public one (`interlock.testing.matcher_machine`). Default profile: 10 examples
 per spec x 24 specs = 240 per backend, derandomized (the suite is reproducible). Thorough (run once,
-see the README): HYPOTHESIS_PROFILE=grammar-thorough -> 50 random examples per spec (1,200 per
+see docs/testing.md): HYPOTHESIS_PROFILE=grammar-thorough -> 50 random examples per spec (1,200 per
 backend) x 50 steps.
 """
 from __future__ import annotations
@@ -12,11 +12,11 @@ import json
 import os
 
 import pytest
+from bench_data import JSONSCHEMABENCH as DATA
 from hypothesis import settings
 
 from interlock.grammars.bitmask import allowed_ids
 from interlock.protocol.grammar import Ebnf, JsonSchema, Regex
-from interlock.benchmarks.prompts import DATASETS as DATA
 from interlock.testing import (Accept, OfferRefused, default_settings, grammar_case, matcher_machine,
                                run_operations)
 

@@ -19,17 +19,19 @@ from __future__ import annotations
 import json
 
 import pytest
+from bench_data import JSONSCHEMABENCH as DATA
 
 from interlock.benchmarks.grammar_bench import instance_text, order_like_schema
-from interlock.benchmarks.prompts import DATASETS as DATA
 from interlock.grammars.auto import AutoBackend
 from interlock.grammars.backends import AUTO_ORDER
 from interlock.grammars.validate import validate_output
 from interlock.protocol.errors import GrammarError, SchemaKeywordError
 from interlock.protocol.grammar import JsonSchema
 
+# The vendored slice (tests/bench_data.py) holds JME and BFCL_simple whole and, of the other three
+# sets, 12 rows spread evenly over each file (its README says how they were drawn).
 FULL = ("JME", "BFCL_simple")
-SAMPLED = {"Github_trivial": 12, "Github_easy": 12, "Glaiveai2K": 12}
+SAMPLED = ("Github_trivial", "Github_easy", "Glaiveai2K")
 
 # Schemas each backend refuses to compile, among the rows this file runs. A ratchet: see the docstring.
 REFUSED: dict[str, set[str]] = {
@@ -54,22 +56,16 @@ XGRAMMAR_JME_EVERY = 4
 
 
 def rows_of(name: str) -> list[dict]:
-    rows = [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines() if line.strip()]
-    if name in SAMPLED:                      # a fixed, evenly spread sample
-        step = max(1, len(rows) // SAMPLED[name])
-        rows = rows[::step][: SAMPLED[name]]
-    return rows
+    return [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines() if line.strip()]
 
 
 def cases(backend: str = "") -> list:
-    """Every row of FULL and the SAMPLED rows; for xgrammar, a fixed quarter of JME (not skipped:
-    never generated)."""
+    """Every row of the slice; for xgrammar, a fixed quarter of JME (not skipped: never generated)."""
     out = []
     for name in (*FULL, *SAMPLED):
-        if (DATA / f"{name}.jsonl").exists():
-            out.extend(pytest.param(row, id=row["id"]) for row in rows_of(name)
-                       if backend != "xgrammar" or not row["id"].startswith("JME_")
-                       or int(row["id"][4:]) % XGRAMMAR_JME_EVERY == 0)
+        out.extend(pytest.param(row, id=row["id"]) for row in rows_of(name)
+                   if backend != "xgrammar" or not row["id"].startswith("JME_")
+                   or int(row["id"][4:]) % XGRAMMAR_JME_EVERY == 0)
     return out
 
 
