@@ -1,6 +1,6 @@
 """The bad-input catalogue: every bad input a user can give, the typed error it gets, and a
 neighbour request, running beside it in the same engine, that finishes with exactly its solo output.
-After each case every resource is free again. README.md ("Bad input") has the same table.
+After each case every resource is free again. docs/usage.md has the same table.
 """
 from __future__ import annotations
 
