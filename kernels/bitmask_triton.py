@@ -15,7 +15,10 @@ import triton.language as tl
 BLOCK = 1024
 
 
-@triton.jit
+# No specialization on the integer arguments: Triton turns an argument equal to 1 into a constant,
+# and a [R, 1] logits tensor (vocab 1, row stride 1) left rows unmasked on an H100 (the same kernel
+# is right under the interpreter, tests/kernels/test_bitmask_vocab_sizes.py); these ints are cheap.
+@triton.jit(do_not_specialize=["logits_stride", "bitmask_stride", "vocab", "limit"])
 def _apply_kernel(logits_ptr, logits_stride, bitmask_ptr, bitmask_stride, rows_ptr, skip_ptr, d2t_ptr,
                   vocab, limit, HAS_ROWS: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_D2T: tl.constexpr,
                   BLOCK: tl.constexpr):
