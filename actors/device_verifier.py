@@ -69,8 +69,8 @@ class DeviceVerifier(VerifierActor):
     def __init__(self, model: DeviceLlama, kv: PagedKVCache, timeline: Timeline, buffers: MaskBuffers,
                  step: StepBuffers, tokenizer_vocab: int, eos_token_ids: tuple[int, ...], *, max_rows: int,
                  max_drafts: int, buckets: tuple[int, ...], max_blocks: int, pad_block: int) -> None:
-        super().__init__(model, kv, timeline, buffers, step, tokenizer_vocab, eos_token_ids)  # type: ignore[arg-type]
-        self.lean = False
+        super().__init__(model, kv, timeline, buffers, step, tokenizer_vocab, eos_token_ids,  # type: ignore[arg-type]
+                         lean=False)
         self.buckets = buckets
         self.k = max_drafts
         self.max_blocks = max_blocks

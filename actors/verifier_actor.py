@@ -76,7 +76,7 @@ class _StepWork:
 class VerifierActor(Actor[object]):
     def __init__(self, model: Transformer, kv: PagedKVCache, timeline: Timeline, buffers: MaskBuffers,
                  step: StepBuffers, tokenizer_vocab: int, eos_token_ids: tuple[int, ...], *,
-                 rows_prefill: bool | None = None) -> None:
+                 rows_prefill: bool | None = None, lean: bool | None = None) -> None:
         self.model = model
         self.rows_prefill = rows_prefill    # this engine's prompt path (EngineConfig.prefill); None: the model's
         self.kv = kv
@@ -89,7 +89,8 @@ class VerifierActor(Actor[object]):
         self.penalties = PenaltyBook(model.config.vocab_size)       # per-request token counts; model lane only
         self.queue = StepQueue("verifier")
         self._work: _StepWork | None = None
-        self.lean = native.available()        # the lean greedy path (module docstring)
+        # the lean greedy path (module docstring); None: where the native kernels build
+        self.lean = native.available() if lean is None else lean
         super().__init__("verifier")
 
     def handlers(self) -> Mapping[type, Handler]:

@@ -6,6 +6,7 @@ weights, a cut-down real tokenizer: for tests), a *.gguf path, or an HF checkpoi
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,10 +51,20 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+def embedded_tokenizer() -> Tokenizer:
+    """The embedded model's tokenizer: from its GGUF, or, where the package is not installed (a GPU
+    machine that gets the repository without the 100 MB file), from the HF tokenizer directory that
+    $INTERLOCK_EMBEDDED_TOKENIZER names (`python -m interlock.benchmarks.gpu_wheels` exports it)."""
+    exported = os.environ.get("INTERLOCK_EMBEDDED_TOKENIZER")
+    if exported and importlib.util.find_spec(EMBEDDED_PACKAGE) is None:
+        return load_hf_tokenizer(Path(exported))
+    return load_gguf_tokenizer(embedded_gguf_path())
+
+
 def load_tokenizer(name_or_path: str) -> Tokenizer:
     """Just the tokenizer of a model (fast after the first load)."""
     if name_or_path == TINY:
-        return truncated_tokenizer(load_gguf_tokenizer(embedded_gguf_path()), TINY_TOKENIZER_VOCAB)
+        return truncated_tokenizer(embedded_tokenizer(), TINY_TOKENIZER_VOCAB)
     path = _resolve(name_or_path)
     return load_gguf_tokenizer(path) if path.suffix == ".gguf" else load_hf_tokenizer(path)
 
