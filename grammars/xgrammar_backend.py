@@ -209,15 +209,22 @@ class XGrammarMatcher(BaseMatcher):
 
     def _native_validate(self, token_ids: list[TokenId]) -> int:
         n = 0
-        banned = self._control.banned if self._control is not None else frozenset()
-        for t in token_ids:
-            # Special ids are refused here: xgrammar would refuse them too, but logs a warning each time.
-            if t in self._special or t in banned or not self._m.accept_token(t):
+        for t in self._offered(token_ids):
+            if not self._m.accept_token(t):
                 break
             n += 1
         if n:
             self._m.rollback(n)
         return n
+
+    def _offered(self, token_ids: list[TokenId]) -> list[TokenId]:
+        """The leading tokens worth offering to xgrammar: special ids and (for JSON) control
+        characters are refused here; xgrammar would refuse specials too, but logs a warning each time."""
+        banned = self._control.banned if self._control is not None else frozenset()
+        for i, t in enumerate(token_ids):
+            if t in self._special or t in banned:
+                return token_ids[:i]
+        return token_ids
 
     def _native_consume(self, token_ids: list[TokenId]) -> None:
         for t in token_ids:
