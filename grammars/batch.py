@@ -18,14 +18,13 @@ drafts the grammar allows (the check cuts the rest); it has 1 + n valid rows.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from interlock.protocol.grammar import GrammarMatcher
+from interlock.protocol.grammar import GrammarMatcher, default_mask_threads
 from interlock.protocol.types import TokenId
 
 
@@ -74,13 +73,6 @@ class RowByRow:
 
     def accept(self, matchers: Sequence[Any], tokens: Sequence[Sequence[TokenId]]) -> list[bool]:
         return [m.accept(t) for m, t in zip(matchers, tokens)]
-
-
-def default_mask_threads() -> int:
-    """Threads of the batch fills: half the cores, at most 8 (benchmarks/mask_bench.py: more
-    threads than that make xgrammar's batch fill slower on a 16-core host, and on 2 cores one
-    thread per core is as fast as any)."""
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 class StepMasks:
