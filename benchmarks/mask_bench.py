@@ -10,15 +10,15 @@ plus one more token. Two paths, timed side by side on the same requests:
 
 Requests replay valid instances of JSONSchemaBench schemas (JME and Github_easy, the first
 --schemas of each that the backend compiles and whose instance it accepts, compact JSON); every
-fourth request's second draft is replaced by a token the grammar likely refuses, so the check cuts.
+fourth request's second draft is replaced by EOS, which the grammar refuses mid-output: the check cuts.
 Both vocabularies: SmolLM2's 49,152 ids, and 128,256 ids built as gpu_bench's GrammarHost builds
 them (SmolLM2's tokens plus concatenations of two of them, seed 0). Each path must produce the
 same cuts, rows and verdicts (a digest per step); the table gives median ms per step and the
 per-row / batched ratio. Raw results (per-step times, the scripts' token ids) go to
 benchmarks/results/.
 
-    python -m interlock.benchmarks.mask_bench [--quick] [--out FILE]
-The data: $INTERLOCK_DATA or ../shared/data/jsonschemabench beside the checkout.
+    python -m interlock.benchmarks.mask_bench [--quick] [--data DIR] [--out FILE]
+The data: --data, else $INTERLOCK_DATA, else ../shared/data/jsonschemabench beside the checkout.
 """
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def scripts(backend: Any, tokenizer: Tokenizer, data: Path, per_file: int) -> li
 def run_path(path: RowByRow | StepMasks, backend: Any, work: list[tuple[Any, list[int]]], batch: int,
              steps: int, vocab: int) -> dict[str, Any]:
     """`steps` steps of `batch` requests through one path: per-step seconds and digests."""
-    per = K + 1
+    per, eos = K + 1, backend.tokenizer.eos_token_ids[0]
     matchers = [backend.matcher(work[b % len(work)][0]) for b in range(batch)]
     script = [work[b % len(work)][1] for b in range(batch)]
     at = [0] * batch
@@ -105,7 +105,7 @@ def run_path(path: RowByRow | StepMasks, backend: Any, work: list[tuple[Any, lis
                 m.reset()
                 at[b] = 0
         drafts = [tuple(script[b][at[b]: at[b] + K]) for b in range(batch)]
-        drafts = [d[:1] + ((d[1] + 7) % vocab,) + d[2:] if b % 4 == 3 else d for b, d in enumerate(drafts)]
+        drafts = [d[:1] + (eos,) + d[2:] if b % 4 == 3 else d for b, d in enumerate(drafts)]
         start = time.perf_counter()
         requests = [Drafted(m, d, b * per) for b, (m, d) in enumerate(zip(matchers, drafts))]
         cuts = path.validate(requests, bitmask) if isinstance(path, RowByRow) else path.check(requests, bitmask)
@@ -127,9 +127,10 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a smoke run: 49K ids, B = 1 and 4, 1-2 threads, 3 steps")
     p.add_argument("--steps", type=int, default=None, help="timed steps per path (default 30; --quick 3)")
     p.add_argument("--schemas", type=int, default=None, help="schemas per dataset file (default 32; --quick 2)")
+    p.add_argument("--data", type=Path, default=DATASETS, help="the JSONSchemaBench folder (default: %(default)s)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    data = DATASETS
+    data = args.data
     missing = [name for name in DATASET_FILES if not (data / name).is_file()]
     if missing:
         p.error(f"JSONSchemaBench files {missing} not found in {data}: set INTERLOCK_DATA to the folder "

@@ -123,9 +123,10 @@ class XGrammarBatch:
             if control is not None:
                 by_filter.setdefault(id(control), (control, []))[1].append(row)
         for control, picked in by_filter.values():
-            index = torch.tensor(picked)
-            bitmask[index] &= control.keep
-        ms[0]._finish_rows(bitmask, rows, accepting)
+            block = (torch.tensor(picked)[:, None], control.columns[None, :])    # [rows, words keep changes]
+            bitmask[block] = bitmask[block] & control.keep_columns
+        touched = any(t in control.banned for control, _ in by_filter.values() for t in ms[0]._eos)
+        ms[0]._finish_rows(bitmask, rows, accepting, touched)
 
 
 def _advance(ms: Sequence[XGrammarMatcher], seqs: Sequence[Sequence[TokenId]]) -> list[int]:

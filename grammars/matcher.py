@@ -173,11 +173,14 @@ class BaseMatcher(ABC):
             return torch.zeros(len(rows), dtype=torch.bool)
         return bm.bits_at(bitmask, rows, torch.full_like(rows, eos))
 
-    def _finish_rows(self, bitmask: torch.Tensor, rows: torch.Tensor, accepting: torch.Tensor) -> None:
+    def _finish_rows(self, bitmask: torch.Tensor, rows: torch.Tensor, accepting: torch.Tensor,
+                     touched: bool = False) -> None:
         """`_fill_checked`'s rules after the native fill, for many rows at once (the batched pass,
-        grammars/batch.py): EOS bits say whether the grammar accepts there; padding is cleared."""
+        grammars/batch.py): EOS bits say whether the grammar accepts there; padding is cleared.
+        The EOS bit `accepting` was read from already holds it, unless something `touched` it since."""
+        first = min((t for t in self._eos if t < self._tokenizer_vocab), default=None)
         for t in self._eos:
-            if t < self._tokenizer_vocab:
+            if t < self._tokenizer_vocab and (t != first or touched):
                 bm.set_bit_rows(bitmask, rows, t, accepting)
         bm.clear_ids_from_rows(bitmask, rows, self._tokenizer_vocab, self._vocab_size)
 

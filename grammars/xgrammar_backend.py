@@ -179,6 +179,9 @@ class ControlFilter:
     def __init__(self, banned: frozenset[TokenId], keep: torch.Tensor) -> None:
         self.banned = banned
         self.keep = keep
+        # the words keep changes, and their values: filtering many rows touches only these
+        self.columns = (keep != -1).nonzero().flatten()
+        self.keep_columns = keep[self.columns]
 
     @classmethod
     def build_both(cls, tokenizer: Tokenizer, vocab_size: int) -> dict[bool, ControlFilter]:
