@@ -90,36 +90,56 @@ def scripts(backend: Any, tokenizer: Tokenizer, data: Path, per_file: int) -> li
     return out
 
 
-def run_path(path: RowByRow | StepMasks, backend: Any, work: list[tuple[Any, list[int]]], batch: int,
-             steps: int, vocab: int) -> dict[str, Any]:
-    """`steps` steps of `batch` requests through one path: per-step seconds and digests."""
-    per, eos = K + 1, backend.tokenizer.eos_token_ids[0]
-    matchers = [backend.matcher(work[b % len(work)][0]) for b in range(batch)]
-    script = [work[b % len(work)][1] for b in range(batch)]
-    at = [0] * batch
-    bitmask, free = allocate_bitmask(batch * per, vocab), torch.zeros(batch * per, dtype=torch.bool)
-    seconds, digests = [], []
-    for _ in range(steps):
+class Replay:
+    """`batch` requests replaying their scripts through one path, one step per `step()` call."""
+
+    def __init__(self, path: RowByRow | StepMasks, backend: Any, work: list[tuple[Any, list[int]]], batch: int,
+                 vocab: int) -> None:
+        self.path, self.vocab, self.eos = path, vocab, backend.tokenizer.eos_token_ids[0]
+        self.matchers = [backend.matcher(work[b % len(work)][0]) for b in range(batch)]
+        self.script = [work[b % len(work)][1] for b in range(batch)]
+        self.at = [0] * batch
+        self.bitmask = allocate_bitmask(batch * (K + 1), vocab)
+        self.free = torch.zeros(batch * (K + 1), dtype=torch.bool)
+        self.seconds: list[float] = []
+        self.digests: list[str] = []
+
+    def step(self) -> None:
+        per, path, matchers, script, at = K + 1, self.path, self.matchers, self.script, self.at
         for b, m in enumerate(matchers):         # near a script's end: start it over (not timed)
             if at[b] + K + 1 >= len(script[b]):
                 m.reset()
                 at[b] = 0
-        drafts = [tuple(script[b][at[b]: at[b] + K]) for b in range(batch)]
-        drafts = [d[:1] + (eos,) + d[2:] if b % 4 == 3 else d for b, d in enumerate(drafts)]
+        drafts = [tuple(script[b][at[b]: at[b] + K]) for b in range(len(matchers))]
+        drafts = [d[:1] + (self.eos,) + d[2:] if b % 4 == 3 else d for b, d in enumerate(drafts)]
         start = time.perf_counter()
         requests = [Drafted(m, d, b * per) for b, (m, d) in enumerate(zip(matchers, drafts))]
-        cuts = path.validate(requests, bitmask) if isinstance(path, RowByRow) else path.check(requests, bitmask)
+        if isinstance(path, RowByRow):
+            cuts = path.validate(requests, self.bitmask)
+        else:
+            cuts = path.check(requests, self.bitmask)
         requests = [Drafted(m, d[:n], b * per) for b, (m, d, n) in enumerate(zip(matchers, drafts, cuts))]
-        rows = path.fill(requests, bitmask, free)
+        rows = path.fill(requests, self.bitmask, self.free)
         tokens = [script[b][at[b]: at[b] + n + 1] for b, n in enumerate(cuts)]
         verdicts = path.accept(matchers, tokens) if isinstance(path, RowByRow) else path.commit(matchers, tokens)
-        seconds.append(time.perf_counter() - start)
+        self.seconds.append(time.perf_counter() - start)
         digest = hashlib.sha256(repr((cuts, rows, verdicts)).encode())
         for b, n in enumerate(rows):
-            digest.update(bitmask[b * per: b * per + n].numpy().tobytes())
-        digests.append(digest.hexdigest()[:16])
-        at = [a + n + 1 for a, n in zip(at, cuts)]
-    return {"seconds": seconds, "digests": digests}
+            digest.update(self.bitmask[b * per: b * per + n].numpy().tobytes())
+        self.digests.append(digest.hexdigest()[:16])
+        self.at[:] = [a + n + 1 for a, n in zip(at, cuts)]
+
+
+def side_by_side(paths: dict[str, RowByRow | StepMasks], backend: Any, work: list[tuple[Any, list[int]]],
+                 batch: int, steps: int, vocab: int) -> dict[str, dict[str, list]]:
+    """Every path's step i runs before any path's step i+1, in an order rotated every step, so a
+    drifting host load falls on all paths alike. Per path: per-step seconds and digests."""
+    replays = {name: Replay(path, backend, work, batch, vocab) for name, path in paths.items()}
+    order = list(replays.values())
+    for i in range(steps + 1):                   # step 0 warms up (first fills allocate)
+        for replay in order[i % len(order):] + order[: i % len(order)]:
+            replay.step()
+    return {name: {"seconds": r.seconds[1:], "digests": r.digests} for name, r in replays.items()}
 
 
 def main() -> None:
@@ -153,7 +173,7 @@ def main() -> None:
             for batch in batches:
                 paths: dict[str, RowByRow | StepMasks] = {"per-row": RowByRow()}
                 paths.update({f"batched-{t}": StepMasks(t) for t in threads})
-                runs = {name: run_path(path, backend, work, batch, steps, tok.vocab_size) for name, path in paths.items()}
+                runs = side_by_side(paths, backend, work, batch, steps, tok.vocab_size)
                 same = all(r["digests"] == runs["per-row"]["digests"] for r in runs.values())
                 ms = {name: 1e3 * median(r["seconds"]) for name, r in runs.items()}
                 records.append({"vocab": vname, "vocab_size": tok.vocab_size, "backend": bname, "batch": batch,

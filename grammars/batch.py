@@ -125,6 +125,8 @@ class StepMasks:
             parts.setdefault(id(group), (group, []))[1].append(i)
         out: list[Any] = [None] * len(requests)
         for group, indices in parts.values():
+            if len(indices) < getattr(group, "min_batch", 1):
+                group = self.rows                           # alone, the per-row path is faster
             for i, value in zip(indices, run(group, [requests[i] for i in indices])):
                 out[i] = value
         return out

@@ -21,6 +21,7 @@ from interlock.protocol.types import TokenId
 
 class XGrammarBatch:
     matcher_type = XGrammarMatcher
+    min_batch = 2               # one request: its own accept/fill calls beat the batch set-up (mask_bench)
 
     def __init__(self, threads: int) -> None:
         self._batch = xgr.BatchGrammarMatcher(threads)
