@@ -9,6 +9,9 @@ are only ever advanced by committed tokens: filling rows advances speculatively 
 so a rejection needs no rollback. A token the matcher refuses at commit fails that request
 (GrammarError), not the engine.
 
+The check, the fill and the commit each go through one batched pass over every constrained
+request (grammars/batch.py: one batch call per backend, the per-row path for switching grammars).
+
 Binding and releasing matchers are grammar-lane host functions too, so the matchers are only
 ever touched by the lane thread, in lane order.
 """

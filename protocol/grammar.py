@@ -243,8 +243,9 @@ GrammarSpec: TypeAlias = PlainSpec | Reasoning | StructuralTag
 
 def default_mask_threads() -> int:
     """Threads of a step's batched mask fills (grammars/batch.py): half the cores, at most 8.
-    Measured by benchmarks/mask_bench.py (grammars/README.md): a 16-core host's xgrammar batch
-    fill is slower at 16 threads than at 4-8, and on 2 cores one thread is as fast as two."""
+    Measured by benchmarks/mask_bench.py (grammars/README.md): on 2 cores xgrammar's batch fill is
+    slower at 2-8 threads than at 1 and llguidance gains nothing; issue 32 measured a 16-core host's
+    xgrammar batch fill fastest at 4-8 threads and slower at 16."""
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
