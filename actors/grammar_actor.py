@@ -9,6 +9,9 @@ are only ever advanced by committed tokens: filling rows advances speculatively 
 so a rejection needs no rollback. A token the matcher refuses at commit fails that request
 (GrammarError), not the engine.
 
+The check, the fill and the commit each go through one batched pass over every constrained
+request (grammars/batch.py: one batch call per backend, the per-row path for switching grammars).
+
 Binding and releasing matchers are grammar-lane host functions too, so the matchers are only
 ever touched by the lane thread, in lane order.
 """
@@ -21,6 +24,7 @@ import torch
 
 from interlock.actors.base import Actor, Handler
 from interlock.actors.step import StepBuffers, StepQueue
+from interlock.grammars.batch import Drafted, StepMasks
 from interlock.grammars.bitmask import allocate_bitmask
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import GrammarBackend, GrammarMatcher
@@ -56,7 +60,7 @@ class MaskBuffers:
 
 class GrammarActor(Actor[object]):
     def __init__(self, backend: GrammarBackend, timeline: Timeline, buffers: MaskBuffers,
-                 step: StepBuffers) -> None:
+                 step: StepBuffers, mask_threads: int | None = None) -> None:
         self.backend = backend
         self.timeline = timeline
         self.buffers = buffers
@@ -65,6 +69,7 @@ class GrammarActor(Actor[object]):
         self.matchers: dict[SlotId, GrammarMatcher] = {}                 # grammar lane only
         self.prefilled: dict[SlotId, dict[int, tuple[TokenId, ...]]] = {}  # row offset -> prefix it holds
         self._plan: StepPlan | None = None                                 # the step the lane is in
+        self.masks = StepMasks(mask_threads)    # check, fill and commit: one batch pass per backend
         super().__init__("grammar")
 
     def handlers(self) -> Mapping[type, Handler]:
@@ -103,6 +108,7 @@ class GrammarActor(Actor[object]):
     def begin(self) -> None:
         """Take the step's plan; write each constrained request's forced tokens (up to its draft rows)."""
         plan = self._plan = self.queue.take()
+        self.masks.reset()                      # a step that failed midway leaves nothing behind
         b = self.step
         for slot in range(len(b.errors)):
             b.errors[slot] = None
@@ -135,9 +141,12 @@ class GrammarActor(Actor[object]):
         """Cut each constrained request's drafts (and their q) at the first one its grammar refuses:
         it could not be accepted, and the forward would compute it and the rows after it for nothing."""
         b = self.step
-        for slot, matcher in self._constrained():
+        per = self.buffers.rows_per_slot
+        drafted = [(slot, Drafted(matcher, tuple(b.drafts[slot]), slot * per))
+                   for slot, matcher in self._constrained() if b.drafts[slot]]
+        cuts = self.masks.check([d for _, d in drafted], self.buffers.bitmask)
+        for (slot, d), n in zip(drafted, cuts):
             drafts = b.drafts[slot]
-            n = matcher.validate(drafts) if drafts else 0
             if n < len(drafts):
                 b.drafts[slot] = drafts[:n]
                 q = b.probs[slot]
@@ -147,20 +156,25 @@ class GrammarActor(Actor[object]):
         """K+1 rows per constrained request (rows already filled while drafting are reused)."""
         per = self.buffers.rows_per_slot
         self.buffers.rows.zero_()
+        slots, drafted = [], []
         for slot, matcher in self._constrained():
-            drafts = self.step.drafts[slot]
+            drafts = tuple(self.step.drafts[slot])
             held = self.prefilled.pop(slot, {})
-            skip = frozenset(j for j, prefix in held.items() if j <= len(drafts) and drafts[:j] == prefix)
-            self.buffers.rows[slot] = matcher.fill_masks(self.buffers.bitmask, slot * per, drafts, skip,
-                                                         free=self.buffers.free)
+            skip = frozenset(j for j, prefix in held.items() if j <= len(drafts) and drafts[:j] == tuple(prefix))
+            slots.append(slot)
+            drafted.append(Drafted(matcher, drafts, slot * per, skip))
+        for slot, n in zip(slots, self.masks.fill(drafted, self.buffers.bitmask, free=self.buffers.free)):
+            self.buffers.rows[slot] = n
         self.prefilled.clear()
 
     def commit(self) -> None:
         """After the token event: advance each matcher by its request's committed tokens."""
         b = self.step
-        for slot, matcher in self._constrained():
-            result = b.results[slot]
-            if result is None or matcher.accept(result.new_tokens):
+        done = [(slot, matcher, b.results[slot]) for slot, matcher in self._constrained()
+                if b.results[slot] is not None]
+        verdicts = self.masks.commit([m for _, m, _ in done], [r.new_tokens for _, _, r in done])
+        for (slot, _, result), accepted in zip(done, verdicts):
+            if accepted:
                 continue
             error = GrammarError(f"the grammar refused tokens sampled under its own mask: {result.new_tokens}")
             log.error("grammar_refused_committed_tokens", request_id=result.request_id,

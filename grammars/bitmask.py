@@ -91,3 +91,31 @@ def _bit(bit: int) -> int:
 def _low_bits(bit: int) -> int:
     """int32 value with bits 0..bit-1 set."""
     return (1 << bit) - 1
+
+
+# --- many rows at once (the batched step pass, grammars/batch.py) -------------------------------
+
+def bits_at(bitmask: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """[N] bool: is token_ids[i] allowed in row rows[i]? (ids must be in 0..32*W-1)"""
+    words = bitmask[rows, token_ids // BITS]                                # [N] int32
+    return ((words >> (token_ids % BITS).to(torch.int32)) & 1).bool()
+
+
+def set_bit_rows(bitmask: torch.Tensor, rows: torch.Tensor, token_id: TokenId, allowed: torch.Tensor) -> None:
+    """Bit token_id of each row rows[i] becomes allowed[i] ([N] bool)."""
+    word, bit = divmod(token_id, BITS)
+    column = bitmask[rows, word]                                           # [N] int32
+    bitmask[rows, word] = torch.where(allowed, column | _bit(bit), column & ~_bit(bit))
+
+
+def clear_ids_from_rows(bitmask: torch.Tensor, rows: torch.Tensor, first: int, vocab_size: int) -> None:
+    """clear_ids_from for each row in rows."""
+    end = words_for(vocab_size) * BITS
+    if first >= end:
+        return
+    word, bit = divmod(first, BITS)
+    if bit:
+        bitmask[rows, word] &= _low_bits(bit)
+        word += 1
+    if word < bitmask.shape[1]:
+        bitmask[rows, word:] = 0

@@ -66,11 +66,9 @@ class BaseMatcher(ABC):
         """Length of the longest allowed prefix of token_ids; state unchanged."""
         if self._terminated:
             return 0
-        ids = self._in_vocab_prefix(token_ids)
-        eos_at = next((i for i, t in enumerate(ids) if t in self._eos), len(ids))
-        body = ids[:eos_at]
+        body, eos_next = self._split(token_ids)
         n = self._native_validate(body) if body else 0
-        if n < len(body) or eos_at == len(ids):
+        if n < len(body) or not eos_next:
             return n
         return n + 1 if self._accepting_after(body) else n    # EOS, and nothing may follow it
 
@@ -165,6 +163,39 @@ class BaseMatcher(ABC):
         # Backends size their masks by V already; clearing the padding again costs a slice write
         # and makes "padded ids are never allowed" independent of backend versions.
         bm.clear_ids_from(bitmask, row, self._tokenizer_vocab, self._vocab_size)
+
+    def _accepting_rows(self, bitmask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[N] bool: does the grammar accept at each natively filled row (before anything else
+        touched it)? Read off the row: both backends, given the tokenizer's EOS ids, set their bits
+        exactly when the grammar accepts (tests/grammars/test_batch.py holds them to it)."""
+        eos = min((t for t in self._eos if t < self._tokenizer_vocab), default=None)
+        if eos is None:
+            return torch.zeros(len(rows), dtype=torch.bool)
+        return bm.bits_at(bitmask, rows, torch.full_like(rows, eos))
+
+    def _finish_rows(self, bitmask: torch.Tensor, rows: torch.Tensor, accepting: torch.Tensor,
+                     touched: bool = False) -> None:
+        """`_fill_checked`'s rules after the native fill, for many rows at once (the batched pass,
+        grammars/batch.py): EOS bits say whether the grammar accepts there; padding is cleared.
+        The EOS bit `accepting` was read from already holds it, unless something `touched` it since."""
+        first = min((t for t in self._eos if t < self._tokenizer_vocab), default=None)
+        for t in self._eos:
+            if t < self._tokenizer_vocab and (t != first or touched):
+                bm.set_bit_rows(bitmask, rows, t, accepting)
+        bm.clear_ids_from_rows(bitmask, rows, self._tokenizer_vocab, self._vocab_size)
+
+    def _split(self, token_ids: Sequence[TokenId]) -> tuple[list[TokenId], bool]:
+        """(body, eos_next): the in-vocabulary ids before the first EOS, and whether an EOS follows
+        them (validate's view of a token list: EOS never reaches a backend)."""
+        ids = self._in_vocab_prefix(token_ids)
+        eos_at = next((i for i, t in enumerate(ids) if t in self._eos), len(ids))
+        return ids[:eos_at], eos_at < len(ids)
+
+    def _consumed(self, n: int, ends: bool) -> None:
+        """Bookkeeping after a batched path advanced the native matcher by n tokens, the last one
+        an EOS when `ends` (which the native matcher never saw): what accept does after consuming."""
+        self._depth += n
+        self._terminated = ends
 
     def _accepting_after(self, body: list[TokenId]) -> bool:
         """Would the grammar accept after the (valid) tokens body? State unchanged."""

@@ -179,6 +179,9 @@ class ControlFilter:
     def __init__(self, banned: frozenset[TokenId], keep: torch.Tensor) -> None:
         self.banned = banned
         self.keep = keep
+        # the words keep changes, and their values: filtering many rows touches only these
+        self.columns = (keep != -1).nonzero().flatten()
+        self.keep_columns = keep[self.columns]
 
     @classmethod
     def build_both(cls, tokenizer: Tokenizer, vocab_size: int) -> dict[bool, ControlFilter]:
@@ -209,15 +212,22 @@ class XGrammarMatcher(BaseMatcher):
 
     def _native_validate(self, token_ids: list[TokenId]) -> int:
         n = 0
-        banned = self._control.banned if self._control is not None else frozenset()
-        for t in token_ids:
-            # Special ids are refused here: xgrammar would refuse them too, but logs a warning each time.
-            if t in self._special or t in banned or not self._m.accept_token(t):
+        for t in self._offered(token_ids):
+            if not self._m.accept_token(t):
                 break
             n += 1
         if n:
             self._m.rollback(n)
         return n
+
+    def _offered(self, token_ids: list[TokenId]) -> list[TokenId]:
+        """The leading tokens worth offering to xgrammar: special ids and (for JSON) control
+        characters are refused here; xgrammar would refuse specials too, but logs a warning each time."""
+        banned = self._control.banned if self._control is not None else frozenset()
+        for i, t in enumerate(token_ids):
+            if t in self._special or t in banned:
+                return token_ids[:i]
+        return token_ids
 
     def _native_consume(self, token_ids: list[TokenId]) -> None:
         for t in token_ids:

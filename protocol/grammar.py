@@ -7,6 +7,7 @@ backend compiles specs and allocates bitmasks; a matcher is per request and stat
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
@@ -240,21 +241,35 @@ class StructuralTag:
 GrammarSpec: TypeAlias = PlainSpec | Reasoning | StructuralTag
 
 
+def default_mask_threads() -> int:
+    """Threads of a step's batched mask fills (grammars/batch.py): half the cores, at most 8.
+    Measured by benchmarks/mask_bench.py (grammars/README.md): on 2 cores xgrammar's batch fill is
+    slower at 2-8 threads than at 1 and llguidance gains nothing; issue 32 measured a 16-core host's
+    xgrammar batch fill fastest at 4-8 threads and slower at 16."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 @dataclass(frozen=True)
 class GrammarConfig:
-    """Limits and policy of the grammar layer (one per engine)."""
+    """Limits and policy of the grammar layer (one per engine).
+
+    mask_threads: native threads of the step's batched mask fills (default: default_mask_threads()).
+    """
 
     backend: BackendName = "auto"
     compile_timeout_s: float = 10.0
     cache_max_entries: int = 256
     max_schema_bytes: int = 256 * 1024
     max_schema_depth: int = 64
+    mask_threads: int = field(default_factory=default_mask_threads)
 
     def __post_init__(self) -> None:
         if self.backend not in ("xgrammar", "llguidance", "auto"):
             raise ValueError(f"backend must be 'xgrammar', 'llguidance' or 'auto', got {self.backend!r}")
         if self.compile_timeout_s <= 0 or self.cache_max_entries <= 0:
             raise ValueError("compile_timeout_s and cache_max_entries must be positive")
+        if not isinstance(self.mask_threads, int) or isinstance(self.mask_threads, bool) or self.mask_threads < 1:
+            raise ValueError(f"mask_threads must be a positive int, got {self.mask_threads!r}")
 
 
 # --- the two-level interface ---------------------------------------------------------------------

@@ -1,0 +1,149 @@
+"""A step's grammar work for the whole batch, one pass per backend: the draft check, the K+1 mask
+rows of every constrained request, and the commit of the accepted tokens.
+
+The per-row path (a matcher's own validate / fill_masks / accept) calls the backend once per token
+through a few layers of Python; at B = 32 and K = 3 that is 128 fills and as many accepts and
+rollbacks, and the Python alone costs as much as the fills. Here each backend gets its own batch
+call instead (grammars/batch_xgrammar.py, grammars/batch_llguidance.py): xgrammar's
+BatchGrammarMatcher fills one draft position of every request per call, llguidance's executor fills
+every position of every request in one call. Anything else (switching grammars, whose free rows
+are ours to compute; a terminated matcher; a matcher of another kind) takes its per-row path.
+
+The result is the per-row path's, bit for bit: the same rows written (rows past a request's valid
+count excepted, which no reader reads), the same counts, the same free flags, the same matcher
+states (tests/grammars/test_batch.py checks it against the per-row path over random batches).
+
+Terms: a request's row j (at start_row + j) is the mask after drafts[:j]; n is how many of its
+drafts the grammar allows (the check cuts the rest); it has 1 + n valid rows.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from interlock.protocol.grammar import GrammarMatcher, default_mask_threads
+from interlock.protocol.types import TokenId
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """One constrained request's part of a step: its matcher, drafts and first mask row.
+
+    skip: offsets j whose rows already hold their mask (filled while a draft model drafted).
+    """
+
+    matcher: GrammarMatcher
+    drafts: tuple[TokenId, ...]
+    start_row: int
+    skip: frozenset[int] = frozenset()
+
+
+class Group(Protocol):
+    """One backend's batch path; every method takes only matchers that `StepMasks` routed to it
+    (those `takes` says yes to). What a group remembers between the calls of one step, `reset` drops."""
+
+    def takes(self, matcher: Any) -> bool: ...
+
+    def reset(self) -> None: ...
+
+    def validate(self, requests: Sequence[Drafted], bitmask: torch.Tensor) -> list[int]: ...
+
+    def fill(self, requests: Sequence[Drafted], bitmask: torch.Tensor, free: Any) -> list[int]: ...
+
+    def accept(self, matchers: Sequence[Any], tokens: Sequence[Sequence[TokenId]]) -> list[bool]: ...
+
+
+class RowByRow:
+    """The per-row path: the reference, and the path of every matcher no batch path takes."""
+
+    def takes(self, matcher: Any) -> bool:
+        return True
+
+    def reset(self) -> None:
+        pass
+
+    def validate(self, requests: Sequence[Drafted], bitmask: torch.Tensor) -> list[int]:
+        return [r.matcher.validate(r.drafts) if r.drafts else 0 for r in requests]
+
+    def fill(self, requests: Sequence[Drafted], bitmask: torch.Tensor, free: Any) -> list[int]:
+        return [r.matcher.fill_masks(bitmask, r.start_row, r.drafts, r.skip, free=free) for r in requests]
+
+    def accept(self, matchers: Sequence[Any], tokens: Sequence[Sequence[TokenId]]) -> list[bool]:
+        return [m.accept(t) for m, t in zip(matchers, tokens)]
+
+
+class StepMasks:
+    """The batched pass: `check`, then `fill`, then (after sampling) `commit`, once per step.
+
+    Synchronous and single-threaded from the caller's side (the grammar lane); the backends
+    spread their batch calls over `threads` native threads. One pass serves matchers of one
+    tokenizer (the engine's), whichever backend made them.
+    """
+
+    def __init__(self, threads: int | None = None) -> None:
+        from interlock.grammars.batch_llguidance import LLGuidanceBatch
+        from interlock.grammars.batch_xgrammar import XGrammarBatch
+
+        self.threads = threads or default_mask_threads()
+        self.rows = RowByRow()
+        self._groups: dict[type, Group] = {}
+        for group in (XGrammarBatch(self.threads), LLGuidanceBatch(self.threads)):
+            self._groups[group.matcher_type] = group
+
+    def check(self, requests: Sequence[Drafted], bitmask: torch.Tensor) -> list[int]:
+        """n per request: how many of its drafts the grammar allows (cut at the first refused one).
+        May already write rows 0..n (llguidance checks drafts against its masks); `fill` keeps them."""
+        return self._by_group(requests, lambda g, part: g.validate(part, bitmask))
+
+    def fill(self, requests: Sequence[Drafted], bitmask: torch.Tensor, free: Any = None) -> list[int]:
+        """Rows start_row + j for j = 0..n per request, as `GrammarMatcher.fill_masks`; returns 1 + n.
+        free: as fill_masks' (a CPU bool tensor or a list): written rows become False, free rows True."""
+        return self._by_group(requests, lambda g, part: g.fill(part, bitmask, free))
+
+    def commit(self, matchers: Sequence[GrammarMatcher], tokens: Sequence[Sequence[TokenId]]) -> list[bool]:
+        """Each matcher accepts its tokens, all or none (as `accept`); False where it refuses."""
+        requests = [Drafted(m, tuple(t), 0) for m, t in zip(matchers, tokens)]
+        try:
+            return self._by_group(requests, lambda g, part: g.accept([r.matcher for r in part],
+                                                                     [r.drafts for r in part]))
+        finally:
+            self.reset()
+
+    def reset(self) -> None:
+        """Forget this step's rows (the commit ends a step; a step that failed before it, the next
+        step's start)."""
+        for group in self._groups.values():
+            group.reset()
+
+    def _by_group(self, requests: Sequence[Drafted], run: Any) -> list[Any]:
+        parts: dict[int, tuple[Group, list[int]]] = {}
+        for i, r in enumerate(requests):
+            group = self._group(r.matcher)
+            parts.setdefault(id(group), (group, []))[1].append(i)
+        out: list[Any] = [None] * len(requests)
+        for group, indices in parts.values():
+            if len(indices) < getattr(group, "min_batch", 1):
+                group = self.rows                           # alone, the per-row path is faster
+            for i, value in zip(indices, run(group, [requests[i] for i in indices])):
+                out[i] = value
+        return out
+
+    def _group(self, matcher: GrammarMatcher) -> Group:
+        group = self._groups.get(type(matcher))
+        if group is None or not group.takes(matcher):
+            return self.rows
+        return group
+
+
+def mark_filled(free: Any, rows: Sequence[int]) -> None:
+    """free[row] = False for each row (a bool tensor or a list; None: nothing to mark)."""
+    if free is None or not rows:
+        return
+    if isinstance(free, torch.Tensor):
+        free[torch.tensor(rows, dtype=torch.long)] = False
+    else:
+        for row in rows:
+            free[row] = False
