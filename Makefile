@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP  := $(VENV)/.stamp-$(shell sha256sum pyproject.toml | cut -c1-16)
 
-.PHONY: venv run test bench serve
+.PHONY: venv run test bench serve gpu-wheels gpu-check
 
 venv: $(STAMP)
 
@@ -30,3 +30,16 @@ bench: venv
 
 serve: venv
 	$(VENV)/bin/interlock serve
+
+# GPU: `make gpu-wheels` here (it needs PyPI), then on a GPU machine that has python3.12, torch,
+# triton, transformers, pytest and numpy, with .whl/ beside the checkout: `OUT=dir make gpu-check`
+# (every CUDA test and the GPU benchmarks in under 8 minutes on an H100; docs/gpu.md).
+gpu-wheels: venv
+	$(PY) -m interlock.benchmarks.gpu_wheels --dest .whl
+
+gpu-check:
+	@test -d .whl || { echo "no .whl/: run 'make gpu-wheels' on a machine that reaches PyPI, and bring .whl/ along"; exit 2; }
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/interlock-site .whl/*.whl
+	mkdir -p /tmp/interlock-pkg && ln -sfn "$(CURDIR)" /tmp/interlock-pkg/interlock
+	PYTHONPATH=/tmp/interlock-pkg:/tmp/interlock-site INTERLOCK_EMBEDDED_TOKENIZER="$(CURDIR)/.whl/smollm2-tokenizer" \
+		python3 -m interlock.benchmarks.gpu_check --out "$${OUT:-gpu-check-out}"

@@ -1,7 +1,7 @@
 """The GPU path measured: a whole speculative step as one program on the CUDA timeline.
 
 Run on a CUDA machine (random weights of real shapes, drawn on the GPU; no checkpoint):
-    python -m interlock.benchmarks.gpu_bench --tokenizer tokenizer.json [--out FILE] [--quick]
+    python -m interlock.benchmarks.gpu_bench [--out FILE] [--quick]      (make gpu-check runs it)
 
 One step, for B requests with n-gram-style point-mass drafts of length K = 3:
 - model lane: async H2D of the step's token ids, drafts and uniforms from pinned buffers, target
@@ -11,14 +11,14 @@ One step, for B requests with n-gram-style point-mass drafts of length K = 3:
   at the head of the step instead costs the whole mask fill: the driver runs host functions one
   at a time, so the model lane's staging waited behind the grammar lane's fill before the forward
   could start. At the tail, the fill overlaps the forward.);
-- grammar lane (constrained runs only): a host function with real xgrammar matchers (a JSON
-  schema) fills K+1 bitmask rows per request into a pinned buffer (after t, d1, .., dK, then rolls
-  back and commits the step's tokens), async H2D, mask event.
+- grammar lane (constrained runs only): a host function with the engine's xgrammar matchers (a JSON
+  schema) and its batched pass (grammars/batch.py) checks the drafts, fills K+1 bitmask rows per
+  request into a pinned buffer and commits the step's tokens, async H2D, mask event.
 The tokens each request commits follow a fixed valid JSON document (random weights sample
 nonsense, so the sampled tokens are delivered but not fed back): every step does the grammar work
 of a step whose K drafts are all accepted. The vocabulary is the SmolLM2 tokenizer's 49,152
 byte-level tokens extended to 128,256 with concatenations of pairs of its tokens (a BPE vocabulary
-grows by such merges), so xgrammar masks a Llama-3-sized vocabulary.
+grows by such merges: mask_bench.wide_tokenizer), so xgrammar masks a Llama-3-sized vocabulary.
 
 Measured (median of repeats; ms): (a) captured step time constrained vs unconstrained at batch 1
 and 32 for a Llama-3-8B-shaped and a Llama-3.2-1B-shaped model; (b) eager vs captured; (c) the
@@ -82,55 +82,50 @@ def document(i: int) -> str:
 # --- grammar lane state ----------------------------------------------------------------------
 
 class GrammarHost:
-    """The grammar lane's host state: one xgrammar matcher per request and its token script."""
+    """The grammar lane's host state: one of the engine's xgrammar matchers per request, its token
+    script, and the engine's batched pass over them (grammars/batch.py: check, K+1 rows, commit)."""
 
-    def __init__(self, tokenizer_path: str, batch: int, threads: int = 8) -> None:
-        import tokenizers
-        import xgrammar as xgr
+    def __init__(self, batch: int, threads: int = 8) -> None:
+        from interlock.benchmarks.mask_bench import wide_tokenizer
+        from interlock.grammars import make_backend
+        from interlock.grammars.batch import StepMasks
+        from interlock.models.loader import embedded_tokenizer
+        from interlock.protocol.grammar import JsonSchema
 
-        tok = tokenizers.Tokenizer.from_file(tokenizer_path)
-        base = [tok.id_to_token(i) for i in range(tok.get_vocab_size())]
-        gen = torch.Generator().manual_seed(0)
-        vocab, seen = list(base), set(base)
-        while len(vocab) < VOCAB:                       # merges: concatenations of two tokens
-            a, b = torch.randint(256, len(base), (2,), generator=gen).tolist()
-            if base[a] + base[b] not in seen:
-                seen.add(base[a] + base[b])
-                vocab.append(base[a] + base[b])
-        info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.BYTE_LEVEL, vocab_size=VOCAB, stop_token_ids=[0])
+        tok = wide_tokenizer(embedded_tokenizer(), VOCAB)
+        backend = make_backend("xgrammar", tok, VOCAB)
         start = time.perf_counter()
-        compiled = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(SCHEMA))
+        compiled = backend.compile(JsonSchema(SCHEMA))
         self.compile_s = time.perf_counter() - start
-        self.scripts = [tok.encode(document(i)).ids for i in range(batch)]
-        self.matchers = [xgr.GrammarMatcher(compiled) for _ in range(batch)]
-        self.batcher = xgr.BatchGrammarMatcher(threads)
+        self.scripts = [tok.encode(json.dumps(json.loads(document(i)), separators=(",", ":"))) for i in range(batch)]
+        self.matchers = [backend.matcher(compiled) for _ in range(batch)]
+        self.masks = StepMasks(threads)
         self.pointers = [0] * batch
         for m, s in zip(self.matchers, self.scripts):
-            if not m.accept_token(s[0]):
+            if not m.accept(s[:1]):
                 raise RuntimeError("the script's first token is not valid JSON for the schema")
         self.fill_seconds: collections.deque[float] = collections.deque(maxlen=4096)
         self.refused = 0                                # script tokens a matcher refused (expect 0)
 
     def step(self, bitmask: torch.Tensor) -> None:
-        """Host function: fill K+1 rows per request (after t, d1..dK), roll back, commit K+1 tokens."""
+        """Host function: check the K script drafts, fill K+1 rows per request, commit K+1 tokens."""
+        from interlock.grammars.batch import Drafted
+
         start = time.perf_counter()
-        n = len(self.matchers)
-        for j in range(K + 1):
-            self.batcher.batch_fill_next_token_bitmask(self.matchers, bitmask, [b * (K + 1) + j for b in range(n)])
-            if j < K:
-                for b, m in enumerate(self.matchers):
-                    self.refused += not m.accept_token(self.scripts[b][self.pointers[b] + 1 + j])
-        for b, m in enumerate(self.matchers):
-            m.rollback(K)
-            p, s = self.pointers[b], self.scripts[b]
-            if p + 2 * (K + 1) >= len(s):               # near the end of the document: start over
+        for b, m in enumerate(self.matchers):           # near the end of the document: start over
+            if self.pointers[b] + 2 * (K + 1) >= len(self.scripts[b]):
                 m.reset()
-                m.accept_token(s[0])
+                m.accept(self.scripts[b][:1])
                 self.pointers[b] = 0
-                continue
-            for t in s[p + 1: p + K + 2]:
-                self.refused += not m.accept_token(t)
-            self.pointers[b] = p + K + 1
+        drafts = [tuple(s[p + 1: p + K + 1]) for s, p in zip(self.scripts, self.pointers)]
+        requests = [Drafted(m, d, b * (K + 1)) for b, (m, d) in enumerate(zip(self.matchers, drafts))]
+        cuts = self.masks.check(requests, bitmask)
+        self.masks.fill([Drafted(m, d[:n], b * (K + 1)) for b, (m, d, n) in
+                         enumerate(zip(self.matchers, drafts, cuts))], bitmask)
+        tokens = [s[p + 1: p + K + 2] for s, p in zip(self.scripts, self.pointers)]
+        self.refused += sum(not ok for ok in self.masks.commit(self.matchers, tokens))
+        self.refused += sum(K - n for n in cuts)
+        self.pointers = [p + K + 1 for p in self.pointers]
         self.fill_seconds.append(time.perf_counter() - start)
 
 
@@ -245,10 +240,10 @@ def make_cache(config: ModelConfig, batch: int) -> PagedKVCache:
     return kv
 
 
-def bench_steps(name: str, model, batch: int, tokenizer: str, steps: int, threads: int) -> dict[str, object]:
+def bench_steps(name: str, model, batch: int, steps: int, threads: int) -> dict[str, object]:
     from interlock.streams.cuda_timeline import CudaTimeline
 
-    grammar = GrammarHost(tokenizer, batch, threads)
+    grammar = GrammarHost(batch, threads)
     kv = make_cache(SHAPES[name], batch)
     out: dict[str, object] = {"model": name, "batch": batch, "grammar_threads": threads,
                               "grammar_compile_s": grammar.compile_s}
@@ -336,11 +331,10 @@ def main() -> None:
     from interlock.models.device_llama import DeviceLlama
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokenizer", required=True, help="a byte-level BPE tokenizer.json (SmolLM2's)")
     parser.add_argument("--out", default=None, help="results JSON (default benchmarks/results/gpu-DATE.json)")
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--grammar-threads", type=int, default=8,
-                        help="xgrammar batch-fill threads (16 on a 16-core host starved the lanes: noisier, slower)")
+    parser.add_argument("--grammar-threads", type=int, default=None,
+                        help="the batched pass's threads (default: GrammarConfig.mask_threads' default)")
     parser.add_argument("--quick", action="store_true", help="the 1B shape only, batch 1 (a smoke test)")
     args = parser.parse_args()
     today = datetime.date.today().isoformat()
@@ -356,7 +350,7 @@ def main() -> None:
         model = DeviceLlama.random(SHAPES[name], seed=0)
         for batch in ([1] if args.quick else [1, 32]):
             try:
-                results["steps"].append(bench_steps(name, model, batch, args.tokenizer, args.steps, args.grammar_threads))
+                results["steps"].append(bench_steps(name, model, batch, args.steps, args.grammar_threads))
                 results.setdefault("invariance", []).append(bench_invariance(name, model, batch))
             except Exception as exc:  # noqa: BLE001 - record it, measure the other shapes
                 results.setdefault("errors", []).append(f"{name} B={batch}: {exc!r}")

@@ -3,7 +3,7 @@
     python -m interlock.benchmarks.gpu_engine [--out FILE] [--quick]          (make gpu-check runs it)
 
 For each model shape (Llama-3.2-1B, Llama-3-8B; vocabulary: the embedded tokenizer's 49,152
-byte-level tokens extended to 128,256 with concatenations of pairs of them, as gpu_bench does):
+byte-level tokens extended to 128,256 with merges of pairs of them, mask_bench.wide_tokenizer):
 - tokens/s with and without a JSON-schema grammar at concurrency 1, 8 and 32, with `none` and
   `ngram+forced` (random weights: acceptance means nothing, tokens per step and step time are
   reported), and the engine's captured / eager step counts;
@@ -29,11 +29,11 @@ import anyio
 import torch
 
 from interlock.benchmarks.gpu_bench import SCHEMA, SHAPES, VOCAB, device_name
+from interlock.benchmarks.mask_bench import wide_tokenizer
 from interlock.engine import Engine, EngineConfig
 from interlock.models.config import ModelConfig, tiny_config
 from interlock.models.device_llama import DeviceLlama
 from interlock.models.loader import TINY, LoadedModel, embedded_tokenizer, load_tokenizer
-from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.grammar import GrammarConfig, JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
@@ -42,34 +42,12 @@ PROMPT = "Extract the fields of the record below as JSON.\n" + "The quick brown 
 MODES = ("none", "ngram+forced")
 
 
-def extended_tokenizer(base: Tokenizer, size: int) -> Tokenizer:
-    """`base` with ids up to `size`: concatenations of two of its tokens (a BPE vocabulary grows by
-    such merges), reachable by no merge, so text encodes as before; the grammars see them all."""
-    from tokenizers import Tokenizer as RawTokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    spec = json.loads(base.hf.backend_tokenizer.to_str())
-    vocab: dict[str, int] = spec["model"]["vocab"]
-    pieces = sorted(vocab, key=vocab.get)[256:]
-    n, gen = max(vocab.values()) + 1, torch.Generator().manual_seed(0)
-    taken = {t["id"] for t in spec["added_tokens"]}
-    while n < size:
-        a, b = torch.randint(len(pieces), (2,), generator=gen).tolist()
-        if pieces[a] + pieces[b] not in vocab and n not in taken:
-            vocab[pieces[a] + pieces[b]] = n
-        n += 1
-    hf = PreTrainedTokenizerFast(tokenizer_object=RawTokenizer.from_str(json.dumps(spec)),
-                                 eos_token=base.hf.eos_token, bos_token=base.hf.bos_token)
-    hf.chat_template = base.hf.chat_template
-    return Tokenizer(hf, f"{base.key}-extended{size}", base.eos_token_ids)
-
-
 def random_model(shape: str, device: torch.device) -> LoadedModel:
     if shape == "tiny":
         tokenizer = load_tokenizer(TINY)
         config: ModelConfig = tiny_config(1088)
     else:
-        tokenizer, config = extended_tokenizer(embedded_tokenizer(), VOCAB), SHAPES[shape]
+        tokenizer, config = wide_tokenizer(embedded_tokenizer(), VOCAB), SHAPES[shape]
     config = config.replace(eos_token_id=tokenizer.eos_token_ids[0], max_position=2048)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = DeviceLlama.random(config, device, dtype=dtype)
