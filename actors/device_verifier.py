@@ -94,7 +94,7 @@ class DeviceVerifier(VerifierActor):
         shape = self.shape_of(plan)
         for s in plan.snapshots:
             b.results[s.slot] = None
-        rows = _Rows(plan, self.kv.block_size, self.max_blocks, self.k, self.pad_block * self.kv.block_size)
+        rows = _Rows(plan, self.kv.block_size, self.k, self.pad_block * self.kv.block_size)
         verified: list[tuple[int, RequestSnapshot]] = []
         for i, s in enumerate(plan.snapshots):
             ok = s.sample and b.errors[s.slot] is None
@@ -114,7 +114,9 @@ class DeviceVerifier(VerifierActor):
         h.input_ids[:n] = torch.tensor(rows.ids)
         h.positions[:n] = torch.tensor(rows.positions)
         h.write_slots[:n] = torch.tensor(rows.slots)
-        h.tables[:n] = torch.tensor(rows.tables, dtype=torch.int32)
+        for first, count, table in rows.tables:      # one block table per request, not per row
+            h.tables[first: first + count, : len(table)] = torch.tensor(table, dtype=torch.int32)
+            h.tables[first: first + count, len(table):] = 0
         m = len(rows.index)
         if not m:
             return
@@ -165,12 +167,12 @@ class DeviceVerifier(VerifierActor):
 class _Rows:
     """Host lists of one step's layout, built request by request, then copied in one go."""
 
-    def __init__(self, plan: StepPlan, block_size: int, max_blocks: int, k: int, pad_slot: int) -> None:
-        self.plan, self.bs, self.max_blocks, self.k, self.pad_slot = plan, block_size, max_blocks, k, pad_slot
+    def __init__(self, plan: StepPlan, block_size: int, k: int, pad_slot: int) -> None:
+        self.plan, self.bs, self.k, self.pad_slot = plan, block_size, k, pad_slot
         self.ids: list[int] = []
         self.positions: list[int] = []
         self.slots: list[int] = []
-        self.tables: list[list[int]] = []
+        self.tables: list[tuple[int, int, list[int]]] = []     # (first row, rows, block table)
         self.index: list[list[int]] = []
         self.drafts: list[int] = []
         self.num_drafts: list[int] = []
@@ -194,7 +196,7 @@ class _Rows:
         self.ids += tokens
         self.positions += range(s.start, s.start + len(tokens))
         self.slots += slots_of(table, self.bs, s.start, len(tokens))
-        self.tables += [table + [0] * (self.max_blocks - len(table))] * len(tokens)
+        self.tables.append((first, len(tokens), table))
         return first
 
     def verify(self, first: int, s: RequestSnapshot, drafts: tuple[int, ...]) -> None:
@@ -215,8 +217,8 @@ class _Rows:
             return
         self.ids += [0] * n
         self.positions += [0] * n
+        self.tables.append((len(self.ids) - n, n, [self.pad_slot // self.bs]))
         self.slots += [self.pad_slot] * n
-        self.tables += [[self.pad_slot // self.bs] + [0] * (self.max_blocks - 1)] * n
 
     def pad_requests(self, batch: int) -> None:
         """Verification padding up to `batch` requests: greedy, unconstrained, no drafts, reading row 0."""
