@@ -28,7 +28,7 @@ import torch
 from interlock.actors.delivery import cut_at_stop
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.actors.staging import StepStaging
-from interlock.actors.step import StepBuffers, StepShape
+from interlock.actors.step import StepState, StepShape
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.kernels.sampling import request_generator
 from interlock.kernels.verify import Mode, verify_step
@@ -67,7 +67,7 @@ class _Work:
 
 class DeviceVerifier(VerifierActor):
     def __init__(self, model: DeviceLlama, kv: PagedKVCache, timeline: Timeline, buffers: MaskBuffers,
-                 step: StepBuffers, tokenizer_vocab: int, eos_token_ids: tuple[int, ...], *, max_rows: int,
+                 step: StepState, tokenizer_vocab: int, eos_token_ids: tuple[int, ...], *, max_rows: int,
                  max_drafts: int, buckets: tuple[int, ...], max_blocks: int, pad_block: int) -> None:
         super().__init__(model, kv, timeline, buffers, step, tokenizer_vocab, eos_token_ids,  # type: ignore[arg-type]
                          lean=False)
@@ -93,12 +93,12 @@ class DeviceVerifier(VerifierActor):
         b = self.step
         shape = self.shape_of(plan)
         for s in plan.snapshots:
-            b.results[s.slot] = None
+            b[s.slot].result = None
         rows = _Rows(plan, self.kv.block_size, self.k, self.pad_block * self.kv.block_size)
         verified: list[tuple[int, RequestSnapshot]] = []
         for i, s in enumerate(plan.snapshots):
-            ok = s.sample and b.errors[s.slot] is None
-            drafts = b.drafts[s.slot] if ok else ()
+            ok = s.sample and b[s.slot].error is None
+            drafts = b[s.slot].drafts if ok else ()
             first = rows.add(s, drafts, at=i * (self.k + 1) if shape.graph else None)
             if ok:
                 verified.append((len(verified), s))
@@ -161,7 +161,7 @@ class DeviceVerifier(VerifierActor):
             new, _ = cut_at_stop(tokens[v][: n_acc + 1], self.eos, s.sampling, keep_stop=True)
             if self._row_invalid(s, peaks[v][: len(new)]):
                 continue
-            self.step.results[s.slot] = SlotResult(s.request_id, s.slot, tuple(new), valid[v], min(n_acc, len(new)))
+            self.step[s.slot].result = SlotResult(s.request_id, s.slot, tuple(new), valid[v], min(n_acc, len(new)))
 
 
 class _Rows:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import torch
 
 from interlock.actors.base import Actor, Handler
-from interlock.actors.step import StepBuffers, StepQueue
+from interlock.actors.step import StepState, StepQueue
 from interlock.drafters.chain import ChainRequest, DraftChain
 from interlock.drafters.model import DraftRounds, ModelAsk, ModelDrafter
 from interlock.kernels import apply_token_bitmask_
@@ -32,7 +32,7 @@ from interlock.streams.timeline import Timeline
 
 
 class DraftActor(Actor[object]):
-    def __init__(self, config: SpeculativeConfig | None, vocab_size: int, timeline: Timeline, step: StepBuffers,
+    def __init__(self, config: SpeculativeConfig | None, vocab_size: int, timeline: Timeline, step: StepState,
                  *, model: ModelDrafter | None = None, bitmask: torch.Tensor | None = None,
                  free_rows: torch.Tensor | None = None) -> None:
         self.config = config
@@ -75,18 +75,18 @@ class DraftActor(Actor[object]):
         plan = self._plan = self.queue.take()
         b = self.step
         # sampling.speculative False: no drafts of any kind for that request (its neighbours draft on)
-        sampled = [s for s in plan.snapshots if s.sample and s.sampling.speculative and b.errors[s.slot] is None]
+        sampled = [s for s in plan.snapshots if s.sample and s.sampling.speculative and b[s.slot].error is None]
         for s in plan.snapshots:
-            b.drafts[s.slot], b.probs[s.slot], b.masking[s.slot] = (), None, False
-        answers = self.chain.propose([ChainRequest(s.request_id, b.forced[s.slot]) for s in sampled])
+            b[s.slot].drafts, b[s.slot].probs, b[s.slot].masking = (), None, False
+        answers = self.chain.propose([ChainRequest(s.request_id, b[s.slot].forced) for s in sampled])
         asks: dict[int, ModelAsk] = {}
         for s, answer in zip(sampled, answers):
             if answer.error is not None:
                 b.fail(s.slot, answer.error)
                 continue
-            b.drafts[s.slot] = answer.drafts
+            b[s.slot].drafts = answer.drafts
             if answer.model:
-                head = self.chain.forced(b.forced[s.slot])[: answer.k]
+                head = self.chain.forced(b[s.slot].forced)[: answer.k]
                 asks[s.slot] = ModelAsk(s.request_id, head, answer.k, s.sampling)
         self._rounds = DraftRounds(self.model, asks, self.vocab_size) if asks and self.model is not None else None
         self._constrained = {s.slot for s in sampled if s.constrained}
@@ -98,23 +98,23 @@ class DraftActor(Actor[object]):
         if rounds is None:
             return
         for slot in rounds.order:
-            b.masking[slot] = False
+            b[slot].masking = False
         masking = self.config is not None and self.config.draft_masking
         for slot in rounds.forward():
-            b.prefix[slot] = tuple(rounds.out[slot])
-            b.refused[slot] = False
-            b.masking[slot] = masking and slot in self._constrained
+            b[slot].prefix = tuple(rounds.out[slot])
+            b[slot].refused = False
+            b[slot].masking = masking and slot in self._constrained
 
     def draft_sample(self) -> None:
         """After the draft mask row: mask the draft logits and draw one draft per request."""
         b, rounds = self.step, self._rounds
         if rounds is None or rounds.logits is None:
             return
-        if any(b.masking[slot] for slot in rounds.order):
+        if any(b[slot].masking for slot in rounds.order):
             assert self.bitmask is not None and self.model is not None
             order = rounds.order
             rows = torch.tensor([slot * self.rows_per_slot + len(rounds.out[slot]) for slot in order])
-            skip = torch.tensor([not b.masking[slot] or b.refused[slot] for slot in order])
+            skip = torch.tensor([not b[slot].masking or b[slot].refused for slot in order])
             if self.free_rows is not None:
                 skip |= self.free_rows[rows]
             apply_token_bitmask_(rounds.logits, self.bitmask, rows=rows, skip=skip, d2t=self.model.lm.d2t,
@@ -126,9 +126,9 @@ class DraftActor(Actor[object]):
         b, rounds = self.step, self._rounds
         if rounds is not None:
             for slot in rounds.order:
-                b.masking[slot] = False
+                b[slot].masking = False
             for slot in rounds.asks:
-                b.drafts[slot], b.probs[slot] = rounds.result(slot)
+                b[slot].drafts, b[slot].probs = rounds.result(slot)
         self._rounds = None
 
     def commit(self) -> None:
@@ -136,7 +136,7 @@ class DraftActor(Actor[object]):
         assert self._plan is not None
         b = self.step
         for s in self._plan.snapshots:
-            r = b.results[s.slot]
-            if not s.sample or r is None or b.errors[s.slot] is not None:
+            r = b[s.slot].result
+            if not s.sample or r is None or b[s.slot].error is not None:
                 continue
             self.chain.commit(r.request_id, r.new_tokens, r.drafted, r.accepted)

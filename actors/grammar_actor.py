@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from interlock.actors.base import Actor, Handler
-from interlock.actors.step import StepBuffers, StepQueue
+from interlock.actors.step import StepState, StepQueue
 from interlock.grammars.batch import Drafted, StepMasks
 from interlock.grammars.bitmask import allocate_bitmask
 from interlock.protocol.errors import GrammarError
@@ -60,7 +60,7 @@ class MaskBuffers:
 
 class GrammarActor(Actor[object]):
     def __init__(self, backend: GrammarBackend, timeline: Timeline, buffers: MaskBuffers,
-                 step: StepBuffers, mask_threads: int | None = None) -> None:
+                 step: StepState, mask_threads: int | None = None) -> None:
         self.backend = backend
         self.timeline = timeline
         self.buffers = buffers
@@ -101,7 +101,7 @@ class GrammarActor(Actor[object]):
         out = []
         for s in self._plan.snapshots:
             matcher = self.matchers.get(s.slot) if s.sample and s.constrained else None
-            if matcher is not None and self.step.errors[s.slot] is None:
+            if matcher is not None and self.step[s.slot].error is None:
                 out.append((s.slot, matcher))
         return out
 
@@ -110,25 +110,24 @@ class GrammarActor(Actor[object]):
         plan = self._plan = self.queue.take()
         self.masks.reset()                      # a step that failed midway leaves nothing behind
         b = self.step
-        for slot in range(len(b.errors)):
-            b.errors[slot] = None
-            b.forced[slot] = ()
+        for state in b.slots:
+            state.error, state.forced = None, ()
         for s in plan.snapshots:
             if s.sample and s.constrained and s.slot not in self.matchers:
                 b.fail(s.slot, GrammarError(f"request {s.request_id} samples with no matcher bound"))
         for slot, matcher in self._constrained():
-            b.forced[slot] = tuple(matcher.forced_tokens()[: plan.max_drafts])
+            b[slot].forced = tuple(matcher.forced_tokens()[: plan.max_drafts])
 
     def fill_draft_rows(self) -> None:
         """One draft-model iteration: the row after each masked request's draft prefix."""
         per = self.buffers.rows_per_slot
         b = self.step
         for slot, matcher in self._constrained():
-            if not b.masking[slot]:
+            if not b[slot].masking:
                 continue
-            prefix = b.prefix[slot]
+            prefix = b[slot].prefix
             if not matcher.accept(prefix):
-                b.refused[slot] = True
+                b[slot].refused = True
                 continue
             try:
                 row = slot * per + len(prefix)
@@ -142,15 +141,15 @@ class GrammarActor(Actor[object]):
         it could not be accepted, and the forward would compute it and the rows after it for nothing."""
         b = self.step
         per = self.buffers.rows_per_slot
-        drafted = [(slot, Drafted(matcher, tuple(b.drafts[slot]), slot * per))
-                   for slot, matcher in self._constrained() if b.drafts[slot]]
+        drafted = [(slot, Drafted(matcher, tuple(b[slot].drafts), slot * per))
+                   for slot, matcher in self._constrained() if b[slot].drafts]
         cuts = self.masks.check([d for _, d in drafted], self.buffers.bitmask)
         for (slot, d), n in zip(drafted, cuts):
-            drafts = b.drafts[slot]
+            drafts = b[slot].drafts
             if n < len(drafts):
-                b.drafts[slot] = drafts[:n]
-                q = b.probs[slot]
-                b.probs[slot] = q[:n] if q is not None else None
+                b[slot].drafts = drafts[:n]
+                q = b[slot].probs
+                b[slot].probs = q[:n] if q is not None else None
 
     def fill(self) -> None:
         """K+1 rows per constrained request (rows already filled while drafting are reused)."""
@@ -158,7 +157,7 @@ class GrammarActor(Actor[object]):
         self.buffers.rows.zero_()
         slots, drafted = [], []
         for slot, matcher in self._constrained():
-            drafts = tuple(self.step.drafts[slot])
+            drafts = tuple(self.step[slot].drafts)
             held = self.prefilled.pop(slot, {})
             skip = frozenset(j for j, prefix in held.items() if j <= len(drafts) and drafts[:j] == tuple(prefix))
             slots.append(slot)
@@ -170,8 +169,8 @@ class GrammarActor(Actor[object]):
     def commit(self) -> None:
         """After the token event: advance each matcher by its request's committed tokens."""
         b = self.step
-        done = [(slot, matcher, b.results[slot]) for slot, matcher in self._constrained()
-                if b.results[slot] is not None]
+        done = [(slot, matcher, b[slot].result) for slot, matcher in self._constrained()
+                if b[slot].result is not None]
         verdicts = self.masks.commit([m for _, m, _ in done], [r.new_tokens for _, _, r in done])
         for (slot, _, result), accepted in zip(done, verdicts):
             if accepted:

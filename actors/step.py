@@ -84,34 +84,49 @@ class StepQueue:
 
 
 @dataclass
-class StepBuffers:
-    """Per-slot values one part of a step writes and a later part reads (ordered by events).
+class SlotState:
+    """One slot's values in the step in flight, written by one part and read by a later one (the
+    timeline's events order them):
 
-    forced: grammar -> drafter; drafts/probs: drafter -> grammar (which cuts refused drafts) and
-    verifier; prefix/masking/
-    refused: the draft-model loop's handshake with the grammar lane; results: verifier -> grammar
-    commit and publish; errors: any part -> publish (the request fails, the others go on).
+    forced: grammar -> drafter; drafts / probs: drafter -> grammar (which cuts refused drafts) and
+    verifier; prefix / masking / refused: the draft-model loop's handshake with the grammar lane;
+    result: verifier -> grammar commit and publish; error: any part -> publish (the request fails,
+    the others go on).
     """
 
-    forced: list[tuple[TokenId, ...]]
-    drafts: list[tuple[TokenId, ...]]
-    probs: list[torch.Tensor | None]
-    prefix: list[tuple[TokenId, ...]]
-    masking: list[bool]
-    refused: list[bool]
-    results: list[SlotResult | None]
-    errors: list[BaseException | None]
+    forced: tuple[TokenId, ...] = ()
+    drafts: tuple[TokenId, ...] = ()
+    probs: torch.Tensor | None = None
+    prefix: tuple[TokenId, ...] = ()
+    masking: bool = False
+    refused: bool = False
+    result: SlotResult | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class StepState:
+    """The step's per-slot state, one `SlotState` per slot, and its timings. Host values: what
+    the device reads lives in the runner's step buffers (actors/staging.py on the device runner,
+    pinned where it crosses), written from these by the verifier's first host function."""
+
+    slots: list[SlotState]
     timing: dict[str, float] = field(default_factory=lambda: {"forward_s": 0.0, "exposed_s": 0.0})
 
     @classmethod
-    def allocate(cls, max_batch: int) -> StepBuffers:
-        return cls([()] * max_batch, [()] * max_batch, [None] * max_batch, [()] * max_batch,
-                   [False] * max_batch, [False] * max_batch, [None] * max_batch, [None] * max_batch)
+    def allocate(cls, max_batch: int) -> StepState:
+        return cls([SlotState() for _ in range(max_batch)])
+
+    def __getitem__(self, slot: int) -> SlotState:
+        return self.slots[slot]
+
+    def __len__(self) -> int:
+        return len(self.slots)
 
     def fail(self, slot: int, error: BaseException) -> None:
         """Record the first per-request error of this step for `slot`."""
-        if self.errors[slot] is None:
-            self.errors[slot] = error
+        if self.slots[slot].error is None:
+            self.slots[slot].error = error
 
 
 @dataclass(frozen=True)
@@ -178,10 +193,10 @@ OnError = Callable[[BaseException], None]
 class StepProgram:
     """Stages and enqueues steps; captures one program per shape and replays it (`capture=True`)."""
 
-    def __init__(self, timeline: Timeline, buffers: StepBuffers, grammar: GrammarPart, draft: DraftPart,
+    def __init__(self, timeline: Timeline, state: StepState, grammar: GrammarPart, draft: DraftPart,
                  verifier: VerifyPart, *, max_draft_len: int, draft_model: bool, capture: bool = True) -> None:
         self.timeline = timeline
-        self.buffers = buffers
+        self.state = state
         self.events = StepEvents.new(timeline)
         self.grammar, self.draft, self.verifier = grammar, draft, verifier
         self.k = max_draft_len
@@ -302,11 +317,11 @@ class StepProgram:
     def _publish_step(self) -> None:
         """Grammar lane, last op of a step: hand the outcome to the event loop (one wake-up)."""
         plan = self.queue.take()
-        b = self.buffers
+        b = self.state
         results = []
         for s in plan.snapshots:
-            error = b.errors[s.slot]
-            r = b.results[s.slot] if s.sample else None
+            error = b[s.slot].error
+            r = b[s.slot].result if s.sample else None
             if error is not None:
                 results.append(SlotResult(s.request_id, s.slot, (), 0, 0, error))
             elif r is not None:

@@ -41,7 +41,7 @@ from interlock.actors.base import Actor, Handler
 from interlock.actors.delivery import cut_at_stop
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.actors.penalty_book import PenaltyBook
-from interlock.actors.step import StepBuffers, StepQueue, StepShape
+from interlock.actors.step import StepState, StepQueue, StepShape
 from interlock.kernels import (
     apply_token_bitmask_, native, probs_from_logits, rejection_sample, rejection_sample_greedy, token_logprobs,
 )
@@ -75,7 +75,7 @@ class _StepWork:
 
 class VerifierActor(Actor[object]):
     def __init__(self, model: Transformer, kv: PagedKVCache, timeline: Timeline, buffers: MaskBuffers,
-                 step: StepBuffers, tokenizer_vocab: int, eos_token_ids: tuple[int, ...], *,
+                 step: StepState, tokenizer_vocab: int, eos_token_ids: tuple[int, ...], *,
                  rows_prefill: bool | None = None, lean: bool | None = None) -> None:
         self.model = model
         self.rows_prefill = rows_prefill    # this engine's prompt path (EngineConfig.prefill); None: the model's
@@ -121,15 +121,15 @@ class VerifierActor(Actor[object]):
         """Take the step's plan; the drafts and q the drafter wrote; the requests' generators."""
         plan = self.queue.take()
         b = self.step
-        sampled = [i for i, s in enumerate(plan.snapshots) if s.sample and b.errors[s.slot] is None]
+        sampled = [i for i, s in enumerate(plan.snapshots) if s.sample and b[s.slot].error is None]
         for s in plan.snapshots:
-            b.results[s.slot] = None
+            b[s.slot].result = None
         for i in sampled:               # seeded per request, drawn in request order: batch-independent
             s = plan.snapshots[i]
             if not s.sampling.greedy and s.request_id not in self.generators:
                 self.generators[s.request_id] = request_generator(s.sampling.seed)
         slots = [plan.snapshots[i].slot for i in sampled]
-        self._work = _StepWork(plan, sampled, [b.drafts[slot] for slot in slots], [b.probs[slot] for slot in slots])
+        self._work = _StepWork(plan, sampled, [b[slot].drafts for slot in slots], [b[slot].probs for slot in slots])
 
     def forward(self, shape: StepShape | None = None) -> None:
         work = self._work
@@ -221,11 +221,11 @@ class VerifierActor(Actor[object]):
             result_s = SlotResult(s.request_id, s.slot, tuple(tokens), int(num_drafts[row]), min(n_acc, len(tokens)))
             if s.sampling.logprobs is not None:
                 asked.append((row, result_s))
-            self.step.results[s.slot] = result_s
+            self.step[s.slot].result = result_s
             self.penalties.commit((result_s,))
         if asked:
             for r in self._with_logprobs(logits, snaps, asked):
-                self.step.results[r.slot] = r
+                self.step[r.slot].result = r
 
     def _verify_greedy(self, work: _StepWork, snaps: list[RequestSnapshot]) -> None:
         """Greedy verification from each row's allowed argmax alone (module docstring)."""
@@ -251,7 +251,7 @@ class VerifierActor(Actor[object]):
             offset += n + 1
             if not self._row_invalid(s, used):
                 result = SlotResult(s.request_id, s.slot, tuple(tokens), valid, min(n_acc, len(tokens)))
-                self.step.results[s.slot] = result
+                self.step[s.slot].result = result
                 self.penalties.commit((result,))
 
     @staticmethod

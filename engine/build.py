@@ -25,7 +25,7 @@ from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import GrammarActor, MaskBuffers
 from interlock.actors.kv_actor import KVActor
 from interlock.actors.scheduler import Scheduler, SchedulerConfig
-from interlock.actors.step import StepBuffers, StepProgram
+from interlock.actors.step import StepState, StepProgram
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.drafters.model import DraftLM, ModelDrafter
 from interlock.engine.config import EngineConfig, Runner
@@ -154,7 +154,7 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
     if device.type == "cuda":           # the model lane copies them asynchronously (and inside graphs)
         buffers = MaskBuffers(buffers.bitmask.pin_memory(), buffers.rows.pin_memory(), buffers.rows_per_slot,
                               buffers.free.pin_memory())
-    step = StepBuffers.allocate(sched.max_batch_size)
+    step = StepState.allocate(sched.max_batch_size)
     eos = loaded.tokenizer.eos_token_ids
     vocab = loaded.tokenizer.vocab_size
     # Every actor is built with what it talks to: parts of a step meet only in the lanes and

@@ -7,7 +7,7 @@ import threading
 import anyio
 import pytest
 
-from interlock.actors.step import StepBuffers, StepProgram, StepQueue
+from interlock.actors.step import StepState, StepProgram, StepQueue
 from interlock.protocol.messages import SlotResult, StepPlan, TokenEvent
 from interlock.streams.cpu_timeline import CpuTimeline
 
@@ -50,6 +50,7 @@ class Part:
     def finish(self) -> None: self._note("finish")
     def forward(self) -> None: self._note("forward")
     def verify(self) -> None: self._note("verify")
+    def shape_of(self, plan) -> None: return None      # the host runner's: no shape of its own
 
 
 async def run_two_steps(shared: dict | None, *, capture: bool, draft_model: bool, k: int = 2
@@ -60,7 +61,7 @@ async def run_two_steps(shared: dict | None, *, capture: bool, draft_model: bool
     with CpuTimeline() as timeline:
         # The grammar part's first function blocks until both steps are staged and enqueued.
         parts = [Part("grammar", seen, shared, gate), Part("draft", seen, shared), Part("verifier", seen, shared)]
-        program = StepProgram(timeline, StepBuffers.allocate(2), *parts, max_draft_len=k, draft_model=draft_model,
+        program = StepProgram(timeline, StepState.allocate(2), *parts, max_draft_len=k, draft_model=draft_model,
                               capture=capture)
         program.bind(events.append, lambda exc: None)
         for step in (1, 2):
@@ -132,13 +133,13 @@ async def test_publish_reports_results_and_per_request_errors() -> None:
     events: list[TokenEvent] = []
     seen: list = []
     with CpuTimeline() as timeline:
-        buffers = StepBuffers.allocate(2)
+        buffers = StepState.allocate(2)
         parts = [Part("grammar", seen), Part("draft", seen), Part("verifier", seen)]
         program = StepProgram(timeline, buffers, *parts, max_draft_len=2, draft_model=False)
         program.bind(events.append, lambda exc: None)
         snaps = tuple(RequestSnapshot(f"r{i}", i, i, 5, (7,), True, False, SamplingParams()) for i in range(2))
-        buffers.results[0] = SlotResult("r0", 0, (1, 2), 2, 1)
-        buffers.results[1] = SlotResult("r1", 1, (3,), 2, 0)
+        buffers[0].result = SlotResult("r0", 0, (1, 2), 2, 1)
+        buffers[1].result = SlotResult("r1", 1, (3,), 2, 0)
         buffers.fail(1, SamplingError("nan"))
         program.launch(StepPlan(1, snaps, 2))
         with anyio.fail_after(5):

@@ -91,12 +91,12 @@ async def test_draft_side_masking_keeps_every_draft_in_the_grammar(tiny, monkeyp
     check, fill = GrammarActor.check, GrammarActor.fill
 
     def spy_check(self):
-        seen.extend((m.validate(self.step.drafts[slot]), len(self.step.drafts[slot])) for slot, m in self._constrained())
+        seen.extend((m.validate(self.step[slot].drafts), len(self.step[slot].drafts)) for slot, m in self._constrained())
         check(self)
 
     def spy_fill(self):
         fill(self)
-        rows.extend((int(self.buffers.rows[slot]), len(self.step.drafts[slot])) for slot, _ in self._constrained())
+        rows.extend((int(self.buffers.rows[slot]), len(self.step[slot].drafts)) for slot, _ in self._constrained())
 
     monkeypatch.setattr(GrammarActor, "check", spy_check)
     monkeypatch.setattr(GrammarActor, "fill", spy_fill)
@@ -136,7 +136,7 @@ async def test_cancelled_requests_free_the_draft_cache(tiny) -> None:
 def test_a_draft_with_another_tokenizer_is_refused(tiny, monkeypatch) -> None:
     from dataclasses import replace
 
-    from interlock import engine as engine_module
+    from interlock.engine import build as engine_module      # where draft_lm_for loads a draft
     from interlock.protocol.errors import UnsupportedModelError
 
     stranger = replace(tiny, tokenizer=replace(tiny.tokenizer, eos_token_ids=(12345,)))
