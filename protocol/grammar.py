@@ -15,6 +15,7 @@ from interlock.protocol.types import TokenId
 
 BackendName: TypeAlias = Literal["xgrammar", "llguidance", "auto"]
 BACKENDS: tuple[BackendName, ...] = ("auto", "xgrammar", "llguidance")   # every name a request may give
+DEFAULT_BACKEND: BackendName = "auto"
 Whitespace: TypeAlias = Literal["compact", "flexible"]
 
 
@@ -244,15 +245,15 @@ GrammarSpec: TypeAlias = PlainSpec | Reasoning | StructuralTag
 class GrammarConfig:
     """Limits and policy of the grammar layer (one per engine)."""
 
-    backend: BackendName = "auto"
+    backend: BackendName = DEFAULT_BACKEND
     compile_timeout_s: float = 10.0
     cache_max_entries: int = 256
     max_schema_bytes: int = 256 * 1024
     max_schema_depth: int = 64
 
     def __post_init__(self) -> None:
-        if self.backend not in ("xgrammar", "llguidance", "auto"):
-            raise ValueError(f"backend must be 'xgrammar', 'llguidance' or 'auto', got {self.backend!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")
         if self.compile_timeout_s <= 0 or self.cache_max_entries <= 0:
             raise ValueError("compile_timeout_s and cache_max_entries must be positive")
 
