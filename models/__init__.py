@@ -9,5 +9,6 @@ rows path, other prompt chunks through bf16 GEMMs (`batch.py` splits them).
 capturable in a CUDA graph), with its row-independent Triton ops in `triton_ops.py`.
 Tensor parallelism: `parallel.py` (which slice each rank holds; the sharded forward's collectives),
 `shard_sources.py` (reading only those slices from GGUF / safetensors), `tp_group.py` (the supervised
-worker processes, `TensorParallelModel`), `tp_worker.py` (a rank's loop), `wire.py` (a step as ints).
+worker processes, `TensorParallelModel`), `tp_process.py` (starting a rank as `python -m` process),
+`tp_worker.py` (a rank's loop), `wire.py` (a step as ints).
 """
