@@ -164,16 +164,12 @@ PlainSpec: TypeAlias = JsonSchema | JsonObject | Regex | Ebnf | Lark | Choice
 # only and agree exactly between plain and speculative decoding. grammars/switch.py holds the
 # matcher; `native=True` hands the whole spec to the backend instead (grammars/native_tags.py).
 
-DEFAULT_THINK_START = "<think>"
-DEFAULT_THINK_END = "</think>"
-
-
 @dataclass(frozen=True)
 class Reasoning:
     """Free thinking up to and including the end marker, then `then` (None: the answer is free too).
 
-    start / end: the markers; None takes "<think>" / "</think>" (a single special token where the
-    tokenizer has one, else their text's tokens). `start` is not required in the output (chat
+    start / end: the markers, "<think>" / "</think>" unless named (a single special token where the
+    tokenizer has one, else their text's tokens); every part of interlock reads them from here. `start` is not required in the output (chat
     templates often put it in the prompt); the stream uses it to strip it from the thinking.
     While thinking, EOS is refused when `then` constrains the answer (an output must reach it).
     max_reasoning_tokens: after that many thinking tokens the end marker is forced (the rest of
@@ -183,8 +179,8 @@ class Reasoning:
     """
 
     then: GrammarSpec | None = None
-    start: str | None = None
-    end: str | None = None
+    start: str = "<think>"
+    end: str = "</think>"
     max_reasoning_tokens: int | None = None
     native: bool = False
 
