@@ -34,8 +34,10 @@ DEMO_SCHEMA = {
     "required": ["name", "company", "role", "city", "start_year", "languages"],
     "additionalProperties": False,
 }
-DEMO_TEXT = ("Maria Chen joined Northwind Labs in 2019 as a staff engineer. She lives in Lisbon, "
-             "and at work she writes Rust and Python.")
+# SmolLM2-135M gets every field of this text right (greedy; tests/test_cli.py checks it); of the
+# phrasings tried, most made it write the year as 12 or 1999, or the languages as one "Rust and Python".
+DEMO_TEXT = ("Maria Chen joined Northwind Labs as a staff engineer in 2019. She lives in Lisbon. "
+             "She programs in Rust and in Python.")
 
 
 def _spec_from_args(args: argparse.Namespace):
@@ -76,7 +78,6 @@ async def _run(args: argparse.Namespace) -> None:
     from interlock.protocol.grammar import GrammarConfig, JsonSchema
     from interlock.protocol.sampling import SamplingParams
 
-    # SmolLM2-135M follows this phrasing best of the few tried (it still gets start_year wrong).
     messages = [
         {"role": "system", "content": "Reply with a JSON object with the fields name, company, role, city, "
                                       "start_year and languages, taken from the user's text."},

@@ -123,3 +123,27 @@ def test_cli_choices_and_defaults_are_the_protocol_constants() -> None:
         assert parser.parse_args(["serve", "--backend", backend]).backend == backend
     for mode in PREFILL_MODES:
         assert parser.parse_args(["--prefill", mode, "run"]).prefill == mode
+
+
+@pytest.mark.slow
+def test_the_demo_gets_every_field_of_its_text_right() -> None:
+    """`make run` (`interlock run`): the first thing a user sees is the embedded model's JSON for
+    DEMO_TEXT, and each field must say what the text says."""
+    import json
+    import subprocess
+    import sys
+
+    from interlock.cli import DEMO_SCHEMA, DEMO_TEXT
+    from interlock.models.tp_process import child_env
+
+    done = subprocess.run([sys.executable, "-m", "interlock.cli", "run"], env=child_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.splitlines()[0])
+    assert set(answer) == set(DEMO_SCHEMA["properties"])
+    assert answer["start_year"] == 2019 and str(answer["start_year"]) in DEMO_TEXT
+    assert answer["languages"] == ["Rust", "Python"]
+    assert {k: answer[k] for k in ("name", "company", "city")} == {"name": "Maria Chen", "company": "Northwind Labs",
+                                                                  "city": "Lisbon"}
+    assert answer["role"].lower() == "staff engineer"
+    assert "speedup" in done.stdout          # the stats line follows the answer
