@@ -269,8 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--temperature", type=float, default=0.0)
         p.add_argument("--max-tokens", type=int, default=max_tokens)
         p.add_argument("--tensor-parallel", type=_positive_int, default=1, help=TP_HELP)
-        p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's: minus this once per token seen in the output")
-        p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's: minus this per occurrence in the output")
+        p.add_argument("--presence-penalty", type=float, default=0.0,
+                       help="OpenAI's: minus this once per token seen in the output")
+        p.add_argument("--frequency-penalty", type=float, default=0.0,
+                       help="OpenAI's: minus this per occurrence in the output")
         p.add_argument("--repetition-penalty", type=float, default=1.0,
                        help="CTRL/HF: logits of tokens in the prompt or output divided (if > 0) or multiplied by this")
 
@@ -304,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "JME_26 of JME.jsonl)")
     bench.add_argument("--repeats", type=_positive_int, default=1,
                        help="run each prompt this many times in a row (a warm-up and timed runs: later runs find "
-                            "the prompt in the prefix cache and the earlier output in the suffix drafter's global trie)")
+                            "the prompt in the prefix cache and the earlier output in the suffix drafter's global "
+                            "trie)")
     bench.add_argument("--concurrency", type=_positive_int, default=1)
     bench.add_argument("--rounds", type=_positive_int, default=1,
                        help="run the modes this many times, the order reversed every other round (A B C, C B A, "

@@ -5,7 +5,8 @@ applies the stop rules (end of sequence, max_tokens, the context limit, stop str
 incrementally and queues deltas; before a constrained request ends with "stop" it checks the whole
 delivered text against the grammar (grammars.validate: JSON parsed strictly and validated with
 jsonschema, regex full match, choice membership), so no backend leniency reaches the user as a
-finished document: an invalid one ends as "error" with the GrammarError in `invalid`; `flush` hands queued deltas to the stream as far as it has room
+finished document: an invalid one ends as "error" with the GrammarError in `invalid`; `flush` hands queued deltas
+to the stream as far as it has room
 (a slow consumer pauses its request instead of growing a queue without bound).
 """
 from __future__ import annotations

@@ -133,7 +133,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _validator(schema_text: str) -> Any:
-    """A jsonschema validator (built per call: once per request, no module-level cache) for the schema's own dialect ($schema; 2020-12 when absent)."""
+    """A jsonschema validator (built per call: once per request, no module-level cache) for the schema's own
+    dialect ($schema; 2020-12 when absent)."""
     import jsonschema
 
     schema = json.loads(schema_text)

@@ -169,8 +169,9 @@ class Reasoning:
     """Free thinking up to and including the end marker, then `then` (None: the answer is free too).
 
     start / end: the markers, "<think>" / "</think>" unless named (a single special token where the
-    tokenizer has one, else their text's tokens); every part of interlock reads them from here. `start` is not required in the output (chat
-    templates often put it in the prompt); the stream uses it to strip it from the thinking.
+    tokenizer has one, else their text's tokens); every part of interlock reads them from here.
+    `start` is not required in the output (chat templates often put it in the prompt); the stream
+    uses it to strip it from the thinking.
     While thinking, EOS is refused when `then` constrains the answer (an output must reach it).
     max_reasoning_tokens: after that many thinking tokens the end marker is forced (the rest of
     it, where the last tokens already begin it); None: no limit.

@@ -152,7 +152,8 @@ class SpeculativeConfig:
             raise ValueError(f"self_draft_layers must be >= 1, got {self.self_draft_layers}")
 
     @classmethod
-    def parse(cls, text: str | None, *, max_draft_len: int = DEFAULT_DRAFT_LEN, **fields: Any) -> SpeculativeConfig | None:
+    def parse(cls, text: str | None, *, max_draft_len: int = DEFAULT_DRAFT_LEN,
+              **fields: Any) -> SpeculativeConfig | None:
         """"none" / "" / None -> None; "ngram+forced+adaptive" -> drafters ngram, forced; adaptive on;
         "ngram:3" -> n-gram lookup of suffixes up to 3 tokens; "self-draft:6" -> the self-draft over
         6 layers; "draft:PATH" -> a draft checkpoint; "forced:N" -> forced tokens take up to N rows
@@ -182,7 +183,8 @@ class SpeculativeConfig:
                 options["ngram"] = NGramConfig(max_matching_ngram_size=int(arg))
             elif name == "forced" and arg:
                 if not arg.isdigit():
-                    raise ValueError(f"forced:N needs the rows forced tokens may take beyond the draft length, got {arg!r}")
+                    raise ValueError(f"forced:N needs the rows forced tokens may take beyond the draft length, "
+                                     f"got {arg!r}")
                 options["forced_extra"] = int(arg)
             elif arg:
                 raise ValueError(f"{name} takes no argument (got {part!r})")

@@ -85,7 +85,8 @@ def test_serve_and_serve_replicas_build_the_same_engine_options(monkeypatch: pyt
         built["serve"] = model, options
         raise Built
 
-    def run_replicas(model: str, server: object, replicas: ray_serve.ReplicaConfig, num_cpus: int | None = None) -> None:
+    def run_replicas(model: str, server: object, replicas: ray_serve.ReplicaConfig,
+                     num_cpus: int | None = None) -> None:
         built["replicas"] = model, replicas.engine_options
         raise Built
 

@@ -129,8 +129,8 @@ def test_gguf_with_mixed_quant_types_matches_transformers_gguf_loader(tmp_path: 
     writer.add_token_types([1] * VOCAB)
     writer.add_token_scores([0.0] * VOCAB)
     writer.add_eos_token_id(1)
-    plain = {"model.embed_tokens.weight": ("token_embd.weight", Q.Q8_0), "model.norm.weight": ("output_norm.weight", Q.F32),
-             "lm_head.weight": ("output.weight", Q.F16)}
+    plain = {"model.embed_tokens.weight": ("token_embd.weight", Q.Q8_0),
+             "model.norm.weight": ("output_norm.weight", Q.F32), "lm_head.weight": ("output.weight", Q.F16)}
     layer_types = {"q_proj": ("attn_q", Q.Q4_0), "k_proj": ("attn_k", Q.Q4_1), "v_proj": ("attn_v", Q.BF16),
                    "o_proj": ("attn_output", Q.Q8_0), "gate_proj": ("ffn_gate", Q.Q4_K),
                    "up_proj": ("ffn_up", Q.Q6_K), "down_proj": ("ffn_down", Q.Q4_1)}
