@@ -5,12 +5,13 @@
         logits = TensorParallelModel.on(tp, "int8")(batch, kv)   # stands in for a Transformer
 
 The engine's process is no rank: it owns the block tables, the grammar and the sampler, and talks to
-the ranks through one pipe each. A step (its packed batch as ints: tokens with the drafts, positions,
-KV slots, block tables; models/wire.py) is pickled once and the same bytes go down every pipe: the
-one broadcast per step, under a kilobyte for a decode step. Rank 0
-writes the gathered logits into a shared-memory tensor and answers with the row count, so logits
-are never pickled. torch.distributed stays inside the workers: a failed collective cannot leave the
-engine's process with a broken global process group.
+the ranks through one connection each (the ranks are `python -m` processes: tp_process.py). A step
+(its packed batch as ints: tokens with the drafts, positions, KV slots, block tables; models/wire.py)
+is pickled once and the same bytes go down every connection: the one broadcast per step, under a
+kilobyte for a decode step. Rank 0 writes the gathered logits into a shared-memory buffer (a file
+both processes map) and answers with the row count, so logits are never pickled. torch.distributed
+stays inside the workers: a failed collective cannot leave the engine's process with a broken
+global process group.
 
 Supervision: every wait is bounded (`start_timeout_s` for loading, `step_timeout_s` per step) and
 watches the workers' process sentinels. A worker that dies, raises, or hangs past the timeout
@@ -124,6 +125,7 @@ class TensorParallelGroup:
         deadline = time.monotonic() + self.config.start_timeout_s
         for rank, conn in enumerate(self._conns):
             self._expect(conn, "ready", deadline, f"starting rank {rank}")
+        os.unlink(logits.path)      # both ends have it mapped; unnamed, it cannot outlive a crash of this process
         log.info("tp_started", world=self.config.world, pids=self.pids)
         return self
 
