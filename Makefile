@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP  := $(VENV)/.stamp-$(shell sha256sum pyproject.toml | cut -c1-16)
 
-.PHONY: venv run test bench serve gpu-wheels gpu-check
+.PHONY: venv run test lint bench serve gpu-wheels gpu-check
 
 venv: $(STAMP)
 
@@ -22,8 +22,11 @@ $(STAMP): pyproject.toml
 run: venv
 	$(VENV)/bin/interlock run
 
-test: venv
+test: venv lint
 	$(PY) -m pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check .
 
 bench: venv
 	$(PY) -m interlock.benchmarks.model_speed

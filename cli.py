@@ -9,11 +9,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from interlock.protocol.errors import InterlockError
+from interlock.protocol.grammar import BACKENDS, DEFAULT_BACKEND
+from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE, MAX_DRAFT_LEN
+from interlock.protocol.types import DEFAULT_PREFILL, DTYPES, PREFILL_MODES
 
 if TYPE_CHECKING:
     from interlock.server import ServerConfig
@@ -31,8 +34,10 @@ DEMO_SCHEMA = {
     "required": ["name", "company", "role", "city", "start_year", "languages"],
     "additionalProperties": False,
 }
-DEMO_TEXT = ("Maria Chen joined Northwind Labs in 2019 as a staff engineer. She lives in Lisbon, "
-             "and at work she writes Rust and Python.")
+# SmolLM2-135M gets every field of this text right (greedy; tests/test_cli.py checks it); of the
+# phrasings tried, most made it write the year as 12 or 1999, or the languages as one "Rust and Python".
+DEMO_TEXT = ("Maria Chen joined Northwind Labs as a staff engineer in 2019. She lives in Lisbon. "
+             "She programs in Rust and in Python.")
 
 
 def _spec_from_args(args: argparse.Namespace):
@@ -52,13 +57,19 @@ def _spec_from_args(args: argparse.Namespace):
     return None
 
 
-def _engine(args: argparse.Namespace, speculative: str | None = None):
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Engine.from_pretrained's keywords from a command's arguments: the one place where flags become
+    engine options, so that `serve` in one process and `serve --replicas` (each replica calls
+    from_pretrained with them) build the same engine, and run / generate the same but for the batch."""
+    return {"speculative": args.speculative, "draft_len": args.draft_len, "grammar_backend": args.backend,
+            "max_batch_size": getattr(args, "max_batch_size", 1), "tensor_parallel": args.tensor_parallel,
+            "threads": args.threads, "prefill": args.prefill, "kv_dtype": _kv_dtype(args)}
+
+
+def _engine(args: argparse.Namespace):
     from interlock.engine import Engine
 
-    return Engine.from_pretrained(args.model, speculative=speculative or args.speculative, draft_len=args.draft_len,
-                                  grammar_backend=args.backend, max_batch_size=getattr(args, "concurrency", 1),
-                                  tensor_parallel=getattr(args, "tensor_parallel", 1), threads=args.threads,
-                                  prefill=args.prefill, kv_dtype=_kv_dtype(args))
+    return Engine.from_pretrained(args.model, **engine_options(args))
 
 
 async def _run(args: argparse.Namespace) -> None:
@@ -67,7 +78,6 @@ async def _run(args: argparse.Namespace) -> None:
     from interlock.protocol.grammar import GrammarConfig, JsonSchema
     from interlock.protocol.sampling import SamplingParams
 
-    # SmolLM2-135M follows this phrasing best of the few tried (it still gets start_year wrong).
     messages = [
         {"role": "system", "content": "Reply with a JSON object with the fields name, company, role, city, "
                                       "start_year and languages, taken from the user's text."},
@@ -161,12 +171,9 @@ def _serve_replicas(args: argparse.Namespace) -> None:
     """`serve --replicas N`: the same server, N times, on Ray Serve (server/ray_serve.py)."""
     from interlock.server.ray_serve import ReplicaConfig, run_replicas
 
-    engine = {"speculative": args.speculative, "draft_len": args.draft_len, "grammar_backend": args.backend,
-              "max_batch_size": args.max_batch_size, "tensor_parallel": args.tensor_parallel,
-              "kv_dtype": _kv_dtype(args)}
     replicas = ReplicaConfig(min_replicas=args.replicas, max_replicas=max(args.max_replicas or 0, args.replicas),
                              cpus_per_replica=args.cpus_per_replica, graceful_shutdown_timeout_s=args.shutdown_timeout,
-                             engine_options=engine)
+                             engine_options=engine_options(args))
     config = _server_config(args)
     print(f"interlock serve: {config.model_name} on http://{config.host}:{config.port}/v1 "
           f"({replicas.min_replicas}..{replicas.max_replicas} replicas on Ray Serve)", file=sys.stderr, flush=True)
@@ -175,19 +182,20 @@ def _serve_replicas(args: argparse.Namespace) -> None:
 
 async def _serve(args: argparse.Namespace) -> None:
     """The OpenAI-compatible server (interlock.server) over one engine, until SIGTERM / SIGINT."""
-    from interlock.engine import Engine
     from interlock.server import serve
 
     config = _server_config(args)
-    engine = Engine.from_pretrained(args.model, speculative=args.speculative, draft_len=args.draft_len,
-                                    grammar_backend=args.backend, max_batch_size=args.max_batch_size,
-                                    tensor_parallel=args.tensor_parallel, threads=args.threads,
-                                    prefill=args.prefill, kv_dtype=_kv_dtype(args))
+    engine = _engine(args)
     print(f"interlock serve: {config.model_name} on http://{config.host}:{config.port}/v1 "
           f"(speculative {args.speculative}, batch {args.max_batch_size})", file=sys.stderr, flush=True)
     await serve(engine, config, log_level=args.log_level)
 
 
+MODEL_HELP = ("smollm2-135m-instruct (embedded), a .gguf file, an HF checkpoint folder or a Hugging Face hub id "
+              "such as Qwen/Qwen2.5-0.5B-Instruct (HF_HUB_OFFLINE=1: from the local cache only)")
+SPECULATIVE_HELP = ("none, or drafters joined by +: ngram[:N], suffix, forced[:N] (N forced rows beyond --draft-len, "
+                    "4 by default), self-draft[:N], draft:PATH; options: adaptive, nomask (no draft-side grammar "
+                    "masking), e.g. ngram+forced+adaptive or self-draft+forced")
 TP_HELP = ("N > 1: the model's forward on N worker processes (torch.distributed gloo), each holding 1/N of "
            "the weights; N must divide the model's heads, KV heads and MLP width")
 
@@ -231,8 +239,6 @@ def _positive_int(text: str) -> int:
 
 def _draft_len(text: str) -> int:
     """argparse type for --draft-len: 1 .. MAX_DRAFT_LEN, a usage error otherwise."""
-    from interlock.protocol.speculative import MAX_DRAFT_LEN
-
     value = _positive_int(text)
     if value > MAX_DRAFT_LEN:
         raise argparse.ArgumentTypeError(f"expected a draft length in 1..{MAX_DRAFT_LEN}, got {value}")
@@ -246,25 +252,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=_positive_int, default=None,
                         help="torch intra-op threads of the model lane (default: min(2, cores); every other "
                              "thread runs torch at 1)")
-    parser.add_argument("--prefill", default="auto", choices=["auto", "rows", "dense"],
+    parser.add_argument("--prefill", default=DEFAULT_PREFILL, choices=PREFILL_MODES,
                         help="how prompt chunks are computed (EngineConfig.prefill): rows (int8, batch invariant: "
                              "prefix-cache hits at any block), dense (bf16, unquantized weights), auto (rows "
                              "where the CPU has AMX or AVX512-VNNI)")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *DTYPES],
                         help="what the KV cache stores (load_model's kv_dtype): auto is float16 beside int8 "
                              "weights on an AVX-512 CPU (half the bytes a long context's step reads), else float32")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:
-        p.add_argument("--model", default="smollm2-135m-instruct")
-        p.add_argument("--speculative", type=_speculative, default="ngram+forced", help="none, or drafters joined by +: ngram[:N], suffix, forced[:N] (N forced rows beyond --draft-len, 4 by default), self-draft[:N], draft:PATH; options: adaptive, nomask (no draft-side grammar masking), e.g. ngram+forced+adaptive or self-draft+forced")
-        p.add_argument("--draft-len", type=_draft_len, default=3)
-        p.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
+        p.add_argument("--model", default="smollm2-135m-instruct", help=MODEL_HELP)
+        p.add_argument("--speculative", type=_speculative, default=DEFAULT_SPECULATIVE, help=SPECULATIVE_HELP)
+        p.add_argument("--draft-len", type=_draft_len, default=DEFAULT_DRAFT_LEN)
+        p.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
         p.add_argument("--temperature", type=float, default=0.0)
         p.add_argument("--max-tokens", type=int, default=max_tokens)
         p.add_argument("--tensor-parallel", type=_positive_int, default=1, help=TP_HELP)
-        p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's: minus this once per token seen in the output")
-        p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's: minus this per occurrence in the output")
+        p.add_argument("--presence-penalty", type=float, default=0.0,
+                       help="OpenAI's: minus this once per token seen in the output")
+        p.add_argument("--frequency-penalty", type=float, default=0.0,
+                       help="OpenAI's: minus this per occurrence in the output")
         p.add_argument("--repetition-penalty", type=float, default=1.0,
                        help="CTRL/HF: logits of tokens in the prompt or output divided (if > 0) or multiplied by this")
 
@@ -298,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "JME_26 of JME.jsonl)")
     bench.add_argument("--repeats", type=_positive_int, default=1,
                        help="run each prompt this many times in a row (a warm-up and timed runs: later runs find "
-                            "the prompt in the prefix cache and the earlier output in the suffix drafter's global trie)")
+                            "the prompt in the prefix cache and the earlier output in the suffix drafter's global "
+                            "trie)")
     bench.add_argument("--concurrency", type=_positive_int, default=1)
     bench.add_argument("--rounds", type=_positive_int, default=1,
                        help="run the modes this many times, the order reversed every other round (A B C, C B A, "
@@ -310,13 +319,14 @@ def build_parser() -> argparse.ArgumentParser:
     common(bench, 256)
     srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat/completions, structured outputs, "
                                        "tools, SSE, /metrics)")
-    srv.add_argument("--model", default="smollm2-135m-instruct")
+    srv.add_argument("--model", default="smollm2-135m-instruct", help=MODEL_HELP)
     srv.add_argument("--served-model-name", default=None, help="the `model` id clients send (default: --model)")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--speculative", type=_speculative, default="ngram+forced", help="as for generate; fixed for every request")
-    srv.add_argument("--draft-len", type=_draft_len, default=3)
-    srv.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
+    srv.add_argument("--speculative", type=_speculative, default=DEFAULT_SPECULATIVE,
+                     help="as for generate; fixed for every request")
+    srv.add_argument("--draft-len", type=_draft_len, default=DEFAULT_DRAFT_LEN)
+    srv.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
     srv.add_argument("--max-batch-size", type=_positive_int, default=8)
     srv.add_argument("--max-queue", type=int, default=64,
                      help="requests admitted beyond the batch; past it the server answers 429 with Retry-After")
@@ -328,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
     srv.add_argument("--shutdown-timeout", type=float, default=10.0,
                      help="seconds requests in flight get to finish after SIGTERM/SIGINT")
-    srv.add_argument("--tensor-parallel", type=int, default=1, help=TP_HELP)
+    srv.add_argument("--tensor-parallel", type=_positive_int, default=1, help=TP_HELP)
     srv.add_argument("--replicas", type=int, default=None,
                      help="N engine replicas behind Ray Serve's proxy (needs the [cluster] extra; joins the "
                           "cluster in RAY_ADDRESS if set, else starts a local Ray)")

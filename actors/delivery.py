@@ -5,7 +5,8 @@ applies the stop rules (end of sequence, max_tokens, the context limit, stop str
 incrementally and queues deltas; before a constrained request ends with "stop" it checks the whole
 delivered text against the grammar (grammars.validate: JSON parsed strictly and validated with
 jsonschema, regex full match, choice membership), so no backend leniency reaches the user as a
-finished document: an invalid one ends as "error" with the GrammarError in `invalid`; `flush` hands queued deltas to the stream as far as it has room
+finished document: an invalid one ends as "error" with the GrammarError in `invalid`; `flush` hands queued deltas
+to the stream as far as it has room
 (a slow consumer pauses its request instead of growing a queue without bound).
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from interlock.logs import get_logger
 from interlock.models.detokenize import IncrementalText
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
-from interlock.protocol.grammar import DEFAULT_THINK_END, DEFAULT_THINK_START, Reasoning
+from interlock.protocol.grammar import Reasoning
 from interlock.protocol.messages import RequestSpec
 from interlock.protocol.sampling import Delta, RequestStats, SamplingParams, TokenLogprob
 from interlock.protocol.types import FinishReason, TokenId
@@ -67,8 +68,7 @@ class Output:
     def new(cls, spec: RequestSpec, stream: OutputStream[Delta], tokenizer: Tokenizer) -> Output:
         out = cls(spec, stream, IncrementalText(tokenizer, spec.sampling.stop), time.perf_counter())
         if isinstance(spec.grammar, Reasoning):
-            out.thinking = ReasoningStream(tokenizer, spec.grammar.start or DEFAULT_THINK_START,
-                                           spec.grammar.end or DEFAULT_THINK_END)
+            out.thinking = ReasoningStream(tokenizer, spec.grammar.start, spec.grammar.end)
         return out
 
     def emit(self, tokens: list[TokenId], eos: tuple[TokenId, ...], at_context_limit: bool,

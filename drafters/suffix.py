@@ -28,7 +28,8 @@ min(K, ceil(config.max_spec_factor * m)) tokens (K: the step's lookup budget), o
 tokens up to config.max_long_draft: a long match earns a long draft, a 1-token match a short one.
 Beyond K only the match length counts (SuffixDecoding's draft length = match length): a prompt or
 output seen before matches long and drafts long, while a key seen in other documents (a short match,
-followed there by their values) stays within K. The request's trie and the global trie each propose; the higher score wins (the request's
+followed there by their values) stays within K. The request's trie and the global trie each propose; the higher
+score wins (the request's
 own on a tie). Drafts are point masses: verification stays exact whatever they are.
 
 Costs: appending a token touches D nodes (the suffixes ending at it); a proposal does O(D^2) dict

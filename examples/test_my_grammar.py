@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from interlock.grammars.validate import validate_output
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import Ebnf, JsonSchema
-from interlock.testing import (TokenMix, allowed_sequences, byte_tokenizer, default_settings, grammar_case, matcher_machine,
-                               refused_sequences)
+from interlock.testing import (TokenMix, allowed_sequences, byte_tokenizer, default_settings, grammar_case,
+                               matcher_machine, refused_sequences)
 
 # --- your grammars --------------------------------------------------------------------------------
 

@@ -73,7 +73,8 @@ class LLGuidanceBackend:
         # and so is what keywords.gaps knows it applies differently from the schema's draft.
         inexact = [f"llguidance: {w}" for w in template.get_grammar_warnings()]
         if isinstance(spec, JsonSchema):
-            inexact += [f"llguidance does not enforce exactly {g}" for g in gaps(json.loads(spec.compiled_schema), NAME)]
+            gaps_found = gaps(json.loads(spec.compiled_schema), NAME)
+            inexact += [f"llguidance does not enforce exactly {g}" for g in gaps_found]
         warnings = (*ours, *inexact)
         for warning in warnings:
             log.warning("grammar.backend_warning", backend=NAME, warning=warning)
@@ -98,7 +99,8 @@ class LLGuidanceBackend:
         except json.JSONDecodeError:             # some helpers hand back Lark text
             entries = [{"lark_grammar": text}]
         if len(entries) != 1:
-            raise GrammarError(f"llguidance: a {type(spec).__name__} part cannot be nested in a native switching grammar")
+            raise GrammarError(f"llguidance: a {type(spec).__name__} part cannot be nested in a native "
+                               f"switching grammar")
         return entries[0]
 
     def _grammar(self, spec: GrammarSpec, warnings: list[str]) -> str:

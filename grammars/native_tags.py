@@ -27,7 +27,7 @@ from collections.abc import Callable
 from interlock.grammars.switch import marker_ids
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
-from interlock.protocol.grammar import (DEFAULT_THINK_END, GrammarSpec, Reasoning, StructuralTag)
+from interlock.protocol.grammar import GrammarSpec, Reasoning, StructuralTag
 
 SubGrammar = Callable[[GrammarSpec], dict]    # a plain spec -> one llguidance grammar entry (no name)
 Content = Callable[[GrammarSpec], dict]       # a plain spec -> one xgrammar structural-tag format
@@ -39,7 +39,7 @@ def check_native(spec: Reasoning | StructuralTag, tokenizer: Tokenizer, backend:
     if isinstance(spec, Reasoning):
         if spec.max_reasoning_tokens is not None:
             raise GrammarError(f"{backend}: native Reasoning has no max_reasoning_tokens (use native=False)")
-        markers = [DEFAULT_THINK_END if spec.end is None else spec.end]
+        markers = [spec.end]
         if spec.then is not None and isinstance(spec.then, (Reasoning, StructuralTag)):
             if isinstance(spec.then, Reasoning):
                 raise GrammarError("Reasoning.then: a Reasoning cannot be nested in another")
@@ -76,7 +76,7 @@ def xgrammar_structural_tag(spec: Reasoning | StructuralTag, content: Content) -
 
 def _xgr_format(spec: Reasoning | StructuralTag, content: Content) -> dict:
     if isinstance(spec, Reasoning):
-        end = DEFAULT_THINK_END if spec.end is None else spec.end
+        end = spec.end
         thinking = {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": end}
         if spec.then is None:
             return {"type": "sequence", "elements": [thinking, {"type": "any_text"}]}
@@ -103,7 +103,7 @@ def llguidance_grammar(spec: Reasoning | StructuralTag, sub: SubGrammar) -> str:
 
     rules: list[str] = []
     if isinstance(spec, Reasoning):
-        end = DEFAULT_THINK_END if spec.end is None else spec.end
+        end = spec.end
         rules.append(f"THINK: {_ends_with_first(end, [end])}")
         if spec.then is None:
             rules.insert(0, "start: THINK ANY | ANY_NO_END")

@@ -7,7 +7,8 @@ the only evidence of a loose grammar, so compile runs with fd 2 pointed at a tem
 fd 2 is one per process, so one process-wide lock serializes the redirection (a resource the
 process owns once needs a lock the process holds once). A compile stuck past the cache's timeout
 keeps holding it, so a waiter gives up after `wait_s` and runs uncaptured (returns None for the
-lines: the caller must then assume the worst) rather than be delayed by an unrelated compile. Lines that are not the native library's own (another thread's Python
+lines: the caller must then assume the worst) rather than be delayed by an unrelated compile. Lines that are not
+the native library's own (another thread's Python
 traceback, say) are written back to the real stderr afterwards, so nothing is swallowed.
 """
 from __future__ import annotations

@@ -35,8 +35,7 @@ from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.triggers import FIRE, REFUSE, TriggerScan, build_scan
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
-from interlock.protocol.grammar import (DEFAULT_THINK_END, DEFAULT_THINK_START, GrammarBackend, GrammarSpec,
-                                        Reasoning, StructuralTag)
+from interlock.protocol.grammar import GrammarBackend, GrammarSpec, Reasoning, StructuralTag
 from interlock.protocol.types import TokenId
 
 MAX_FORCED = 256             # forced tokens looked ahead in one call (a marker plus a JSON header)
@@ -104,8 +103,8 @@ def compile_switch(backend: GrammarBackend, tokenizer: Tokenizer, spec: Reasonin
 
 
 def _reasoning(backend: GrammarBackend, tokenizer: Tokenizer, spec: Reasoning) -> tuple[SwitchProgram, tuple[str, ...]]:
-    start = marker_ids(tokenizer, DEFAULT_THINK_START if spec.start is None else spec.start, "Reasoning.start")
-    end = marker_ids(tokenizer, DEFAULT_THINK_END if spec.end is None else spec.end, "Reasoning.end")
+    start = marker_ids(tokenizer, spec.start, "Reasoning.start")
+    end = marker_ids(tokenizer, spec.end, "Reasoning.end")
     if _contains(start, end) or _contains(end, start):
         raise GrammarError("Reasoning: the start and end markers overlap (one holds the other)")
     inner, warnings = None, ()
@@ -174,7 +173,7 @@ def token_bytes(backend: GrammarBackend, tokenizer: Tokenizer) -> tuple[bytes, .
 
 def _scan(backend: GrammarBackend, tokenizer: Tokenizer, program: SwitchProgram,
           spec: Reasoning | StructuralTag) -> TriggerScan:
-    texts = [DEFAULT_THINK_END if spec.end is None else spec.end] if isinstance(spec, Reasoning) else list(spec.triggers)
+    texts = [spec.end] if isinstance(spec, Reasoning) else list(spec.triggers)
     scan = build_scan([t.encode() for t in texts], program.triggers, token_bytes(backend, tokenizer), tokenizer,
                       backend.vocab_size)
     missing = [tail for tail in scan.rows if not scan.continuation(tail, 0)]
@@ -609,8 +608,8 @@ class ReasoningSplitter:
     a leading start marker dropped) and the answer; a possible partial marker at the end of a piece
     is held back. Text-level: a marker a decode dropped (a special token) is not seen."""
 
-    def __init__(self, start: str = DEFAULT_THINK_START, end: str = DEFAULT_THINK_END) -> None:
-        self.START, self.END = start, end
+    def __init__(self, markers: Reasoning = Reasoning()) -> None:
+        self.START, self.END = markers.start, markers.end
         self._held = ""
         self._started = False           # the leading START has been dropped or ruled out
         self.reasoning = ""

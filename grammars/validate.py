@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from interlock.protocol.errors import GrammarError
-from interlock.protocol.grammar import (DEFAULT_THINK_END, Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Lark,
+from interlock.protocol.grammar import (Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Lark,
                                         Reasoning, Regex, StructuralTag)
 
 MAX_SHOWN = 200             # characters of the failing output quoted in the error
@@ -64,7 +64,7 @@ def validate_segments(segments: Iterable[Any], decode: Callable[[Sequence[int]],
 
 
 def _check_reasoning(spec: Reasoning, text: str) -> None:
-    end = DEFAULT_THINK_END if spec.end is None else spec.end
+    end = spec.end
     if spec.then is None:
         return
     if end not in text:
@@ -133,7 +133,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _validator(schema_text: str) -> Any:
-    """A jsonschema validator (built per call: once per request, no module-level cache) for the schema's own dialect ($schema; 2020-12 when absent)."""
+    """A jsonschema validator (built per call: once per request, no module-level cache) for the schema's own
+    dialect ($schema; 2020-12 when absent)."""
     import jsonschema
 
     schema = json.loads(schema_text)

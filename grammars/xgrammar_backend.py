@@ -34,8 +34,8 @@ from interlock.grammars.native_tags import check_native, xgrammar_structural_tag
 from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
-from interlock.protocol.grammar import (Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark, Reasoning,
-                                        Regex, StructuralTag)
+from interlock.protocol.grammar import (Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark,
+                                        Reasoning, Regex, StructuralTag)
 from interlock.protocol.types import TokenId
 from interlock.logs import get_logger
 
@@ -153,7 +153,8 @@ class XGrammarBackend:
                 return {"type": "regex", "pattern": spec.pattern}
             if isinstance(spec, Ebnf):
                 if spec.root != "root":
-                    raise GrammarError(f"xgrammar: native structural tags need the EBNF start rule 'root', got {spec.root!r}")
+                    raise GrammarError(f"xgrammar: native structural tags need the EBNF start rule 'root', "
+                                       f"got {spec.root!r}")
                 return {"type": "grammar", "grammar": spec.text}
             if isinstance(spec, Choice):
                 return {"type": "grammar", "grammar": choice_ebnf(spec.options)}

@@ -10,5 +10,6 @@ capturable in a CUDA graph): bf16 on CUDA with the row-independent Triton ops of
 float32 on the CPU with their torch references (`reference_ops.py`), which is how CI tests it.
 Tensor parallelism: `parallel.py` (which slice each rank holds; the sharded forward's collectives),
 `shard_sources.py` (reading only those slices from GGUF / safetensors), `tp_group.py` (the supervised
-worker processes, `TensorParallelModel`), `tp_worker.py` (a rank's loop), `wire.py` (a step as ints).
+worker processes, `TensorParallelModel`), `tp_process.py` (starting a rank as `python -m` process),
+`tp_worker.py` (a rank's loop), `wire.py` (a step as ints).
 """

@@ -3,7 +3,8 @@
 Why int8 weight-only: decoding one token reads every weight once, so a CPU decoder is bound by
 weight bytes. int8 weights are 1/4 of the fp32 bytes, and the int8 kernels (kernels/native.py: ours, or
 torch's `_weight_int8pack_mm`) — unlike fp32 sgemm, whose result for a row changes with the number
-of rows — compute each row independently. That batch invariance is what lets a speculative verify step (K+1 rows) or a batch
+of rows — compute each row independently. That batch invariance is what lets a speculative verify step (K+1 rows)
+or a batch
 of other requests reproduce a single-token step bit for bit. Measured in benchmarks/model_speed.py.
 """
 from __future__ import annotations

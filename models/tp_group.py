@@ -5,12 +5,13 @@
         logits = TensorParallelModel.on(tp, "int8")(batch, kv)   # stands in for a Transformer
 
 The engine's process is no rank: it owns the block tables, the grammar and the sampler, and talks to
-the ranks through one pipe each. A step (its packed batch as ints: tokens with the drafts, positions,
-KV slots, block tables; models/wire.py) is pickled once and the same bytes go down every pipe: the
-one broadcast per step, under a kilobyte for a decode step. Rank 0
-writes the gathered logits into a shared-memory tensor and answers with the row count, so logits
-are never pickled. torch.distributed stays inside the workers: a failed collective cannot leave the
-engine's process with a broken global process group.
+the ranks through one connection each (the ranks are `python -m` processes: tp_process.py). A step
+(its packed batch as ints: tokens with the drafts, positions, KV slots, block tables; models/wire.py)
+is pickled once and the same bytes go down every connection: the one broadcast per step, under a
+kilobyte for a decode step. Rank 0 writes the gathered logits into a shared-memory buffer (a file
+both processes map) and answers with the row count, so logits are never pickled. torch.distributed
+stays inside the workers: a failed collective cannot leave the engine's process with a broken
+global process group.
 
 Supervision: every wait is bounded (`start_timeout_s` for loading, `step_timeout_s` per step) and
 watches the workers' process sentinels. A worker that dies, raises, or hangs past the timeout
@@ -20,6 +21,7 @@ them, so no process is left behind; every later call raises the same WorkerError
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import shutil
 import tempfile
@@ -28,11 +30,10 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 import torch
-import torch.multiprocessing as mp
 
 from interlock.models.batch import ForwardBatch, SeqChunk, build_batch
 from interlock.models.config import ModelConfig
@@ -40,7 +41,8 @@ from interlock.models.loader import default_kv_dtype
 from interlock.models.linear import Weights
 from interlock.models.parallel import Shard
 from interlock.models.shard_sources import open_source
-from interlock.models.tp_worker import Step, Stop, WorkerSpec, worker_main
+from interlock.models.tp_process import RankProcess, start_rank
+from interlock.models.tp_worker import SharedLogits, Start, Step, Stop, WorkerSpec
 from interlock.models.wire import to_wire
 from interlock.protocol.errors import EngineClosedError, WorkerError
 from interlock.protocol.messages import BlockTables
@@ -60,7 +62,7 @@ class TPConfig:
     num_blocks: int
     block_size: int = 16
     max_rows: int = 256                 # logit rows one step may return (the shared buffer's height)
-    start_timeout_s: float = 120.0      # spawn + import + load a shard
+    start_timeout_s: float = 120.0      # start + import + load a shard
     step_timeout_s: float = 30.0        # one forward, collectives included
     threads_per_rank: int = 1
     draft_cache: tuple[int, int] | None = None  # (blocks, layers) of the ranks' second KV pool (a self-draft)
@@ -93,8 +95,8 @@ class TensorParallelGroup:
                                 config.num_blocks, config.block_size,
                                 collective_timeout_s=config.step_timeout_s, threads=config.threads_per_rank,
                                 draft_cache=config.draft_cache)
-        self._logits = torch.zeros(config.max_rows, self.model_config.vocab_size).share_memory_()
-        self._procs: list[Any] = []
+        self._logits = torch.empty(0)       # rank 0's output buffer, mapped at start
+        self._procs: list[RankProcess] = []
         self._conns: list[Connection] = []
         self._failure: WorkerError | None = None
         self._closed = False
@@ -107,21 +109,23 @@ class TensorParallelGroup:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> TensorParallelGroup:
-        """Spawn the ranks and wait until each has loaded its shard. Raises WorkerError."""
-        ctx = mp.get_context("spawn")
-        self._store_dir = Path(tempfile.mkdtemp(prefix="interlock-tp-"))
+        """Start the ranks (`python -m interlock.models.tp_worker` processes: models/tp_process.py) and
+        wait until each has loaded its shard. Raises WorkerError."""
+        self._store_dir = Path(tempfile.mkdtemp(prefix="interlock-tp-", dir=_shm_dir()))
         self._spec = replace(self._spec, store=f"file://{self._store_dir / 'store'}")
-        for rank in range(self.config.world):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, name=f"interlock-tp{rank}", daemon=True,
-                               args=(rank, self._spec, child, self._logits if rank == 0 else None))
-            proc.start()
-            child.close()
-            self._procs.append(proc)
-            self._conns.append(parent)
+        logits = SharedLogits(str(self._store_dir / "logits"), self.config.max_rows, self.model_config.vocab_size)
+        self._logits = logits.open()
+        try:
+            for rank in range(self.config.world):
+                proc, conn = start_rank(rank, Start(rank, self._spec, logits if rank == 0 else None))
+                self._procs.append(proc)
+                self._conns.append(conn)
+        except OSError as exc:
+            raise self._fail(f"starting the ranks: {exc}") from None
         deadline = time.monotonic() + self.config.start_timeout_s
         for rank, conn in enumerate(self._conns):
             self._expect(conn, "ready", deadline, f"starting rank {rank}")
+        os.unlink(logits.path)      # both ends have it mapped; unnamed, it cannot outlive a crash of this process
         log.info("tp_started", world=self.config.world, pids=self.pids)
         return self
 
@@ -158,6 +162,8 @@ class TensorParallelGroup:
             if proc.is_alive():
                 proc.kill()
             proc.join(5.0)
+        for proc in self._procs:
+            proc.close()
         for conn in self._conns:
             conn.close()
 
@@ -287,7 +293,7 @@ class TensorParallelModel:
         return self._slot[0]
 
     def start(self, config: TPConfig) -> None:
-        """Spawn the ranks (blocking: seconds). Raises WorkerError."""
+        """Start the ranks (blocking: seconds). Raises WorkerError."""
         if self._slot:
             raise RuntimeError("already started")
         group = TensorParallelGroup(self.name, config, weights=self.weights, dtype=self.dtype,
@@ -304,6 +310,11 @@ class TensorParallelModel:
         if head is not None:
             raise ValueError("a pruned draft head is not supported under tensor parallelism")
         return self.group.forward_batch(batch, n_layers, self.cache)
+
+
+def _shm_dir() -> str | None:
+    """/dev/shm where there is one (the logits buffer then lives in memory only), else the temp folder."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def _model_config(model: str, weights: Weights, dtype: Dtype, kv_dtype: Dtype | None, seed: int) -> ModelConfig:

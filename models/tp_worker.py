@@ -1,4 +1,5 @@
-"""The loop one tensor-parallel worker process runs (started by tp_group.TensorParallelGroup).
+"""The loop one tensor-parallel worker process runs: `python -m interlock.models.tp_worker FD RANK`,
+started by tp_group.TensorParallelGroup through tp_process.start_rank (FD: its end of the socket pair).
 
 Each rank loads only its shard, keeps its own KV storage (its Hkvl heads of every block; the block
 *tables* live with the engine and arrive with each step), and then, per step: receive the step's
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -29,7 +32,7 @@ from interlock.protocol.types import Dtype
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What every rank is started with (pickled once per process at spawn)."""
+    """What every rank is started with (in its Start message)."""
 
     model: str
     config: ModelConfig            # the full model's (the engine read it already)
@@ -43,6 +46,29 @@ class WorkerSpec:
     collective_timeout_s: float
     threads: int
     draft_cache: tuple[int, int] | None = None     # (blocks, layers) of a second KV pool: a self-draft's
+
+
+@dataclass(frozen=True)
+class SharedLogits:
+    """Rank 0's [rows, cols] fp32 output buffer: a file both processes map (shared memory under /dev/shm)."""
+
+    path: str
+    rows: int
+    cols: int
+
+    def open(self) -> torch.Tensor:
+        """The buffer, mapped shared (created zero-filled by the first caller)."""
+        return torch.from_file(self.path, shared=True, size=self.rows * self.cols,
+                               dtype=torch.float32).view(self.rows, self.cols)
+
+
+@dataclass(frozen=True)
+class Start:
+    """The first message to a rank: who it is, the spec, and (rank 0) where to write the logits."""
+
+    rank: int
+    spec: WorkerSpec
+    logits: SharedLogits | None
 
 
 @dataclass(frozen=True)
@@ -61,8 +87,22 @@ class Stop:
     pass
 
 
+def main(argv: list[str] | None = None) -> None:
+    """`python -m interlock.models.tp_worker FD RANK`: read the Start message on FD, then serve."""
+    argv = sys.argv[1:] if argv is None else argv
+    # Ctrl-C reaches the whole process group; the parent stops the ranks (Stop, or end-of-file).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(int(argv[0]))
+    try:
+        start: Start = conn.recv()
+    except EOFError:
+        return                                              # the parent is gone before we began
+    worker_main(start.rank, start.spec, conn, start.logits.open() if start.logits is not None else None)
+
+
 def worker_main(rank: int, spec: WorkerSpec, conn: Connection, logits: torch.Tensor | None) -> None:
-    """Entry point of rank `rank` (spawned). `logits`: rank 0's shared [max_rows, V] output buffer."""
+    """Rank `rank`'s life: load its shard, answer "ready", serve steps. `logits`: rank 0's shared
+    [max_rows, V] output buffer."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")       # ranks talk over loopback only
     torch.set_num_threads(spec.threads)
     try:
@@ -103,3 +143,7 @@ def _serve(rank: int, model: ShardedTransformer, caches: list[PagedKVCache], con
             assert logits is not None
             logits[: out.shape[0]].copy_(out)
             conn.send(("ok", msg.index, out.shape[0], model.collective_s))
+
+
+if __name__ == "__main__":
+    main()

@@ -16,6 +16,7 @@ from interlock.protocol.types import TokenId
 
 BackendName: TypeAlias = Literal["xgrammar", "llguidance", "auto"]
 BACKENDS: tuple[BackendName, ...] = ("auto", "xgrammar", "llguidance")   # every name a request may give
+DEFAULT_BACKEND: BackendName = "auto"
 Whitespace: TypeAlias = Literal["compact", "flexible"]
 
 
@@ -164,17 +165,14 @@ PlainSpec: TypeAlias = JsonSchema | JsonObject | Regex | Ebnf | Lark | Choice
 # only and agree exactly between plain and speculative decoding. grammars/switch.py holds the
 # matcher; `native=True` hands the whole spec to the backend instead (grammars/native_tags.py).
 
-DEFAULT_THINK_START = "<think>"
-DEFAULT_THINK_END = "</think>"
-
-
 @dataclass(frozen=True)
 class Reasoning:
     """Free thinking up to and including the end marker, then `then` (None: the answer is free too).
 
-    start / end: the markers; None takes "<think>" / "</think>" (a single special token where the
-    tokenizer has one, else their text's tokens). `start` is not required in the output (chat
-    templates often put it in the prompt); the stream uses it to strip it from the thinking.
+    start / end: the markers, "<think>" / "</think>" unless named (a single special token where the
+    tokenizer has one, else their text's tokens); every part of interlock reads them from here.
+    `start` is not required in the output (chat templates often put it in the prompt); the stream
+    uses it to strip it from the thinking.
     While thinking, EOS is refused when `then` constrains the answer (an output must reach it).
     max_reasoning_tokens: after that many thinking tokens the end marker is forced (the rest of
     it, where the last tokens already begin it); None: no limit.
@@ -183,8 +181,8 @@ class Reasoning:
     """
 
     then: GrammarSpec | None = None
-    start: str | None = None
-    end: str | None = None
+    start: str = "<think>"
+    end: str = "</think>"
     max_reasoning_tokens: int | None = None
     native: bool = False
 
@@ -256,7 +254,7 @@ class GrammarConfig:
     mask_threads: native threads of the step's batched mask fills (default: default_mask_threads()).
     """
 
-    backend: BackendName = "auto"
+    backend: BackendName = DEFAULT_BACKEND
     compile_timeout_s: float = 10.0
     cache_max_entries: int = 256
     max_schema_bytes: int = 256 * 1024
@@ -264,8 +262,8 @@ class GrammarConfig:
     mask_threads: int = field(default_factory=default_mask_threads)
 
     def __post_init__(self) -> None:
-        if self.backend not in ("xgrammar", "llguidance", "auto"):
-            raise ValueError(f"backend must be 'xgrammar', 'llguidance' or 'auto', got {self.backend!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")
         if self.compile_timeout_s <= 0 or self.cache_max_entries <= 0:
             raise ValueError("compile_timeout_s and cache_max_entries must be positive")
         if not isinstance(self.mask_threads, int) or isinstance(self.mask_threads, bool) or self.mask_threads < 1:

@@ -20,6 +20,11 @@ OPTIONS = ("adaptive", "nomask")
 SELF_DRAFT_LAYERS = 4
 # The most lookup tokens one step may verify for a request (K, and the suffix drafter's long drafts).
 MAX_DRAFT_LEN = 16
+# K when none is named: lookup tokens a step verifies beyond the forced ones. Every default K in
+# the project (SpeculativeConfig, parse, Engine.from_pretrained, the CLI) is this one.
+DEFAULT_DRAFT_LEN = 3
+# The drafters when none are named (the CLI, the server, Engine.from_pretrained).
+DEFAULT_SPECULATIVE = "ngram+forced"
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,7 @@ class SpeculativeConfig:
     """Which drafters propose tokens and at most how many per step (max_draft_len = K)."""
 
     drafters: tuple[str, ...] = ("ngram", "forced")
-    max_draft_len: int = 3
+    max_draft_len: int = DEFAULT_DRAFT_LEN
     # Grammar-forced tokens are certain, so they need no draft budget, only rows: a step may carry
     # up to K + forced_extra draft tokens when forced ones lead, and the other drafters still get K
     # after them (jump-forward riding in the verify step). A forced row always yields a token for
@@ -147,7 +152,8 @@ class SpeculativeConfig:
             raise ValueError(f"self_draft_layers must be >= 1, got {self.self_draft_layers}")
 
     @classmethod
-    def parse(cls, text: str | None, *, max_draft_len: int = 3, **fields: Any) -> SpeculativeConfig | None:
+    def parse(cls, text: str | None, *, max_draft_len: int = DEFAULT_DRAFT_LEN,
+              **fields: Any) -> SpeculativeConfig | None:
         """"none" / "" / None -> None; "ngram+forced+adaptive" -> drafters ngram, forced; adaptive on;
         "ngram:3" -> n-gram lookup of suffixes up to 3 tokens; "self-draft:6" -> the self-draft over
         6 layers; "draft:PATH" -> a draft checkpoint; "forced:N" -> forced tokens take up to N rows
@@ -177,7 +183,8 @@ class SpeculativeConfig:
                 options["ngram"] = NGramConfig(max_matching_ngram_size=int(arg))
             elif name == "forced" and arg:
                 if not arg.isdigit():
-                    raise ValueError(f"forced:N needs the rows forced tokens may take beyond the draft length, got {arg!r}")
+                    raise ValueError(f"forced:N needs the rows forced tokens may take beyond the draft length, "
+                                     f"got {arg!r}")
                 options["forced_extra"] = int(arg)
             elif arg:
                 raise ValueError(f"{name} takes no argument (got {part!r})")

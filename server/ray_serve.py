@@ -127,23 +127,23 @@ def build_app(model: str, server: ServerConfig = ServerConfig(), replicas: Repli
     return deployment.bind(model, server, engine)
 
 
+# Engine.from_pretrained keywords Ray's CLI may set (`key=value`), with their types: the same names
+# as the engine options `interlock serve` builds (cli.engine_options).
+ENGINE_OPTIONS: dict[str, type] = {"speculative": str, "draft_len": int, "grammar_backend": str, "max_batch_size": int,
+                                   "tensor_parallel": int, "threads": int, "prefill": str, "kv_dtype": str}
+
+
 def app_builder(args: dict[str, str]) -> Any:
     """For Ray's CLI: `serve run interlock.server.ray_serve:app_builder model=tiny replicas=2
-    [max_replicas=4] [speculative=ngram+forced] [max_batch_size=8] [kv_dtype=float16] [api_key=...]`."""
+    [max_replicas=4] [speculative=ngram+forced] [max_batch_size=8] [kv_dtype=float16] [api_key=...]`
+    (every key of ENGINE_OPTIONS is passed to the replicas' engines)."""
     model = args.get("model", ServerConfig.model_name)
     n = int(args.get("replicas", 1))
-    engine: dict[str, Any] = {}
-    if "speculative" in args:
-        engine["speculative"] = args["speculative"]
-    if "max_batch_size" in args:
-        engine["max_batch_size"] = int(args["max_batch_size"])
-    if "kv_dtype" in args:
-        engine["kv_dtype"] = args["kv_dtype"]
+    engine = {key: kind(args[key]) for key, kind in ENGINE_OPTIONS.items() if key in args}
     replicas = ReplicaConfig(min_replicas=n, max_replicas=int(args.get("max_replicas", n)),
                              cpus_per_replica=float(args.get("cpus_per_replica", 1.0)), engine_options=engine)
     return build_app(model, ServerConfig(model_name=args.get("model_name", model), api_key=args.get("api_key")),
                      replicas)
-
 
 
 def run_replicas(model: str, server: ServerConfig, replicas: ReplicaConfig, num_cpus: int | None = None) -> None:

@@ -68,3 +68,85 @@ def test_repeat_schema_benches_one_schema_with_varied_documents() -> None:
     assert all(r.schema == rows[0].schema for r in rows)
     plain = bench_rows(BenchConfig(dataset=Path(DATASETS / "JME.jsonl"), limit=5))
     assert len({repr(r.schema) for r in plain}) > 1
+
+
+class Built(Exception):
+    """Stops a command once it has built what the test looks at (before any model loads)."""
+
+
+def test_serve_and_serve_replicas_build_the_same_engine_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve` and `serve --replicas` hand the engine every option, the same ones (threads and
+    prefill were once dropped on the replicas' path), and Ray's own CLI takes each of them too."""
+    from interlock.cli import main
+    from interlock.engine import Engine
+    from interlock.server import ray_serve
+
+    built: dict[str, tuple[str, dict]] = {}
+
+    def from_pretrained(model: str, **options: object) -> None:
+        built["serve"] = model, options
+        raise Built
+
+    def run_replicas(model: str, server: object, replicas: ray_serve.ReplicaConfig,
+                     num_cpus: int | None = None) -> None:
+        built["replicas"] = model, replicas.engine_options
+        raise Built
+
+    def build_app(model: str, server: object, replicas: ray_serve.ReplicaConfig) -> None:
+        built["ray"] = model, replicas.engine_options
+
+    monkeypatch.setattr(Engine, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(ray_serve, "run_replicas", run_replicas)
+    monkeypatch.setattr(ray_serve, "build_app", build_app)
+    argv = ["--threads", "3", "--prefill", "dense", "--kv-cache-dtype", "float16", "serve", "--model", "tiny",
+            "--speculative", "suffix+forced", "--draft-len", "5", "--backend", "llguidance", "--max-batch-size", "4",
+            "--tensor-parallel", "2"]
+    for extra in ([], ["--replicas", "2"]):
+        with pytest.raises(Built):
+            main(argv + extra)
+    want = {"speculative": "suffix+forced", "draft_len": 5, "grammar_backend": "llguidance", "max_batch_size": 4,
+            "tensor_parallel": 2, "threads": 3, "prefill": "dense", "kv_dtype": "float16"}
+    assert built["serve"] == built["replicas"] == ("tiny", want)
+    ray_serve.app_builder({"model": "tiny", **{k: str(v) for k, v in want.items()}})
+    assert built["ray"] == ("tiny", want)
+    assert set(ray_serve.ENGINE_OPTIONS) == set(want)
+
+
+def test_cli_choices_and_defaults_are_the_protocol_constants() -> None:
+    from interlock.protocol.grammar import BACKENDS, DEFAULT_BACKEND
+    from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE
+    from interlock.protocol.types import DEFAULT_PREFILL, PREFILL_MODES
+
+    parser = build_parser()
+    for argv in (["generate", "hi"], ["serve"], ["run"], ["bench", "--dataset", DATASET]):
+        args = parser.parse_args(argv)
+        assert (args.backend, args.draft_len, args.speculative, args.prefill) == \
+               (DEFAULT_BACKEND, DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE, DEFAULT_PREFILL), argv
+    for backend in BACKENDS:
+        assert parser.parse_args(["serve", "--backend", backend]).backend == backend
+    for mode in PREFILL_MODES:
+        assert parser.parse_args(["--prefill", mode, "run"]).prefill == mode
+
+
+@pytest.mark.slow
+def test_the_demo_gets_every_field_of_its_text_right() -> None:
+    """`make run` (`interlock run`): the first thing a user sees is the embedded model's JSON for
+    DEMO_TEXT, and each field must say what the text says."""
+    import json
+    import subprocess
+    import sys
+
+    from interlock.cli import DEMO_SCHEMA, DEMO_TEXT
+    from interlock.models.tp_process import child_env
+
+    done = subprocess.run([sys.executable, "-m", "interlock.cli", "run"], env=child_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.splitlines()[0])
+    assert set(answer) == set(DEMO_SCHEMA["properties"])
+    assert answer["start_year"] == 2019 and str(answer["start_year"]) in DEMO_TEXT
+    assert answer["languages"] == ["Rust", "Python"]
+    assert {k: answer[k] for k in ("name", "company", "city")} == {"name": "Maria Chen", "company": "Northwind Labs",
+                                                                  "city": "Lisbon"}
+    assert answer["role"].lower() == "staff engineer"
+    assert "speedup" in done.stdout          # the stats line follows the answer

@@ -169,6 +169,7 @@ def test_order_like_schema_follows_refs_and_combinators(data, schema, keys):
 
 def test_order_like_schema_follows_prefix_items_then_items():
     schema = {"prefixItems": [{"properties": {"a": {}, "b": {}}}], "items": {"properties": {"c": {}, "d": {}}}}
-    assert [list(x) for x in order_like_schema([{"b": 1, "a": 1}, {"d": 1, "c": 1}], schema)] == [["a", "b"], ["c", "d"]]
+    ordered = order_like_schema([{"b": 1, "a": 1}, {"d": 1, "c": 1}], schema)
+    assert [list(x) for x in ordered] == [["a", "b"], ["c", "d"]]
     nested = {"$defs": {"n": {"properties": {"q": {}, "p": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}
     assert list(order_like_schema({"p": {"p": {}, "q": 1}, "q": 2}, nested)["p"]) == ["q", "p"]

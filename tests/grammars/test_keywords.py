@@ -121,7 +121,8 @@ PROBES: dict[str, tuple] = {
     "empty subschema": ({"type": "object", "properties": {"x": {}}, "additionalProperties": False},
                         [{"x": {"a": 1, "b": 2}}], [{"y": 1}], "loose", "exact", "exact"),
     "closed object, typed items": ({"type": "object", "properties": {"x": {"type": "array", "items": {
-        "type": "integer"}}}, "additionalProperties": False}, [{"x": [1, 2]}], [{"x": ["s"]}], "exact", "exact", "exact"),
+        "type": "integer"}}}, "additionalProperties": False}, [{"x": [1, 2]}], [{"x": ["s"]}],
+        "exact", "exact", "exact"),
 }
 BACKENDS = ("xgrammar", "llguidance")
 

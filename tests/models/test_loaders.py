@@ -129,8 +129,8 @@ def test_gguf_with_mixed_quant_types_matches_transformers_gguf_loader(tmp_path: 
     writer.add_token_types([1] * VOCAB)
     writer.add_token_scores([0.0] * VOCAB)
     writer.add_eos_token_id(1)
-    plain = {"model.embed_tokens.weight": ("token_embd.weight", Q.Q8_0), "model.norm.weight": ("output_norm.weight", Q.F32),
-             "lm_head.weight": ("output.weight", Q.F16)}
+    plain = {"model.embed_tokens.weight": ("token_embd.weight", Q.Q8_0),
+             "model.norm.weight": ("output_norm.weight", Q.F32), "lm_head.weight": ("output.weight", Q.F16)}
     layer_types = {"q_proj": ("attn_q", Q.Q4_0), "k_proj": ("attn_k", Q.Q4_1), "v_proj": ("attn_v", Q.BF16),
                    "o_proj": ("attn_output", Q.Q8_0), "gate_proj": ("ffn_gate", Q.Q4_K),
                    "up_proj": ("ffn_up", Q.Q6_K), "down_proj": ("ffn_down", Q.Q4_1)}
@@ -224,3 +224,59 @@ def test_kv_cache_dtype_default_and_override(weights: str, kernel: str, kv_dtype
     lm = load_model("tiny", weights=weights, kv_dtype=kv_dtype)   # type: ignore[arg-type]
     kv = PagedKVCache(lm.config, num_blocks=2, block_size=4)
     assert kv.k.dtype == kv.v.dtype == stored
+
+
+HUB_CHECK = """\
+import json, sys
+import torch
+from interlock.models.loader import load_model
+from interlock.protocol.errors import ModelNotFoundError
+
+hub, direct = load_model("test-org/tiny-llama", weights="float"), load_model(sys.argv[1], weights="float")
+weights = list(zip(hub.model.state_dict().values(), direct.model.state_dict().values()))
+out = {"same_weights": len(weights) > 0 and all(torch.equal(a, b) for a, b in weights),
+       "path": hub.tokenizer.hf.name_or_path, "eos": list(hub.tokenizer.eos_token_ids), "n_layers": hub.config.n_layers}
+try:
+    load_model("test-org/not-in-the-cache")
+except ModelNotFoundError as exc:
+    out["missing"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_a_hub_id_loads_from_the_hub_cache_offline(tmp_path: Path) -> None:
+    """A hub id resolves through huggingface_hub to its snapshot in the cache (a cache this test lays
+    out as the hub does: models--owner--name/{refs/main, snapshots/<commit>/...}); with
+    HF_HUB_OFFLINE=1 nothing is fetched, and an id that is not cached is a typed error."""
+    import os
+    import subprocess
+    import sys
+
+    from interlock.models.tp_process import child_env
+
+    cfg = hf_config()
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--test-org--tiny-llama"
+    snapshot = save_hf_dir(random_hf_model(cfg), repo / "snapshots" / commit, cfg)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    direct = save_hf_dir(random_hf_model(cfg), tmp_path / "direct", cfg)
+    env = {**child_env(), "HF_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(tmp_path / "hub"),
+           "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", HUB_CHECK, str(direct)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["same_weights"] and out["n_layers"] == LAYERS and out["eos"] == [1]
+    assert os.path.samefile(out["path"], snapshot)
+    assert "'test-org/not-in-the-cache' is not in the Hugging Face cache" in out["missing"]
+    assert "HF_HUB_OFFLINE" in out["missing"]
+
+
+@pytest.mark.parametrize(("text", "hub"), [("Qwen/Qwen2.5-0.5B-Instruct", True), ("HuggingFaceTB/SmolLM2-135M", True),
+                                          ("tiny", False), ("a/b/c", False), ("./model", False), ("../x", False),
+                                          ("/abs/path", False), ("org/", False)])
+def test_what_counts_as_a_hub_id(text: str, hub: bool) -> None:
+    from interlock.models.hub import is_hub_id
+
+    assert is_hub_id(text) is hub

@@ -147,6 +147,7 @@ def test_a_dead_or_hung_worker_is_a_typed_error_and_leaves_no_process(sig: signa
         with pytest.raises(WorkerError):                  # every later step too, at once
             tp.forward(steps[2], tables(kv))
     assert all(gone(pid) for pid in tp.pids)
+    assert tp._store_dir is not None and not tp._store_dir.exists()     # nor its shared-memory files
 
 
 @pytest.mark.parametrize(("kv_dtype", "stored"), [(None, None), ("float32", "float32"), ("float16", "float16")])

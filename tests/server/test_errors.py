@@ -59,7 +59,8 @@ BAD = [
     ({"prompt": "hello " * 5000}, "completions", 400, "prompt"),
 ]
 if not HAS_PENALTIES:
-    BAD += [({name: 0.5}, "chat", 400, name) for name in ("presence_penalty", "frequency_penalty", "repetition_penalty")]
+    BAD += [({name: 0.5}, "chat", 400, name)
+            for name in ("presence_penalty", "frequency_penalty", "repetition_penalty")]
 
 
 @pytest.fixture(scope="module")

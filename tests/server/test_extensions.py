@@ -112,7 +112,8 @@ def test_speculative_drafts_when_on(server):
 
 def test_speculative_on_a_plain_server(plain):
     client = plain.client()
-    off = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, extra_body={"speculative": False})
+    off = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4,
+                                         extra_body={"speculative": False})
     assert off.usage.completion_tokens > 0
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, extra_body={"speculative": True})

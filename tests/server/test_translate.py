@@ -25,7 +25,8 @@ def chat(**kw) -> ChatCompletionRequest:
 
 
 def test_defaults_and_sampling_mapping():
-    plan = plan_chat(chat(top_k=-1, top_p=1.0, stop="END", max_tokens=9, max_completion_tokens=7), FACTS, ServerConfig())
+    request = chat(top_k=-1, top_p=1.0, stop="END", max_tokens=9, max_completion_tokens=7)
+    plan = plan_chat(request, FACTS, ServerConfig())
     (call,) = plan.calls
     assert call.sampling == SamplingParams(temperature=1.0, top_k=None, top_p=None, max_tokens=7, stop=("END",))
     assert call.grammar is None and not plan.stream and not plan.tools
@@ -149,7 +150,8 @@ def test_tool_choice_auto_is_a_structural_tag(choice):
 
 
 SCRIPTS = [
-    ["Sure. ", "<tool", "_call>", '{"name":"get_weather",', '"arguments":{"city":"P</tool_call>"}}', "</tool_", "call>"],
+    ["Sure. ", "<tool", "_call>", '{"name":"get_weather",', '"arguments":{"city":"P</tool_call>"}}', "</tool_",
+     "call>"],
     ["No tools needed: 1 < 2 and <tool", " is not a call."],
     ["<tool_call>", '{"name":"get_weather","arguments":{"ci'],                    # cut by max_tokens
 ]

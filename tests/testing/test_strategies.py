@@ -118,7 +118,8 @@ def test_forced_only_follows_the_forced_tokens(byte_backends, backend_name):
     check()
 
 
-@pytest.mark.parametrize("kwargs", [{"frequent": -1}, {"frequent": 0, "forced": 0, "any": 0, "rare": 0, "eos": 0, "marker": 0},
+@pytest.mark.parametrize("kwargs", [{"frequent": -1},
+                                    {"frequent": 0, "forced": 0, "any": 0, "rare": 0, "eos": 0, "marker": 0},
                                     {"share": 0.0}])
 def test_token_mix_rejects_bad_weights(kwargs):
     with pytest.raises(ValueError):
