@@ -57,7 +57,8 @@ class Draft:
     score: float
     match: int                  # m: how many context tokens matched
     # Per draft token, up to `siblings` other children of the same node, most frequent first: what
-    # a tree of candidates would verify beside it (issue 13 measured one: none pays on a CPU, docs/speculation.md); () unless asked.
+    # a tree of candidates would verify beside it (issue 13 measured one: none pays on a CPU,
+    # docs/speculation.md); () unless asked.
     siblings: tuple[tuple[TokenId, ...], ...] = ()
 
 

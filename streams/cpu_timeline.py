@@ -333,7 +333,7 @@ class CpuTimeline:
         # when they start). Given, the grammar lane runs torch at 1 thread: OpenMP gives every
         # thread that runs a parallel region a pool of its own, and a second pool on a machine
         # this size makes each of the model lane's regions wait for its workers to wake
-        # (measured: decode 2x slower than the same threads on one pool; docs/performance.md, git history for the script).
+        # (measured: decode 2x slower than the same threads on one pool; docs/performance.md).
         self.grammar = CpuLane("grammar", self._shared, max_ops_per_lane,
                                threads=None if model_threads is None else 1)
         self.model = CpuLane("model", self._shared, max_ops_per_lane, threads=model_threads)

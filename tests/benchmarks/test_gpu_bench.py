@@ -2,7 +2,6 @@
 its script drafts are all allowed and committed, and each row allows the script's next token."""
 from __future__ import annotations
 
-import torch
 
 from interlock.benchmarks.gpu_bench import K, VOCAB, GrammarHost
 from interlock.grammars.bitmask import allocate_bitmask

@@ -55,7 +55,8 @@ def slow(logits, v: VerifyInputs, m: MaskInputs, mode: str):
             f = mode == "filtered"
             p = probs_from_logits(x, v.temperature[b].repeat(K + 1), v.top_k[b].repeat(K + 1) if f else None,
                                   v.top_p[b].repeat(K + 1) if f else None)
-            r = rejection_sample(p[None], d[None], None, torch.tensor([valid]), v.uniforms[b][None], backend="reference")
+            r = rejection_sample(p[None], d[None], None, torch.tensor([valid]), v.uniforms[b][None],
+                                 backend="reference")
             a = int(r.num_accepted[0])
             out = r.tokens[0, : a + 1].tolist()
         tokens.append(out)

@@ -90,7 +90,8 @@ def test_forward_replays_in_a_cuda_graph(models) -> None:
     kv = _cache(cfg, cuda)
     _prefill(cuda, kv, 0, PROMPT)
     start = kv.reserve(0, 4)
-    inputs = step_inputs([SeqChunk(0, tuple(EXTRA), start, (0, 1, 2, 3))], kv, max_blocks=MAX_BLOCKS, device=cuda.device)
+    inputs = step_inputs([SeqChunk(0, tuple(EXTRA), start, (0, 1, 2, 3))], kv, max_blocks=MAX_BLOCKS,
+                         device=cuda.device)
     eager = cuda(inputs, kv).clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
