@@ -63,7 +63,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     from_pretrained with them) build the same engine, and run / generate the same but for the batch."""
     return {"speculative": args.speculative, "draft_len": args.draft_len, "grammar_backend": args.backend,
             "max_batch_size": getattr(args, "max_batch_size", 1), "tensor_parallel": args.tensor_parallel,
-            "threads": args.threads, "prefill": args.prefill, "kv_dtype": _kv_dtype(args)}
+            "threads": args.threads, "prefill": args.prefill, "kv_dtype": _kv_dtype(args), "device": args.device}
 
 
 def _engine(args: argparse.Namespace):
@@ -96,7 +96,7 @@ async def _run(args: argparse.Namespace) -> None:
             stats = delta.stats or stats
         print()
     base_config = EngineConfig(speculative=None, grammar=GrammarConfig(backend=args.backend), max_batch_size=1,
-                               threads=args.threads, prefill=args.prefill)
+                               threads=args.threads, prefill=args.prefill, device=args.device)
     async with Engine(engine.model, base_config) as baseline:
         base = (await baseline.complete(messages, grammar=grammar, sampling=sampling)).stats
     assert stats is not None
@@ -143,7 +143,7 @@ async def _bench(args: argparse.Namespace) -> None:
                       max_tokens=args.max_tokens, temperature=args.temperature,
                       presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
                       repetition_penalty=args.repetition_penalty, threads=args.threads, prefill=args.prefill,
-                      repeat_schema=args.repeat_schema, repeats=args.repeats)
+                      repeat_schema=args.repeat_schema, repeats=args.repeats, device=args.device)
     try:
         bench_rows(cfg)                 # before the model loads: a bad row is a usage error
     except (KeyError, ValueError) as exc:
@@ -151,8 +151,7 @@ async def _bench(args: argparse.Namespace) -> None:
         raise SystemExit(2) from None
     modes = [m.strip() for m in args.speculative.split(",") if m.strip()]
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
-    results = await run_modes(load_model(args.model, kv_dtype=_kv_dtype(args)), cfg, modes, prefix_caching=caching,
-                              rounds=args.rounds)
+    results = await run_modes(_bench_model(args, load_model), cfg, modes, prefix_caching=caching, rounds=args.rounds)
     report(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")
@@ -198,6 +197,25 @@ SPECULATIVE_HELP = ("none, or drafters joined by +: ngram[:N], suffix, forced[:N
                     "masking), e.g. ngram+forced+adaptive or self-draft+forced")
 TP_HELP = ("N > 1: the model's forward on N worker processes (torch.distributed gloo), each holding 1/N of "
            "the weights; N must divide the model's heads, KV heads and MLP width")
+
+
+def _bench_model(args: argparse.Namespace, load_model: Any) -> Any:
+    """The model `bench` runs: int8 for the CPU engine, float weights for the device runner (CUDA)."""
+    from interlock.engine import EngineConfig
+
+    config = EngineConfig(device=args.device)
+    if config.runner_for(config.torch_device()) == "device":
+        return load_model(args.model, weights="float", dtype="bfloat16")
+    return load_model(args.model, kv_dtype=_kv_dtype(args))
+
+
+def _device(text: str) -> str:
+    """--device: cpu, cuda, cuda:N or auto (EngineConfig.device), a usage error otherwise."""
+    from interlock.engine.config import DEVICE_PATTERN
+
+    if not DEVICE_PATTERN.match(text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda, cuda:N or auto, got {text!r}")
+    return text
 
 
 def _kv_dtype(args: argparse.Namespace) -> str | None:
@@ -252,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=_positive_int, default=None,
                         help="torch intra-op threads of the model lane (default: min(2, cores); every other "
                              "thread runs torch at 1)")
+    parser.add_argument("--device", type=_device, default="cpu",
+                        help="where the model runs: cpu (default), cuda, cuda:N, or auto (CUDA when torch sees "
+                             "one); on CUDA the weights are bf16 and steps are CUDA graphs (docs/gpu.md)")
     parser.add_argument("--prefill", default=DEFAULT_PREFILL, choices=PREFILL_MODES,
                         help="how prompt chunks are computed (EngineConfig.prefill): rows (int8, batch invariant: "
                              "prefix-cache hits at any block), dense (bf16, unquantized weights), auto (rows "
@@ -339,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--shutdown-timeout", type=float, default=10.0,
                      help="seconds requests in flight get to finish after SIGTERM/SIGINT")
     srv.add_argument("--tensor-parallel", type=_positive_int, default=1, help=TP_HELP)
+    srv.add_argument("--device", type=_device, default=argparse.SUPPRESS,
+                     help="as the global --device (interlock --device cuda serve), given after serve")
     srv.add_argument("--replicas", type=int, default=None,
                      help="N engine replicas behind Ray Serve's proxy (needs the [cluster] extra; joins the "
                           "cluster in RAY_ADDRESS if set, else starts a local Ray)")

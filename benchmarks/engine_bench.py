@@ -53,6 +53,7 @@ class BenchConfig:
     repeat_schema: str | None = None    # a row id of `dataset`: its schema, `limit` documents (default 50)
     repeats: int = 1                    # each row this many times in a row (a warm-up and timed runs)
     suffix: SuffixConfig | None = None  # the suffix drafter's settings (None: SuffixConfig's defaults)
+    device: str = "cpu"                 # EngineConfig.device
 
 
 def bench_rows(cfg: BenchConfig) -> list[Row]:
@@ -92,7 +93,8 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     fields = {} if cfg.suffix is None else {"suffix": cfg.suffix}
     config = EngineConfig(speculative=SpeculativeConfig.parse(cfg.speculative, max_draft_len=cfg.draft_len, **fields),
                           grammar=GrammarConfig(backend=cfg.backend), max_batch_size=cfg.concurrency,
-                          prefix_caching=cfg.prefix_caching, threads=cfg.threads, prefill=cfg.prefill)
+                          prefix_caching=cfg.prefix_caching, threads=cfg.threads, prefill=cfg.prefill,
+                          device=cfg.device)
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=0,
                               presence_penalty=cfg.presence_penalty, frequency_penalty=cfg.frequency_penalty,
                               repetition_penalty=cfg.repetition_penalty)

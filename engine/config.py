@@ -11,11 +11,11 @@ import torch
 from interlock.protocol.errors import DeviceUnavailableError, UnsupportedModelError
 from interlock.protocol.grammar import GrammarConfig
 from interlock.protocol.speculative import SpeculativeConfig
+from interlock.protocol.types import DEFAULT_PREFILL, PREFILL_MODES
 
-PREFILL_MODES = ("auto", "rows", "dense")
 RUNNERS = ("auto", "host", "device")
 Runner = Literal["host", "device"]
-_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class EngineConfig:
     # checkpoint, hits at whole prefill chunks of a prompt only. "auto": rows where the CPU has AMX
     # or AVX512-VNNI (as fast as dense there: models/llama.py), else dense. The device runner's
     # forward is batch invariant for every row: it has one path.
-    prefill: str = "auto"
+    prefill: str = DEFAULT_PREFILL
     # While the engine runs, keep the objects alive at its start (the model's modules, tokenizer
     # vocabularies, every imported library: ~450k objects after loading SmolLM2) out of the garbage
     # collector's full passes (gc.freeze; gc.unfreeze when it stops). Each full pass otherwise walks
@@ -77,7 +77,7 @@ class EngineConfig:
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
                                          or self.threads < 1):
             raise ValueError(f"threads must be None or an int >= 1, got {self.threads!r}")
-        if not isinstance(self.device, str) or not _DEVICE.match(self.device):
+        if not isinstance(self.device, str) or not DEVICE_PATTERN.match(self.device):
             raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {self.device!r}")
         if self.runner not in RUNNERS:
             raise ValueError(f"runner must be one of {RUNNERS}, got {self.runner!r}")

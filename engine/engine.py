@@ -29,12 +29,12 @@ from interlock.models.linear import Weights
 from interlock.models.loader import LoadedModel, load_model
 from interlock.models.tp_group import TensorParallelModel, TPConfig, load_tensor_parallel
 from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError
-from interlock.protocol.grammar import BackendName, GrammarConfig, GrammarSpec
+from interlock.protocol.grammar import DEFAULT_BACKEND, BackendName, GrammarConfig, GrammarSpec
 from interlock.protocol.messages import (
     Cancel, Count, EngineMetrics, GetMetrics, GrammarReady, KVUsage, RequestSpec, Submit, Wake,
 )
 from interlock.protocol.sampling import Completion, Delta, SamplingParams
-from interlock.protocol.speculative import SpeculativeConfig
+from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE, SpeculativeConfig
 from interlock.protocol.types import Dtype, RequestId
 from interlock.streams.channel import ChannelClosedError
 from interlock.streams.errors import ChannelFullError
@@ -87,8 +87,9 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "smollm2-135m-instruct", *,
-                        speculative: SpeculativeConfig | str | None = "ngram+forced", draft_len: int = 3,
-                        grammar_backend: BackendName = "auto", max_batch_size: int = 8,
+                        speculative: SpeculativeConfig | str | None = DEFAULT_SPECULATIVE,
+                        draft_len: int = DEFAULT_DRAFT_LEN, grammar_backend: BackendName = DEFAULT_BACKEND,
+                        max_batch_size: int = 8,
                         weights: Weights = "int8", kv_dtype: Dtype | None = None, tensor_parallel: int = 1,
                         device: str = "cpu", **options: object) -> Engine:
         """Load a model (see models.loader.load_model) and build an engine around it.

@@ -130,7 +130,8 @@ def build_app(model: str, server: ServerConfig = ServerConfig(), replicas: Repli
 # Engine.from_pretrained keywords Ray's CLI may set (`key=value`), with their types: the same names
 # as the engine options `interlock serve` builds (cli.engine_options).
 ENGINE_OPTIONS: dict[str, type] = {"speculative": str, "draft_len": int, "grammar_backend": str, "max_batch_size": int,
-                                   "tensor_parallel": int, "threads": int, "prefill": str, "kv_dtype": str}
+                                   "tensor_parallel": int, "threads": int, "prefill": str, "kv_dtype": str,
+                                   "device": str}
 
 
 def app_builder(args: dict[str, str]) -> Any:

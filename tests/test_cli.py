@@ -100,12 +100,12 @@ def test_serve_and_serve_replicas_build_the_same_engine_options(monkeypatch: pyt
     monkeypatch.setattr(ray_serve, "build_app", build_app)
     argv = ["--threads", "3", "--prefill", "dense", "--kv-cache-dtype", "float16", "serve", "--model", "tiny",
             "--speculative", "suffix+forced", "--draft-len", "5", "--backend", "llguidance", "--max-batch-size", "4",
-            "--tensor-parallel", "2"]
+            "--tensor-parallel", "2", "--device", "cuda:1"]
     for extra in ([], ["--replicas", "2"]):
         with pytest.raises(Built):
             main(argv + extra)
     want = {"speculative": "suffix+forced", "draft_len": 5, "grammar_backend": "llguidance", "max_batch_size": 4,
-            "tensor_parallel": 2, "threads": 3, "prefill": "dense", "kv_dtype": "float16"}
+            "tensor_parallel": 2, "threads": 3, "prefill": "dense", "kv_dtype": "float16", "device": "cuda:1"}
     assert built["serve"] == built["replicas"] == ("tiny", want)
     ray_serve.app_builder({"model": "tiny", **{k: str(v) for k, v in want.items()}})
     assert built["ray"] == ("tiny", want)
@@ -150,3 +150,24 @@ def test_the_demo_gets_every_field_of_its_text_right() -> None:
                                                                   "city": "Lisbon"}
     assert answer["role"].lower() == "staff engineer"
     assert "speedup" in done.stdout          # the stats line follows the answer
+
+
+def test_device_is_a_global_option_and_a_serve_option_and_is_checked() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["generate", "hi"]).device == "cpu"
+    assert parser.parse_args(["--device", "cuda", "generate", "hi"]).device == "cuda"
+    assert parser.parse_args(["--device", "auto", "serve"]).device == "auto"
+    assert parser.parse_args(["serve", "--device", "cuda:0"]).device == "cuda:0"
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["--device", "gpu", "generate", "hi"])
+    assert exc.value.code == 2
+
+
+def test_cuda_without_a_gpu_is_a_clear_error_not_a_traceback(capsys, monkeypatch) -> None:
+    import torch
+
+    from interlock.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["--device", "cuda", "generate", "--model", "tiny", "hi"]) == 2
+    assert "DeviceUnavailableError" in capsys.readouterr().err
