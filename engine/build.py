@@ -31,9 +31,10 @@ from interlock.drafters.model import DraftLM, ModelDrafter
 from interlock.engine.config import EngineConfig, Runner
 from interlock.logs import get_logger
 from interlock.models.device_llama import DeviceLlama
-from interlock.models.kv_cache import PagedKVCache
+from interlock.models.config import ModelConfig
+from interlock.models.kv_cache import PagedKVCache, block_bytes
 from interlock.models.loader import LoadedModel, load_model
-from interlock.models.tp_group import TensorParallelModel
+from interlock.models.tp_group import TensorParallelModel, TPConfig
 from interlock.protocol.errors import UnsupportedModelError
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.streams.cpu_timeline import CpuTimeline
@@ -108,6 +109,43 @@ def for_runner(loaded: LoadedModel, config: EngineConfig) -> tuple[LoadedModel, 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target = DeviceLlama.from_transformer(model, device, dtype)
     return replace(loaded, model=target, config=target.config), runner  # type: ignore[arg-type]
+
+
+def scheduler_config(config: EngineConfig, model: ModelConfig, max_context: int) -> SchedulerConfig:
+    """The Scheduler's limits for this engine: draft rows per request, step budget, KV pool size."""
+    k = config.speculative.step_drafts if config.speculative else 0          # draft rows per request
+    per_seq = -(-(max_context + k + 1) // config.block_size)
+    # Requests are admitted by the blocks they may need, so a smaller pool queues them, never fails them,
+    # unless one request alone needs more than the pool (a typed error for that request).
+    budget = max(1, config.kv_cache_bytes // block_bytes(model, config.block_size))
+    num_blocks = config.num_kv_blocks or min(per_seq * config.max_batch_size, budget)
+    return SchedulerConfig(max_batch_size=config.max_batch_size, max_drafts=k, prefill_chunk=config.prefill_chunk,
+                           max_step_tokens=max(config.max_step_tokens, config.max_batch_size * (k + 1)),
+                           max_position=max_context, block_size=config.block_size, num_blocks=num_blocks)
+
+
+def start_workers(loaded: LoadedModel, sched: SchedulerConfig, draft_lm: DraftLM | None, config: EngineConfig) -> None:
+    """Tensor parallelism: spawn the ranks, sized for this engine's KV pool(s) and step (seconds;
+    call it in a worker thread). Nothing to do for a model in this process."""
+    model = loaded.model
+    if not isinstance(model, TensorParallelModel):
+        return
+    draft = (sched.num_blocks, draft_lm.n_layers) if draft_lm is not None and \
+        isinstance(draft_lm.model, TensorParallelModel) else None
+    rows = 2 * sched.max_batch_size * (sched.max_drafts + 1)       # x2: classifier-free guidance's second row set
+    tp = TPConfig(world=model.world, num_blocks=sched.num_blocks, block_size=sched.block_size, max_rows=rows,
+                  step_timeout_s=config.tp_step_timeout_s, draft_cache=draft)
+    try:
+        model.start(tp)
+    except BaseException:
+        model.close()
+        raise
+
+
+def stop_workers(loaded: LoadedModel) -> None:
+    """Tensor parallelism: stop the ranks (idempotent; nothing for a model in this process)."""
+    if isinstance(loaded.model, TensorParallelModel):
+        loaded.model.close()
 
 
 @dataclass

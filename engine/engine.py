@@ -19,15 +19,15 @@ import anyio
 
 from interlock.actors.grammar_layer import GrammarLayer
 from interlock.actors.runtime import Runtime as ActorRuntime
-from interlock.actors.scheduler import SchedulerConfig
-from interlock.engine.build import Runtime, build_runtime, draft_lm_for, for_runner
+from interlock.engine.build import (
+    Runtime, build_runtime, draft_lm_for, for_runner, scheduler_config, start_workers, stop_workers,
+)
 from interlock.engine.config import EngineConfig
 from interlock.engine.intake import EMPTY_CHAT, Intake, Prompt
 from interlock.logs import get_logger
-from interlock.models.kv_cache import block_bytes
 from interlock.models.linear import Weights
 from interlock.models.loader import LoadedModel, load_model
-from interlock.models.tp_group import TensorParallelModel, TPConfig, load_tensor_parallel
+from interlock.models.tp_group import load_tensor_parallel
 from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError
 from interlock.protocol.grammar import DEFAULT_BACKEND, BackendName, GrammarConfig, GrammarSpec
 from interlock.protocol.messages import (
@@ -72,18 +72,9 @@ class Engine:
         self.rows_prefill: bool | None = None   # at start: prompt chunks on the rows path (EngineConfig.prefill)
         self._shut_down = False             # runtime stopped and timeline closed
         self._failure: EngineError | None = None
-        k = config.speculative.step_drafts if config.speculative else 0          # draft rows per request
-        per_seq = -(-(self.max_context + k + 1) // config.block_size)
-        # Requests are admitted by the blocks they may need, so a smaller pool queues them, never fails them,
-        # unless one request alone needs more than the pool (a typed error for that request).
-        budget = max(1, config.kv_cache_bytes // block_bytes(loaded.config, config.block_size))
-        num_blocks = config.num_kv_blocks or min(per_seq * config.max_batch_size, budget)
         self.grammars = GrammarLayer(loaded.tokenizer, loaded.config.vocab_size, config.grammar)
         self._draft_lm = draft_lm_for(loaded, config.speculative)
-        self._sched_config = SchedulerConfig(
-            max_batch_size=config.max_batch_size, max_drafts=k, prefill_chunk=config.prefill_chunk,
-            max_step_tokens=max(config.max_step_tokens, config.max_batch_size * (k + 1)),
-            max_position=self.max_context, block_size=config.block_size, num_blocks=num_blocks)
+        self._sched_config = scheduler_config(config, loaded.config, self.max_context)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "smollm2-135m-instruct", *,
@@ -121,12 +112,11 @@ class Engine:
         rt = self._rt = build_runtime(loaded, self.config, self.runner, self._sched_config, self.grammars.router,
                                       self._draft_lm, self._forget)
         self.rows_prefill = rt.rows_prefill
-        if isinstance(loaded.model, TensorParallelModel):
-            try:
-                await self._start_workers(loaded.model)
-            except BaseException:
-                rt.close()
-                raise
+        try:
+            await anyio.to_thread.run_sync(start_workers, loaded, self._sched_config, self._draft_lm, self.config)
+        except BaseException:
+            rt.close()
+            raise
         self._scheduler = rt.scheduler
         self._actors = rt.actors
         self._actors_runtime = ActorRuntime(list(rt.actors), on_failure=self._on_failure)
@@ -135,20 +125,6 @@ class Engine:
             gc.collect(1)
             gc.freeze()
         return self
-
-    async def _start_workers(self, model: TensorParallelModel) -> None:
-        """Spawn the tensor-parallel ranks, sized for this engine's KV pool(s) and step (seconds, in a thread)."""
-        c = self._sched_config
-        lm = self._draft_lm
-        draft = (c.num_blocks, lm.n_layers) if lm is not None and isinstance(lm.model, TensorParallelModel) else None
-        rows = 2 * c.max_batch_size * (c.max_drafts + 1)         # x2: classifier-free guidance's second row set
-        config = TPConfig(world=model.world, num_blocks=c.num_blocks, block_size=c.block_size, max_rows=rows,
-                          step_timeout_s=self.config.tp_step_timeout_s, draft_cache=draft)
-        try:
-            await anyio.to_thread.run_sync(model.start, config)
-        except BaseException:
-            await anyio.to_thread.run_sync(model.close)
-            raise
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
@@ -163,7 +139,7 @@ class Engine:
             stream.fail(self._failure or EngineClosedError("the engine was closed"))
         self._streams.clear()
         if self._actors_runtime is None:
-            await self._stop_workers()
+            await anyio.to_thread.run_sync(stop_workers, self.model)
             return                      # never entered
         try:
             await self._actors_runtime.__aexit__(None, None, None)
@@ -172,13 +148,9 @@ class Engine:
         finally:
             if self.config.freeze_gc:
                 gc.unfreeze()
-            await self._stop_workers()
+            await anyio.to_thread.run_sync(stop_workers, self.model)
             assert self._rt is not None
             self._rt.close()
-
-    async def _stop_workers(self) -> None:
-        if isinstance(self.model.model, TensorParallelModel):
-            await anyio.to_thread.run_sync(self.model.model.close)
 
     def _on_failure(self, actor: str, exc: BaseException) -> None:
         log.error("actor_crashed", actor=actor, error=repr(exc))
