@@ -60,7 +60,7 @@ class MaskBuffers:
 
 class GrammarActor(Actor[object]):
     def __init__(self, backend: GrammarBackend, timeline: Timeline, buffers: MaskBuffers,
-                 step: StepState, mask_threads: int | None = None) -> None:
+                 step: StepState, mask_threads: int | None = None, batched_masks: bool = True) -> None:
         self.backend = backend
         self.timeline = timeline
         self.buffers = buffers
@@ -69,7 +69,7 @@ class GrammarActor(Actor[object]):
         self.matchers: dict[SlotId, GrammarMatcher] = {}                 # grammar lane only
         self.prefilled: dict[SlotId, dict[int, tuple[TokenId, ...]]] = {}  # row offset -> prefix it holds
         self._plan: StepPlan | None = None                                 # the step the lane is in
-        self.masks = StepMasks(mask_threads)    # check, fill and commit: one batch pass per backend
+        self.masks = StepMasks(mask_threads, batched_masks)    # check, fill and commit: one batch pass per backend
         super().__init__("grammar")
 
     def handlers(self) -> Mapping[type, Handler]:

@@ -6,6 +6,7 @@ workload's defaults; nothing else differs between the sides:
 
     --speculative MODE  --draft-len K  --prefill auto|rows|dense  --prefix-caching on|off
     --kv-cache-dtype auto|float32|float16|bfloat16  --threads N  --backend B  --max-long-draft N
+    --masks batched|rows  (GrammarConfig.batched_masks: the step's grammar work in one pass, or per request)
 
 For example: prompt lookup against suffix drafts, long suffix drafts off and on, the two prompt paths:
 
@@ -39,7 +40,9 @@ from interlock.benchmarks.engine_bench import (BenchConfig, add_workload_args, r
 from interlock.logs import configure_logging
 from interlock.models.loader import EMBEDDED, load_model
 from interlock.protocol.errors import InterlockError
+from interlock.protocol.grammar import BACKENDS
 from interlock.protocol.speculative import SpeculativeConfig, SuffixConfig
+from interlock.protocol.types import PREFILL_MODES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -49,12 +52,13 @@ def side_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="--side", add_help=False, exit_on_error=False)
     p.add_argument("--speculative")
     p.add_argument("--draft-len", type=int)
-    p.add_argument("--prefill", choices=["auto", "rows", "dense"])
+    p.add_argument("--prefill", choices=PREFILL_MODES)
     p.add_argument("--prefix-caching", choices=["on", "off"])
     p.add_argument("--kv-cache-dtype", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--threads", type=int)
-    p.add_argument("--backend", choices=["auto", "xgrammar", "llguidance"])
+    p.add_argument("--backend", choices=BACKENDS)
     p.add_argument("--max-long-draft", type=int, help="SuffixConfig.max_long_draft (0: K caps every suffix draft)")
+    p.add_argument("--masks", choices=["batched", "rows"], help="GrammarConfig.batched_masks")
     return p
 
 
@@ -71,6 +75,8 @@ def parse_side(flags: str, base: BenchConfig) -> tuple[BenchConfig, str]:
                                 "threads": ns.threads, "backend": ns.backend}.items() if v is not None}
     if ns.prefix_caching is not None:
         fields["prefix_caching"] = ns.prefix_caching == "on"
+    if ns.masks is not None:
+        fields["batched_masks"] = ns.masks == "batched"
     if ns.max_long_draft is not None:
         fields["suffix"] = SuffixConfig(max_long_draft=ns.max_long_draft)
     cfg = replace(base, **fields)

@@ -54,6 +54,7 @@ class BenchConfig:
     repeats: int = 1                    # each row this many times in a row (a warm-up and timed runs)
     suffix: SuffixConfig | None = None  # the suffix drafter's settings (None: SuffixConfig's defaults)
     device: str = "cpu"                 # EngineConfig.device
+    batched_masks: bool = True          # GrammarConfig.batched_masks
 
 
 def bench_rows(cfg: BenchConfig) -> list[Row]:
@@ -92,7 +93,8 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     rows = bench_rows(cfg)
     fields = {} if cfg.suffix is None else {"suffix": cfg.suffix}
     config = EngineConfig(speculative=SpeculativeConfig.parse(cfg.speculative, max_draft_len=cfg.draft_len, **fields),
-                          grammar=GrammarConfig(backend=cfg.backend), max_batch_size=cfg.concurrency,
+                          grammar=GrammarConfig(backend=cfg.backend, batched_masks=cfg.batched_masks),
+                          max_batch_size=cfg.concurrency,
                           prefix_caching=cfg.prefix_caching, threads=cfg.threads, prefill=cfg.prefill,
                           device=cfg.device)
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=0,

@@ -215,7 +215,8 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
         drafter.kv.k = drafter.kv.v = torch.empty(0)        # a self-draft's K/V live on the ranks too
     draft = DraftActor(config.speculative, vocab, timeline, step, model=drafter, bitmask=buffers.bitmask,
                        free_rows=buffers.free)
-    grammar = GrammarActor(router, timeline, buffers, step, mask_threads=config.grammar.mask_threads)  # type: ignore[arg-type]
+    grammar = GrammarActor(router, timeline, buffers, step, mask_threads=config.grammar.mask_threads,  # type: ignore[arg-type]
+                           batched_masks=config.grammar.batched_masks)
     # A draft model drafts at most K tokens after a request's forced ones: K rounds a step.
     rounds = config.speculative.max_draft_len if config.speculative else 0
     program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=rounds,

@@ -83,15 +83,15 @@ class StepMasks:
     tokenizer (the engine's), whichever backend made them.
     """
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, batched: bool = True) -> None:
         from interlock.grammars.batch_llguidance import LLGuidanceBatch
         from interlock.grammars.batch_xgrammar import XGrammarBatch
 
         self.threads = threads or default_mask_threads()
         self.rows = RowByRow()
         self._groups: dict[type, Group] = {}
-        for group in (XGrammarBatch(self.threads), LLGuidanceBatch(self.threads)):
-            self._groups[group.matcher_type] = group
+        for group in (XGrammarBatch(self.threads), LLGuidanceBatch(self.threads)) if batched else ():
+            self._groups[group.matcher_type] = group       # without them every matcher takes the per-row path
 
     def check(self, requests: Sequence[Drafted], bitmask: torch.Tensor) -> list[int]:
         """n per request: how many of its drafts the grammar allows (cut at the first refused one).

@@ -252,6 +252,9 @@ class GrammarConfig:
     """Limits and policy of the grammar layer (one per engine).
 
     mask_threads: native threads of the step's batched mask fills (default: default_mask_threads()).
+    batched_masks: a step's check, mask rows and commit as one batch pass per backend
+    (grammars/batch.py); False: request by request, the reference path (same masks, slower at
+    larger batches; for A/B runs and for ruling the batch paths out).
     """
 
     backend: BackendName = DEFAULT_BACKEND
@@ -260,6 +263,7 @@ class GrammarConfig:
     max_schema_bytes: int = 256 * 1024
     max_schema_depth: int = 64
     mask_threads: int = field(default_factory=default_mask_threads)
+    batched_masks: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
