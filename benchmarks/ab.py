@@ -94,6 +94,7 @@ def main() -> None:
     add_workload_args(p)
     p.add_argument("--speculative", default="ngram+forced", help="the mode of sides that do not name one")
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=1, help="requests in flight (the engine's batch)")
     p.add_argument("--rounds", type=int, default=3, help="runs of each side (medians), alternating")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/ab-DATE.json)")
     args = p.parse_args()
@@ -102,7 +103,7 @@ def main() -> None:
     if args.rounds < 1:
         p.error("argument --rounds: must be >= 1")
     base, what = workload(p, args)
-    base = replace(base, speculative=args.speculative, max_tokens=args.max_tokens)
+    base = replace(base, speculative=args.speculative, max_tokens=args.max_tokens, concurrency=args.concurrency)
     sides = {}
     for flags in args.side:
         try:
@@ -122,17 +123,21 @@ def main() -> None:
              "runs": [x["tokens_per_s"] for x in runs[flags]],
              "ttft_p50_s": round(median([x["ttft_p50_s"] for x in runs[flags]]), 4),
              "acceptance": runs[flags][0]["mean_acceptance_length"], "engine_steps": runs[flags][0]["engine_steps"],
+             "host_ms_per_step": round(median([x["host_ms_per_step"] for x in runs[flags]]), 3),
+             "exposed_grammar_frac": round(median([x["exposed_grammar_frac"] for x in runs[flags]]), 4),
              "valid": runs[flags][0]["valid"]} for flags in args.side]
     for row in rows:
         row["ratio"] = round(row["tokens_per_s"] / max(rows[0]["tokens_per_s"], 1e-9), 3)
-    result = {"sides": rows, "dataset": args.dataset.stem, "limit": args.limit, "repeat_schema": args.repeat_schema,
+    result = {"sides": rows, "dataset": args.dataset.stem, "limit": args.limit, "concurrency": args.concurrency,
+              "repeat_schema": args.repeat_schema,
               "repeats": args.repeats, "max_tokens": args.max_tokens, "rounds": args.rounds,
               "same_outputs": same_tokens(runs), "load_average_before": load_before,
               "load_average_after": load_average(), "results": runs}
     out = Path(args.out) if args.out else RESULTS / f"ab-{date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result))
-    keys = ["side", "tokens_per_s", "ratio", "acceptance", "ttft_p50_s", "engine_steps", "valid"]
+    keys = ["side", "tokens_per_s", "ratio", "acceptance", "ttft_p50_s", "engine_steps", "host_ms_per_step",
+            "exposed_grammar_frac", "valid"]
     print_table(f"{what}, alternating, median of {args.rounds}; same outputs: {result['same_outputs']}",
                 keys, [[row[k] for k in keys] for row in rows])
     print_json_last({k: v for k, v in result.items() if k != "results"} | {"saved": str(out)})
