@@ -29,7 +29,7 @@ from interlock.models.loader import LoadedModel
 from interlock.protocol.errors import InterlockError
 from interlock.protocol.grammar import GrammarConfig, JsonSchema
 from interlock.protocol.sampling import Completion, SamplingParams
-from interlock.protocol.speculative import SpeculativeConfig, SuffixConfig
+from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, SpeculativeConfig, SuffixConfig
 
 T = TypeVar("T")
 
@@ -39,7 +39,7 @@ class BenchConfig:
     dataset: Path
     limit: int | None = None
     speculative: str = "ngram+forced"
-    draft_len: int = 3
+    draft_len: int = DEFAULT_DRAFT_LEN
     backend: str = "auto"
     concurrency: int = 1
     max_tokens: int = 256

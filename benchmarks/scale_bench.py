@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from interlock.protocol.speculative import DEFAULT_DRAFT_LEN
 from interlock.benchmarks.common import load_average, median, print_json_last, print_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -196,7 +197,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prompt", type=int, default=64)
-    p.add_argument("--draft-len", type=int, default=3)
+    p.add_argument("--draft-len", type=int, default=DEFAULT_DRAFT_LEN)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--model", default="smollm2-135m-instruct", help="replica benchmark's model")
     p.add_argument("--requests", type=int, default=32)

@@ -28,7 +28,7 @@ from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel, load_model
 from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
-from interlock.protocol.speculative import SpeculativeConfig
+from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, SpeculativeConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--limit", type=int, default=32)
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--speculative", default="ngram+forced")
-    p.add_argument("--draft-len", type=int, default=3)
+    p.add_argument("--draft-len", type=int, default=DEFAULT_DRAFT_LEN)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     p.add_argument("--port", type=int, default=18700)
