@@ -94,7 +94,7 @@ async def test_a_repeated_prompt_reports_its_cached_tokens(tiny) -> None:
     prompt = HEAD + TEXTS[1]
     config = EngineConfig(speculative=MODES["ngram+forced"], block_size=BLOCK, prefill_chunk=CHUNK)
     async with Engine(tiny, config) as engine:
-        n = len(engine._encode(prompt))
+        n = len(engine.intake.encode(prompt))
         first = await engine.complete(prompt, grammar=JsonSchema(SCHEMA), sampling=SamplingParams(max_tokens=16))
         m1 = await engine.metrics()
         second = await engine.complete(prompt, grammar=JsonSchema(SCHEMA), sampling=SamplingParams(max_tokens=16))
@@ -207,7 +207,7 @@ async def test_repetition_penalty_sees_the_cached_part_of_the_prompt(tiny, mode:
         return first.token_ids, second.token_ids, cached
 
     async with Engine(tiny, EngineConfig(block_size=BLOCK, prefill_chunk=CHUNK)) as engine:
-        prompt = list(engine._encode(head))
+        prompt = list(engine.intake.encode(head))
         prompt += (await engine.complete(prompt, sampling=SamplingParams(max_tokens=24))).token_ids
     first, second, cached = await twice(prompt, True)
     cold_first, cold_second, no_cache = await twice(prompt, False)
@@ -236,7 +236,7 @@ async def test_a_cache_hit_gives_bit_identical_logprobs_through_either_prefill_p
         async with Engine(tiny, EngineConfig(prefix_caching=prefix_caching, prefill=prefill, **config)) as engine:
             out = [await engine.complete(p, sampling=sampling) for p in prompts]
             cached = (await engine.metrics()).cached_prompt_tokens
-            n_shared = len(engine._encode(shared))
+            n_shared = len(engine.intake.encode(shared))
         return out, cached, n_shared
 
     prefill = "rows" if rows_prefill else "dense"
@@ -266,7 +266,7 @@ async def test_a_hit_starts_mid_chunk_when_prompt_chunks_take_the_rows_path(tiny
     config = EngineConfig(speculative=MODES["ngram+forced"], block_size=BLOCK, prefill_chunk=32,
                           prefill="rows" if rows_prefill else "dense")
     async with Engine(tiny, config) as engine:
-        a, b = engine._encode(first), engine._encode(second)
+        a, b = engine.intake.encode(first), engine.intake.encode(second)
         shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
         await engine.complete(first, grammar=JsonSchema(SCHEMA), sampling=sampling)
         m1 = await engine.metrics()
@@ -298,11 +298,11 @@ async def test_a_follow_up_that_repeats_an_output_gets_a_cold_prefills_bits(tiny
     async def run(prefix_caching: bool):
         async with Engine(tiny, EngineConfig(prefix_caching=prefix_caching, **config)) as engine:
             a = await engine.complete(first, sampling=sampling)
-            follow = engine._encode(first) + list(a.token_ids) + engine._encode(" And again:")
+            follow = engine.intake.encode(first) + list(a.token_ids) + engine.intake.encode(" And again:")
             b = await engine.complete(follow, sampling=sampling)
             cached = (await engine.metrics()).cached_prompt_tokens
             await assert_all_free(engine)
-        return a, b, cached, len(engine._encode(first))
+        return a, b, cached, len(engine.intake.encode(first))
 
     warm_a, warm_b, cached, n_first = await run(True)
     cold_a, cold_b, _, _ = await run(False)
