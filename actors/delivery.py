@@ -15,7 +15,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from interlock.grammars.switch import ReasoningStream, is_switch
+from interlock.grammars.switch import is_switch
+from interlock.output.reasoning import ReasoningStream
 from interlock.grammars.validate import validate_output
 from interlock.logs import get_logger
 from interlock.models.detokenize import IncrementalText
