@@ -33,7 +33,7 @@ from interlock.logs import get_logger
 from interlock.models.device_llama import DeviceLlama
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.loader import LoadedModel, load_model
-from interlock.models.tp_group import TensorParallelModel
+from interlock.parallel.group import TensorParallelModel
 from interlock.protocol.errors import UnsupportedModelError
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.streams.cpu_timeline import CpuTimeline
