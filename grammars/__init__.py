@@ -6,7 +6,7 @@ actors/compile_cache.py.
 `validate_output(spec, text)`: the backend-independent end-of-request check (raises GrammarError).
 grammars/keywords.py: which JSON Schema keywords each backend enforces exactly (what `auto` reads;
 the table is grammars/LENIENCY.md).
-Grammars that switch mid-output (Reasoning, StructuralTag): grammars/switch.py (the composing
+Grammars that switch mid-output (Reasoning, StructuralTag): grammars/switch/ (the composing
 matcher), grammars/triggers.py (byte-level trigger matching), grammars/native_tags.py (`native=True`:
 the backends' own structural tags / Lark).
 
