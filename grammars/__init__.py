@@ -1,7 +1,8 @@
 """Grammar backends (xgrammar, llguidance, and "auto": llguidance with xgrammar as fallback) behind one
-matcher protocol, switching grammars (switch.py), bitmask helpers, schema caps. Synchronous only:
-the async compile front (GrammarLayer and its CompileCache) is actors/grammar_layer.py and
-actors/compile_cache.py.
+matcher protocol, switching grammars (switch/), bitmask helpers, schema caps, and the compiled-grammar
+store (compile_cache.py: keys, LRU, counts). Synchronous only: the thin async compile front
+(GrammarLayer and its CompileCache: worker threads, timeouts, one compile per key) is
+actors/grammar_layer.py and actors/compile_cache.py.
 
 `validate_output(spec, text)`: the backend-independent end-of-request check (raises GrammarError).
 grammars/keywords.py: which JSON Schema keywords each backend enforces exactly (what `auto` reads;
