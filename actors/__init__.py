@@ -9,8 +9,9 @@ channel.py   `Channel[T]`, the bounded, closable actor inbox (`send`/`send_nowai
 reply.py     `Reply[T]` one-shot reply slots and `PendingReplies`, which fails them all when their
              actor stops
 grammar_layer.py / compile_cache.py
-             the async compile front the engine and the GrammarActor use: backends built on first
-             use, one compile cache per backend (worker threads, timeouts, dedup, LRU)
+             the thin async compile front the engine and the GrammarActor use: backends built on
+             first use off the loop, one compile cache per backend (worker threads, timeouts, one
+             compile per key) over grammars/compile_cache.py's store
 
 Actors plan, lanes run: the Scheduler stages a step's plan in each part's queue and enqueues the
 whole step; inside a step the parts meet only through timeline events and the step buffers.
