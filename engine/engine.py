@@ -27,6 +27,7 @@ from interlock.logs import get_logger
 from interlock.models.kv_cache import block_bytes
 from interlock.models.linear import Weights
 from interlock.models.loader import LoadedModel, load_model
+from interlock.output.stream import OutputStream
 from interlock.parallel.group import TensorParallelModel, TPConfig, load_tensor_parallel
 from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError
 from interlock.protocol.grammar import DEFAULT_BACKEND, BackendName, GrammarConfig, GrammarSpec
@@ -36,9 +37,7 @@ from interlock.protocol.messages import (
 from interlock.protocol.sampling import Completion, Delta, SamplingParams
 from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE, SpeculativeConfig
 from interlock.protocol.types import Dtype, RequestId
-from interlock.actors.channel import ChannelClosedError
-from interlock.streams.errors import ChannelFullError
-from interlock.output.stream import OutputStream
+from interlock.streams.errors import ChannelClosedError, ChannelFullError
 
 log = get_logger(__name__)
 
