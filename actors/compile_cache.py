@@ -1,23 +1,24 @@
-"""Async compile cache: compiles in worker threads under a timeout, once per key, LRU-bounded.
+"""Async compile cache: compiles in worker threads under a timeout, once per key, into the
+LRU-bounded store of grammars/compile_cache.py (keys, eviction and counts live there).
 
-Key: (backend name, spec key, tokenizer key, vocab size). Each compile gets its own worker
+Each compile gets its own worker
 thread (a fresh CapacityLimiter), so a slow or stuck compile never delays another one; on
 timeout the waiters get a GrammarError and the thread is abandoned (native compiles cannot be
 interrupted) and its result, if it ever comes, is dropped. Failures are not cached.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import anyio
 import anyio.to_thread
 
+from interlock.grammars.compile_cache import CacheKey, CacheStats, CompiledStore
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import GrammarBackend, GrammarSpec
 
-CacheKey = tuple[str, str, str, int]
+__all__ = ["CacheKey", "CacheStats", "CompileCache"]
 
 
 @dataclass
@@ -30,14 +31,6 @@ class _Pending:
     abandoned: bool = False              # the owner was cancelled: a waiter must take over
 
 
-@dataclass(frozen=True)
-class CacheStats:
-    hits: int
-    misses: int
-    entries: int
-    in_flight: int
-
-
 class CompileCache:
     """`await cache.get(spec)` returns a CompiledGrammar for this cache's backend."""
 
@@ -46,28 +39,22 @@ class CompileCache:
         if max_entries <= 0 or timeout_s <= 0:
             raise ValueError("max_entries and timeout_s must be positive")
         self.backend = backend
-        self._tokenizer_key = tokenizer_key
-        self._max_entries = max_entries
+        self._store = CompiledStore(backend, tokenizer_key, max_entries)
         self._timeout_s = timeout_s
-        self._done: OrderedDict[CacheKey, CompiledGrammar] = OrderedDict()
         self._pending: dict[CacheKey, _Pending] = {}
-        self._hits = 0
-        self._misses = 0
 
     def key(self, spec: GrammarSpec) -> CacheKey:
-        return (self.backend.name, spec.key, self._tokenizer_key, self.backend.vocab_size)
+        return self._store.key(spec)
 
     def stats(self) -> CacheStats:
-        return CacheStats(self._hits, self._misses, len(self._done), len(self._pending))
+        return CacheStats(self._store.hits, self._store.misses, len(self._store), len(self._pending))
 
     async def get(self, spec: GrammarSpec) -> CompiledGrammar:
         """The compiled grammar for spec. Raises GrammarError (bad spec, or compile timeout)."""
         key = self.key(spec)
         while True:
-            compiled = self._done.get(key)
+            compiled = self._store.lookup(key)
             if compiled is not None:
-                self._done.move_to_end(key)
-                self._hits += 1
                 return compiled
             pending = self._pending.get(key)
             if pending is None:
@@ -81,7 +68,7 @@ class CompileCache:
             return pending.result
 
     async def _compile(self, key: CacheKey, spec: GrammarSpec) -> CompiledGrammar:
-        self._misses += 1
+        self._store.misses += 1
         pending = self._pending[key] = _Pending()
         try:
             compiled = await self._run_with_timeout(spec)
@@ -93,7 +80,7 @@ class CompileCache:
             raise
         else:
             pending.result = compiled
-            self._store(key, compiled)
+            self._store.store(key, compiled)
             return compiled
         finally:
             del self._pending[key]
@@ -105,8 +92,3 @@ class CompileCache:
                 self.backend.compile, spec, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
         raise GrammarError(f"{self.backend.name}: compiling the grammar timed out after "
                            f"{self._timeout_s:g} s (GrammarConfig.compile_timeout_s)")
-
-    def _store(self, key: CacheKey, compiled: CompiledGrammar) -> None:
-        self._done[key] = compiled
-        while len(self._done) > self._max_entries:
-            self._done.popitem(last=False)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from interlock.actors.delivery import cut_at_stop
+from interlock.output.delivery import cut_at_stop
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.actors.staging import StepStaging
 from interlock.actors.step import StepState, StepShape

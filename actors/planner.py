@@ -17,7 +17,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from interlock.actors.delivery import Output
+from interlock.output.delivery import Output
 from interlock.protocol.messages import GuideChunk, RequestSnapshot, RequestSpec, SlotResult, StepPlan, TokenEvent
 from interlock.protocol.types import RequestId, SlotId, TokenId
 

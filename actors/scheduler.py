@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Callable
 
 from interlock.actors.base import Actor, Handler
-from interlock.actors.delivery import Output
+from interlock.output.delivery import Output
 from interlock.actors.planner import Phase, SchedulerConfig, account, blocks_for, plan_step, reservations
 from interlock.actors.planner import Request as _Request
 from interlock.actors.step import StepProgram

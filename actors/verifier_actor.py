@@ -38,9 +38,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from interlock.actors.base import Actor, Handler
-from interlock.actors.delivery import cut_at_stop
+from interlock.output.delivery import cut_at_stop
 from interlock.actors.grammar_actor import MaskBuffers
-from interlock.actors.penalty_book import PenaltyBook
+from interlock.kernels.penalty_book import PenaltyBook
 from interlock.actors.step import StepState, StepQueue, StepShape
 from interlock.kernels import (
     apply_token_bitmask_, native, probs_from_logits, rejection_sample, rejection_sample_greedy, token_logprobs,

@@ -42,7 +42,7 @@ def write_checkpoint(folder: Path, layers: int, seed: int = 0) -> None:
 
     from interlock.models.hf_loader import config_from_hf
     from interlock.models.llama import random_transformer
-    from interlock.models.shard_sources import hf_state_of
+    from interlock.parallel.shard_sources import hf_state_of
 
     cfg = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": layers, "rms_norm_eps": 1e-5,
            "rope_theta": 100000.0, "max_position_embeddings": 2048, "tie_word_embeddings": True, **SHAPE}
@@ -75,7 +75,7 @@ def bench_tp(args: argparse.Namespace) -> dict:
     from interlock.models.batch import build_batch
     from interlock.models.hf_loader import load_hf_dir
     from interlock.models.llama import Transformer
-    from interlock.models.tp_group import TensorParallelGroup, TPConfig
+    from interlock.parallel.group import TensorParallelGroup, TPConfig
     from interlock.protocol.messages import BlockTables
 
     folder = Path(tempfile.mkdtemp(prefix="interlock-scale-"))

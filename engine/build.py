@@ -34,7 +34,7 @@ from interlock.models.device_llama import DeviceLlama
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import PagedKVCache, block_bytes
 from interlock.models.loader import LoadedModel, load_model
-from interlock.models.tp_group import TensorParallelModel, TPConfig
+from interlock.parallel.group import TensorParallelModel, TPConfig
 from interlock.protocol.errors import UnsupportedModelError
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.streams.cpu_timeline import CpuTimeline

@@ -27,7 +27,8 @@ from interlock.engine.intake import EMPTY_CHAT, Intake, Prompt
 from interlock.logs import get_logger
 from interlock.models.linear import Weights
 from interlock.models.loader import LoadedModel, load_model
-from interlock.models.tp_group import load_tensor_parallel
+from interlock.output.stream import OutputStream
+from interlock.parallel.group import load_tensor_parallel
 from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError
 from interlock.protocol.grammar import DEFAULT_BACKEND, BackendName, GrammarConfig, GrammarSpec
 from interlock.protocol.messages import (
@@ -36,9 +37,7 @@ from interlock.protocol.messages import (
 from interlock.protocol.sampling import Completion, Delta, SamplingParams
 from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE, SpeculativeConfig
 from interlock.protocol.types import Dtype, RequestId
-from interlock.streams.channel import ChannelClosedError
-from interlock.streams.errors import ChannelFullError
-from interlock.streams.output import OutputStream
+from interlock.streams.errors import ChannelClosedError, ChannelFullError
 
 log = get_logger(__name__)
 
@@ -88,7 +87,7 @@ class Engine:
         speculative: a SpeculativeConfig, a string such as "ngram+forced" / "ngram" / "forced", or
         None / "none" for one token per step. kv_dtype: what the KV cache stores (None: the
         loader's default, fp16 beside int8 weights on AVX-512 CPUs). tensor_parallel: N > 1 runs the target's
-        forward on N worker processes, each holding 1/N of the weights (models/tp_group.py); they
+        forward on N worker processes, each holding 1/N of the weights (parallel/group.py); they
         start with the engine. device: "cpu" (default), "cuda", "cuda:N" or "auto" (CUDA when
         available); on CUDA the weights are loaded in bf16 (dequantized from a GGUF) and `weights`
         and `kv_dtype` do not apply. options: the other EngineConfig fields.

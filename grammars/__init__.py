@@ -1,12 +1,13 @@
 """Grammar backends (xgrammar, llguidance, and "auto": llguidance with xgrammar as fallback) behind one
-matcher protocol, switching grammars (switch.py), bitmask helpers, schema caps. Synchronous only:
-the async compile front (GrammarLayer and its CompileCache) is actors/grammar_layer.py and
-actors/compile_cache.py.
+matcher protocol, switching grammars (switch/), bitmask helpers, schema caps, and the compiled-grammar
+store (compile_cache.py: keys, LRU, counts). Synchronous only: the thin async compile front
+(GrammarLayer and its CompileCache: worker threads, timeouts, one compile per key) is
+actors/grammar_layer.py and actors/compile_cache.py.
 
 `validate_output(spec, text)`: the backend-independent end-of-request check (raises GrammarError).
 grammars/keywords.py: which JSON Schema keywords each backend enforces exactly (what `auto` reads;
 the table is grammars/LENIENCY.md).
-Grammars that switch mid-output (Reasoning, StructuralTag): grammars/switch.py (the composing
+Grammars that switch mid-output (Reasoning, StructuralTag): grammars/switch/ (the composing
 matcher), grammars/triggers.py (byte-level trigger matching), grammars/native_tags.py (`native=True`:
 the backends' own structural tags / Lark).
 

@@ -53,7 +53,7 @@ class LLGuidanceBackend:
         self.token_bytes: tuple[bytes, ...] = tuple(self._tok.decode_bytes([i]) for i in range(tokenizer.vocab_size))
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        if is_switch(spec) and not spec.native:  # type: ignore[union-attr]  # grammars/switch.py
+        if is_switch(spec) and not spec.native:  # type: ignore[union-attr]  # grammars/switch/
             return compile_switch(self, self.tokenizer, spec)  # type: ignore[arg-type]
         start = time.perf_counter()
         ours: list[str] = []

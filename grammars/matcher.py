@@ -1,7 +1,8 @@
 """The matcher contract, implemented once over a few backend primitives.
 
-Every backend matcher subclasses `BaseMatcher` and supplies the `_native_*` primitives; the rules
-that must hold for both backends live here, so they cannot drift apart:
+Every matcher (each backend's, and the switching grammars' composing one) subclasses `BaseMatcher`
+and supplies the `_native_*` primitives; the rules that must hold for all of them live here, so
+they cannot drift apart:
 
 - accept is all or nothing (validate first, then consume), so a refused token never reaches a
   backend that would enter an error state (llguidance's is permanent);
@@ -102,33 +103,31 @@ class BaseMatcher(ABC):
         self._terminated = False
 
     def fill_mask(self, bitmask: Any, row: int = 0) -> bool:
-        """Write the row; returns False (a plain grammar is never free: see protocol/grammar.py)."""
+        """Write the row; returns whether it is free (every id allowed: see protocol/grammar.py), which
+        a plain grammar never is."""
         bm.check_bitmask(bitmask, row, self._vocab_size)
-        self._fill_checked(bitmask, row)
-        return False
+        return self._fill_row(bitmask, row, write_free=True)
 
     def fill_masks(self, bitmask: Any, start_row: int, drafts: Sequence[TokenId],
                    skip: Container[int] = (), free: Any = None) -> int:
         """Rows start_row+j = mask after drafts[:j]; stops at the first refused draft; state unchanged.
 
         skip: offsets j whose rows already hold that mask (filled while a draft model drafted).
-        free: optional per-row bool buffer; every row written here is marked False (never free).
+        free: optional per-row bool buffer: each row written here is marked with its freedom, and a
+        free row is then left unwritten (without the buffer it is written in full).
         """
         bm.check_bitmask(bitmask, start_row + len(drafts), self._vocab_size)
-        if 0 not in skip:
-            self._fill_checked(bitmask, start_row)
-            if free is not None:
-                free[start_row] = False
         advanced = 0
         try:
-            for draft in drafts:
-                if not self.accept([draft]):
+            while True:
+                if advanced not in skip:
+                    row = start_row + advanced
+                    was_free = self._fill_row(bitmask, row, write_free=free is None)
+                    if free is not None:
+                        free[row] = was_free
+                if advanced == len(drafts) or not self.accept([drafts[advanced]]):
                     break
                 advanced += 1
-                if advanced not in skip:
-                    self._fill_checked(bitmask, start_row + advanced)
-                    if free is not None:
-                        free[start_row + advanced] = False
         finally:
             self.rollback(advanced)
         return 1 + advanced
@@ -153,6 +152,12 @@ class BaseMatcher(ABC):
         self._terminated = False
 
     # --- helpers -----------------------------------------------------------------------------
+
+    def _fill_row(self, bitmask: torch.Tensor, row: int, *, write_free: bool) -> bool:
+        """Write the row and say whether it is free; a free row is written only when write_free.
+        A plain grammar's rows are never free; a switching one's can be (grammars/switch/matcher.py)."""
+        self._fill_checked(bitmask, row)
+        return False
 
     def _fill_checked(self, bitmask: torch.Tensor, row: int) -> None:
         if self._terminated:

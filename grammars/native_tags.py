@@ -4,7 +4,7 @@
 The result is an ordinary backend grammar behind the usual matcher: free rows are written as mask
 rows (a native grammar cannot say that a row allows everything, so nothing is skipped), and the
 switch is wherever the backend's byte-level lexer puts it. What the composing matcher
-(grammars/switch.py) does and these do not: max_reasoning_tokens, markers that are special tokens,
+(grammars/switch/) does and these do not: max_reasoning_tokens, markers that are special tokens,
 refusing a token inside which a trigger ends (here the grammar after it begins mid-token), and on
 xgrammar an `at_most` other than 1 or None. Each raises GrammarError at compile, so `auto` falls
 back to the other backend as for any spec. The end-of-request check is the same text-level one

@@ -1,4 +1,4 @@
-"""Where free text switches: byte-level trigger matching over token ids, for grammars/switch.py.
+"""Where free text switches: byte-level trigger matching over token ids, for grammars/switch/.
 
 A trigger fires when the bytes of the free tokens end with it, however the model spelled it: a
 model that writes " C" "ALL" ":" has written the trigger "CALL:" as much as one that writes the

@@ -57,7 +57,7 @@ def validate_output(spec: GrammarSpec, text: str) -> None:
 
 def validate_segments(segments: Iterable[Any], decode: Callable[[Sequence[int]], str]) -> None:
     """The check for a switching grammar's output, split where the grammar switched: every
-    complete constrained segment (grammars/switch.py `Segment`) must satisfy its spec."""
+    complete constrained segment (grammars/switch/matcher.py `Segment`) must satisfy its spec."""
     for seg in segments:
         if seg.kind == "constrained" and seg.complete and seg.spec is not None:
             validate_output(seg.spec, decode(seg.ids))

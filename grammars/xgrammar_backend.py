@@ -65,7 +65,7 @@ class XGrammarBackend:
         self._control = ControlFilter.build_both(tokenizer, vocab_size)   # flexible? -> filter
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        if is_switch(spec):                      # Reasoning / StructuralTag: grammars/switch.py
+        if is_switch(spec):                      # Reasoning / StructuralTag: grammars/switch/
             if spec.native:                      # type: ignore[union-attr]
                 return self._compile_native_switch(spec)  # type: ignore[arg-type]
             return compile_switch(self, self.tokenizer, spec)  # type: ignore[arg-type]

@@ -19,6 +19,8 @@ captured CUDA graph; the "reference" versions loop in Python and are the obvious
 - cfg.py         cfg_combine: classifier-free guidance per-row scale
 - penalties.py   apply_penalties (repetition / frequency / presence) and draft_counts (each verify
                  position's counts: output + the drafts before it, so penalties stay exact)
+- penalty_book.py PenaltyBook: the per-request prompt and output counts penalties.py reads (the
+                 VerifierActor holds one)
 - types.py       RejectionResult
 - native.py      our CPU kernels (csrc/, built on first use with the machine's compiler):
                  int8_linear (decode / verify projections, and prompt chunks on AMX tiles),

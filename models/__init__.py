@@ -8,8 +8,5 @@ rows path, other prompt chunks through bf16 GEMMs (`batch.py` splits them).
 `device_llama.py` is the same forward over fixed-shape `StepInputs` tensors (batch-invariant,
 capturable in a CUDA graph): bf16 on CUDA with the row-independent Triton ops of `triton_ops.py`,
 float32 on the CPU with their torch references (`reference_ops.py`), which is how CI tests it.
-Tensor parallelism: `parallel.py` (which slice each rank holds; the sharded forward's collectives),
-`shard_sources.py` (reading only those slices from GGUF / safetensors), `tp_group.py` (the supervised
-worker processes, `TensorParallelModel`), `tp_process.py` (starting a rank as `python -m` process),
-`tp_worker.py` (a rank's loop), `wire.py` (a step as ints).
+Tensor parallelism, which runs this forward sharded over worker processes, is parallel/'s.
 """

@@ -232,7 +232,7 @@ class Transformer(nn.Module):
                 c.n_heads, c.n_kv_heads, c.rms_eps, kv.block_size)
         return x
 
-    # Hooks where a tensor-parallel rank (models/parallel.py) adds its collectives; identity here.
+    # Hooks where a tensor-parallel rank (parallel/sharded.py) adds its collectives; identity here.
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.tok_embeddings[ids]

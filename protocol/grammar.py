@@ -162,7 +162,7 @@ PlainSpec: TypeAlias = JsonSchema | JsonObject | Regex | Ebnf | Lark | Choice
 # a token boundary (grammars/triggers.py); forced markers (the rest of a begin, an end) are the
 # tokenizer's own token sequence for their text, which must exist (one id for a special token such
 # as "<think>" where the tokenizer has it). Masks, forced tokens and rollback depend on token ids
-# only and agree exactly between plain and speculative decoding. grammars/switch.py holds the
+# only and agree exactly between plain and speculative decoding. grammars/switch/ holds the
 # matcher; `native=True` hands the whole spec to the backend instead (grammars/native_tags.py).
 
 @dataclass(frozen=True)

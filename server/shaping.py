@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from interlock.grammars.switch import ReasoningSplitter
+from interlock.output.reasoning import ReasoningStream
 from interlock.protocol.sampling import TokenLogprob
 from interlock.protocol.types import FinishReason
 from interlock.server.logprobs import TextLogprobs, TokenTexts, chat_logprobs
@@ -35,7 +35,7 @@ class ChoiceShaper:
         self.index, self.chat = index, chat
         self.tools = ToolCallStream() if tools else None
         self.auto = AutoToolStream() if auto_tools and chat else None
-        self.think = ReasoningSplitter() if reasoning and chat else None
+        self.think = ReasoningStream.of_text() if reasoning and chat else None
         self.parts: list[str] = []
         self.texts = texts
         self.logprobs: list[TokenLogprob] = []       # every token's, for the whole answer
@@ -56,7 +56,7 @@ class ChoiceShaper:
             self.logprobs.extend(logprobs or ())
             self._unsent.extend(logprobs or ())
         if self.think is not None and not self.think.done:
-            thought, text = self.think.feed(text)
+            thought, text = self.think.feed((), text)
             out = [ChunkChoice(index=self.index, delta={"reasoning_content": thought})] if thought else []
             return self._with_logprobs(out + (self._answer(text) if text else []))
         return self._with_logprobs(self._answer(text))

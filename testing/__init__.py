@@ -8,7 +8,8 @@ What it owns:
 - `matcher_machine`: a `RuleBasedStateMachine` checking any matcher against fresh replays after
   every accept / refused accept / rollback / multi-row fill; `run_operations` does the same for a
   drawn list of operations; failures raise `MatcherMismatch` and print text with token ids;
-- `byte_tokenizer`: a ~300-token byte-level BPE tokenizer for fast tests.
+- `byte_tokenizer`: a ~300-token byte-level BPE tokenizer for fast tests;
+- `greedy.py`: plain greedy decoding of one sequence, the reference a model's output is compared with.
 """
 from __future__ import annotations
 

@@ -137,7 +137,7 @@ def test_the_demo_gets_every_field_of_its_text_right() -> None:
     import sys
 
     from interlock.cli import DEMO_SCHEMA, DEMO_TEXT
-    from interlock.models.tp_process import child_env
+    from interlock.parallel.process import child_env
 
     done = subprocess.run([sys.executable, "-m", "interlock.cli", "run"], env=child_env(), capture_output=True,
                           text=True, timeout=300)

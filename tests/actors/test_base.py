@@ -10,7 +10,7 @@ import pytest
 from interlock.actors.base import Actor, Handler
 from interlock.protocol.errors import EngineClosedError, EngineError
 from interlock.streams.errors import ChannelClosedError
-from interlock.streams.reply import Reply
+from interlock.actors.reply import Reply
 
 
 @dataclass(frozen=True)

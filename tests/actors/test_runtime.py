@@ -10,7 +10,7 @@ import pytest
 from interlock.actors.base import Actor, Handler
 from interlock.actors.runtime import Runtime
 from interlock.protocol.errors import EngineError
-from interlock.streams.reply import Reply
+from interlock.actors.reply import Reply
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import pytest
 
 from interlock.benchmarks.common import percentile, print_json_last
 from interlock.benchmarks.model_speed import Run, agree_prefix, parse_args, run_ours, summarize
-from interlock.models.generate import greedy_generate
+from interlock.testing.greedy import greedy_generate
 from interlock.models.loader import load_model
 
 

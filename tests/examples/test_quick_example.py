@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import interlock.examples
-from interlock.models.tp_process import child_env
+from interlock.parallel.process import child_env
 
 
 @pytest.mark.slow

@@ -130,7 +130,7 @@ def test_reasoning_end_marker_spelled_in_context(backend, big_backends, big_toke
 def test_reasoning_stream_splits_where_the_text_holds_the_marker(text, big_tokenizer):
     """Fed token by token (any spelling of the marker, or a token that runs past it, as a native
     grammar may produce), the stream hands out exactly the thinking and the answer."""
-    from interlock.grammars.switch import ReasoningStream
+    from interlock.output.reasoning import ReasoningStream
 
     tok = big_tokenizer
     ids = tok.encode(text)

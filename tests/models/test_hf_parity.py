@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from interlock.models.batch import SeqChunk, build_batch
-from interlock.models.generate import greedy_generate
+from interlock.testing.greedy import greedy_generate
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.loader import embedded_gguf_path, load_model
 

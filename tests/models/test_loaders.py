@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from interlock.models.batch import SeqChunk, build_batch
-from interlock.models.generate import check_prompt_fits
+from interlock.testing.greedy import check_prompt_fits
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.loader import load_model
 from interlock.protocol.errors import ModelNotFoundError, PromptTooLongError, UnsupportedModelError
@@ -252,7 +252,7 @@ def test_a_hub_id_loads_from_the_hub_cache_offline(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from interlock.models.tp_process import child_env
+    from interlock.parallel.process import child_env
 
     cfg = hf_config()
     commit = "0123456789abcdef0123456789abcdef01234567"

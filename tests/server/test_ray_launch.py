@@ -14,7 +14,7 @@ pytest.importorskip("ray.serve", reason="the Ray Serve replicas need the [cluste
 
 from live import free_port  # noqa: E402  (after the importorskip)
 
-from interlock.models.tp_process import child_env  # noqa: E402
+from interlock.parallel.process import child_env  # noqa: E402
 
 PROGRAM = """\
 import json, sys, time

@@ -9,7 +9,7 @@ import pytest
 
 from interlock.protocol.errors import EngineError
 from interlock.streams.errors import ChannelClosedError
-from interlock.streams.output import OutputStream
+from interlock.output.stream import OutputStream
 
 
 class Calls:

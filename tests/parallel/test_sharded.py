@@ -7,12 +7,12 @@ import torch
 
 from interlock.models.llama import random_transformer
 from interlock.models.loader import load_model
-from interlock.models.parallel import Shard, load_shard, local_config
-from interlock.models.shard_sources import StateDictSource, hf_state_of, open_source
+from interlock.parallel.sharded import Shard, load_shard, local_config
+from interlock.parallel.shard_sources import StateDictSource, hf_state_of, open_source
 from interlock.protocol.errors import UnsupportedModelError
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
-from interlock.models.wire import from_wire, to_wire
+from interlock.parallel.wire import from_wire, to_wire
 
 
 def expected_slices(full: torch.nn.Module, shard: Shard) -> dict[str, torch.Tensor]:

@@ -15,17 +15,18 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from interlock.grammars.switch import ReasoningStream, is_switch
+from interlock.grammars.switch import is_switch
+from interlock.output.reasoning import ReasoningStream
 from interlock.grammars.validate import validate_output
 from interlock.logs import get_logger
-from interlock.models.detokenize import IncrementalText
+from interlock.output.detokenize import IncrementalText
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import Reasoning
 from interlock.protocol.messages import RequestSpec
 from interlock.protocol.sampling import Delta, RequestStats, SamplingParams, TokenLogprob
 from interlock.protocol.types import FinishReason, TokenId
-from interlock.streams.output import OutputStream
+from interlock.output.stream import OutputStream
 
 log = get_logger(__name__)
 

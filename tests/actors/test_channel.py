@@ -4,7 +4,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from interlock.streams.channel import Channel
+from interlock.actors.channel import Channel
 from interlock.streams.errors import (
     ChannelClosedError,
     ChannelEmptyError,

@@ -19,7 +19,7 @@ from interlock.models.config import ModelConfig, tiny_config
 from interlock.models.gguf_loader import _LAYER_NAMES, _NAMES, _PERMUTED_ARCHS, _field, read_config, unpermute
 from interlock.models.hf_loader import config_from_hf
 from interlock.models.llama import Transformer, random_transformer
-from interlock.models.parallel import TensorSource
+from interlock.parallel.sharded import TensorSource
 from interlock.protocol.errors import ModelLoadError, UnsupportedModelError
 from interlock.protocol.types import Dtype
 

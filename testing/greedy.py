@@ -1,4 +1,4 @@
-"""Plain greedy decoding on one sequence: the reference loop for tests, benchmarks and the early CLI.
+"""Plain greedy decoding on one sequence: the reference loop tests compare the engine against.
 
 The engine (actors/) does the real work; this stays small on purpose so that its output can be
 trusted as "what the model says" when the engine's speculative output is compared against it.

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from interlock.models.detokenize import IncrementalText
+from interlock.output.detokenize import IncrementalText
 from interlock.models.loader import load_tokenizer
 
 

@@ -2,7 +2,7 @@
 `python -` (the program on stdin) and `python -c`. Each runs a real Python process that starts an
 engine with tensor_parallel=2 (the tiny preset) and generates a few tokens; all four must agree.
 
-The ranks are `python -m interlock.models.tp_worker` processes (models/tp_process.py), so nothing
+The ranks are `python -m interlock.parallel.worker` processes (parallel/process.py), so nothing
 re-runs the main program: with multiprocessing's spawn, `python -` died (no file to re-run) and a
 script without the guard started its engine again in every rank.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from interlock.models.tp_process import child_env
+from interlock.parallel.process import child_env
 
 BODY = """\
 import anyio

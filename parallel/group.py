@@ -5,8 +5,8 @@
         logits = TensorParallelModel.on(tp, "int8")(batch, kv)   # stands in for a Transformer
 
 The engine's process is no rank: it owns the block tables, the grammar and the sampler, and talks to
-the ranks through one connection each (the ranks are `python -m` processes: tp_process.py). A step
-(its packed batch as ints: tokens with the drafts, positions, KV slots, block tables; models/wire.py)
+the ranks through one connection each (the ranks are `python -m` processes: process.py). A step
+(its packed batch as ints: tokens with the drafts, positions, KV slots, block tables; parallel/wire.py)
 is pickled once and the same bytes go down every connection: the one broadcast per step, under a
 kilobyte for a decode step. Rank 0 writes the gathered logits into a shared-memory buffer (a file
 both processes map) and answers with the row count, so logits are never pickled. torch.distributed
@@ -39,11 +39,11 @@ from interlock.models.batch import ForwardBatch, SeqChunk, build_batch
 from interlock.models.config import ModelConfig
 from interlock.models.loader import default_kv_dtype
 from interlock.models.linear import Weights
-from interlock.models.parallel import Shard
-from interlock.models.shard_sources import open_source
-from interlock.models.tp_process import RankProcess, start_rank
-from interlock.models.tp_worker import SharedLogits, Start, Step, Stop, WorkerSpec
-from interlock.models.wire import to_wire
+from interlock.parallel.sharded import Shard
+from interlock.parallel.shard_sources import open_source
+from interlock.parallel.process import RankProcess, start_rank
+from interlock.parallel.worker import SharedLogits, Start, Step, Stop, WorkerSpec
+from interlock.parallel.wire import to_wire
 from interlock.protocol.errors import EngineClosedError, WorkerError
 from interlock.protocol.messages import BlockTables
 from interlock.protocol.types import Dtype
@@ -109,7 +109,7 @@ class TensorParallelGroup:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> TensorParallelGroup:
-        """Start the ranks (`python -m interlock.models.tp_worker` processes: models/tp_process.py) and
+        """Start the ranks (`python -m interlock.parallel.worker` processes: parallel/process.py) and
         wait until each has loaded its shard. Raises WorkerError."""
         self._store_dir = Path(tempfile.mkdtemp(prefix="interlock-tp-", dir=_shm_dir()))
         self._spec = replace(self._spec, store=f"file://{self._store_dir / 'store'}")

@@ -1,5 +1,5 @@
-"""The loop one tensor-parallel worker process runs: `python -m interlock.models.tp_worker FD RANK`,
-started by tp_group.TensorParallelGroup through tp_process.start_rank (FD: its end of the socket pair).
+"""The loop one tensor-parallel worker process runs: `python -m interlock.parallel.worker FD RANK`,
+started by group.TensorParallelGroup through process.start_rank (FD: its end of the socket pair).
 
 Each rank loads only its shard, keeps its own KV storage (its Hkvl heads of every block; the block
 *tables* live with the engine and arrive with each step), and then, per step: receive the step's
@@ -24,9 +24,9 @@ import torch.distributed as dist
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.linear import Weights
-from interlock.models.parallel import Shard, ShardedTransformer, load_shard
-from interlock.models.shard_sources import open_source
-from interlock.models.wire import WireBatch, from_wire
+from interlock.parallel.sharded import Shard, ShardedTransformer, load_shard
+from interlock.parallel.shard_sources import open_source
+from interlock.parallel.wire import WireBatch, from_wire
 from interlock.protocol.types import Dtype
 
 
@@ -74,7 +74,7 @@ class Start:
 @dataclass(frozen=True)
 class Step:
     """The one message a step sends to every rank: its tokens (drafts included), positions, KV
-    slots and block tables, as ints (models/wire.py)."""
+    slots and block tables, as ints (parallel/wire.py)."""
 
     index: int
     batch: WireBatch
@@ -88,7 +88,7 @@ class Stop:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m interlock.models.tp_worker FD RANK`: read the Start message on FD, then serve."""
+    """`python -m interlock.parallel.worker FD RANK`: read the Start message on FD, then serve."""
     argv = sys.argv[1:] if argv is None else argv
     # Ctrl-C reaches the whole process group; the parent stops the ranks (Stop, or end-of-file).
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -15,8 +15,8 @@ import torch
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.llama import random_transformer
-from interlock.models.shard_sources import open_source
-from interlock.models.tp_group import TensorParallelGroup, TensorParallelModel, TPConfig
+from interlock.parallel.shard_sources import open_source
+from interlock.parallel.group import TensorParallelGroup, TensorParallelModel, TPConfig
 from interlock.protocol.errors import EngineError, UnsupportedModelError, WorkerError
 from interlock.protocol.messages import BlockTables
 

@@ -1,4 +1,4 @@
-"""One tensor-parallel rank as its own `python -m interlock.models.tp_worker` process.
+"""One tensor-parallel rank as its own `python -m interlock.parallel.worker` process.
 
 Not multiprocessing's spawn: spawn re-runs the parent's main module in every child, which fails
 when the main program is `python -` (no file to re-run), and which starts the engine again from a
@@ -19,7 +19,7 @@ import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-WORKER_MODULE = "interlock.models.tp_worker"
+WORKER_MODULE = "interlock.parallel.worker"
 
 
 class RankProcess:
