@@ -54,7 +54,7 @@ class BenchConfig:
     repeats: int = 1                    # each row this many times in a row (a warm-up and timed runs)
     suffix: SuffixConfig | None = None  # the suffix drafter's settings (None: SuffixConfig's defaults)
     device: str = "cpu"                 # EngineConfig.device
-    batched_masks: bool = True          # GrammarConfig.batched_masks
+    batched_masks: bool | None = None   # GrammarConfig.batched_masks (None: by the runner)
 
 
 def bench_rows(cfg: BenchConfig) -> list[Row]:

@@ -216,7 +216,8 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
     draft = DraftActor(config.speculative, vocab, timeline, step, model=drafter, bitmask=buffers.bitmask,
                        free_rows=buffers.free)
     grammar = GrammarActor(router, timeline, buffers, step, mask_threads=config.grammar.mask_threads,  # type: ignore[arg-type]
-                           batched_masks=config.grammar.batched_masks)
+                           batched_masks=runner == "device" if config.grammar.batched_masks is None
+                           else config.grammar.batched_masks)
     # A draft model drafts at most K tokens after a request's forced ones: K rounds a step.
     rounds = config.speculative.max_draft_len if config.speculative else 0
     program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=rounds,

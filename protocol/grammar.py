@@ -253,8 +253,11 @@ class GrammarConfig:
 
     mask_threads: native threads of the step's batched mask fills (default: default_mask_threads()).
     batched_masks: a step's check, mask rows and commit as one batch pass per backend
-    (grammars/batch.py); False: request by request, the reference path (same masks, slower at
-    larger batches; for A/B runs and for ruling the batch paths out).
+    (grammars/batch.py); False: request by request, the reference path (the same masks). None:
+    batched on the device runner (CUDA), where the grammar lane's host work is the step at large
+    batches, and request by request on the CPU engine, whose grammar lane is hidden under its
+    slower forward: there the batched pass measured 0.92-0.98x at concurrency 8 and 0.98x at 32
+    (docs/performance.md; llguidance's batched check fills masks before the forward starts).
     """
 
     backend: BackendName = DEFAULT_BACKEND
@@ -263,7 +266,7 @@ class GrammarConfig:
     max_schema_bytes: int = 256 * 1024
     max_schema_depth: int = 64
     mask_threads: int = field(default_factory=default_mask_threads)
-    batched_masks: bool = True
+    batched_masks: bool | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -272,6 +275,8 @@ class GrammarConfig:
             raise ValueError("compile_timeout_s and cache_max_entries must be positive")
         if not isinstance(self.mask_threads, int) or isinstance(self.mask_threads, bool) or self.mask_threads < 1:
             raise ValueError(f"mask_threads must be a positive int, got {self.mask_threads!r}")
+        if self.batched_masks not in (None, True, False):
+            raise ValueError(f"batched_masks must be None, True or False, got {self.batched_masks!r}")
 
 
 # --- the two-level interface ---------------------------------------------------------------------
