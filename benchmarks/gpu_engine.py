@@ -132,11 +132,17 @@ def hf_peer(loaded: LoadedModel, device: torch.device, batch: int, max_tokens: i
     from transformers import LlamaConfig, LlamaForCausalLM
 
     m, c = loaded.model, loaded.model.config
-    hf = LlamaForCausalLM(LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
-        head_dim=c.head_dim, rope_theta=c.rope_theta, max_position_embeddings=c.max_position,
-        rms_norm_eps=c.rms_eps, tie_word_embeddings=c.tie_embeddings)).to(device, m.embed.dtype).eval()
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(m.embed.dtype)          # built on the device in its dtype: no 32 GB host copy of an 8B
+    try:
+        with torch.device(device):
+            hf = LlamaForCausalLM(LlamaConfig(
+                vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
+                head_dim=c.head_dim, rope_theta=c.rope_theta, max_position_embeddings=c.max_position,
+                rms_norm_eps=c.rms_eps, tie_word_embeddings=c.tie_embeddings)).eval()
+    finally:
+        torch.set_default_dtype(default_dtype)
     q, kv = c.q_size, c.kv_size
     with torch.no_grad():
         hf.model.embed_tokens.weight.copy_(m.embed)
