@@ -25,16 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
-from interlock.output.delivery import cut_at_stop
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.actors.staging import StepStaging
 from interlock.actors.step import StepState, StepShape
 from interlock.actors.verifier_actor import VerifierActor
-from interlock.kernels.sampling import request_generator
 from interlock.kernels.verify import Mode, verify_step
 from interlock.models.device_llama import DeviceLlama
 from interlock.models.kv_cache import PagedKVCache, slots_of
-from interlock.protocol.messages import RequestSnapshot, SlotResult, StepPlan
+from interlock.protocol.messages import RequestSnapshot, StepPlan
 from interlock.streams.timeline import Timeline
 
 
@@ -73,7 +71,6 @@ class DeviceVerifier(VerifierActor):
                          lean=False)
         self.buckets = buckets
         self.k = max_drafts
-        self.max_blocks = max_blocks
         self.pad_block = pad_block          # a KV block outside the pool: padding rows write there
         rows = max(max_rows, buckets[-1] * (max_drafts + 1))
         self.staging = StepStaging(rows=rows, batch=buckets[-1], k=max_drafts, max_blocks=max_blocks,
@@ -91,7 +88,7 @@ class DeviceVerifier(VerifierActor):
         """Host function: stage the step's rows and its verification inputs (module docstring)."""
         plan = self.queue.take()
         b = self.step
-        shape = self.shape_of(plan)
+        shape = self.shape_of(plan)     # as StepProgram.launch computed it: a captured host function takes no arguments
         for s in plan.snapshots:
             b[s.slot].result = None
         rows = _Rows(plan, self.kv.block_size, self.k, self.pad_block * self.kv.block_size)
@@ -109,7 +106,7 @@ class DeviceVerifier(VerifierActor):
         self._dwork = _Work(plan, shape, verified)
 
     def _stage(self, rows: _Rows, verified: list[tuple[int, RequestSnapshot]]) -> None:
-        h, k1 = self.staging.host, self.k + 1
+        h, v = self.staging.host.rows, self.staging.host.verify
         n = len(rows.ids)
         h.input_ids[:n] = torch.tensor(rows.ids)
         h.positions[:n] = torch.tensor(rows.positions)
@@ -120,22 +117,19 @@ class DeviceVerifier(VerifierActor):
         m = len(rows.index)
         if not m:
             return
-        h.index[:m] = torch.tensor(rows.index)
-        h.drafts[:m] = torch.tensor(rows.drafts).view(m, self.k)
-        h.num_drafts[:m] = torch.tensor(rows.num_drafts)
-        h.slot_of[:m] = torch.tensor(rows.slot_of)
-        h.constrained[:m] = torch.tensor(rows.constrained)
-        h.temperature[:m] = torch.tensor(rows.temperature)
-        h.top_k[:m] = torch.tensor(rows.top_k)
-        h.top_p[:m] = torch.tensor(rows.top_p)
-        h.uniforms[:m] = 0.0
-        for v, s in verified:       # seeded per request, drawn in request order: batch-independent
-            if s.sampling.greedy:
-                continue
-            gen = self.generators.get(s.request_id)
-            if gen is None:
-                gen = self.generators[s.request_id] = request_generator(s.sampling.seed)
-            h.uniforms[v] = torch.rand(k1, generator=gen)   # K acceptance draws, then the resample draw
+        v.index[:m] = torch.tensor(rows.index)
+        v.drafts[:m] = torch.tensor(rows.drafts).view(m, self.k)
+        v.num_drafts[:m] = torch.tensor(rows.num_drafts)
+        v.slot_of[:m] = torch.tensor(rows.slot_of)
+        v.constrained[:m] = torch.tensor(rows.constrained)
+        v.temperature[:m] = torch.tensor(rows.temperature)
+        v.top_k[:m] = torch.tensor(rows.top_k)
+        v.top_p[:m] = torch.tensor(rows.top_p)
+        v.uniforms[:m] = 0.0
+        for b, s in verified:       # seeded per request, drawn in request order: batch-independent
+            gen = self._generator(s)
+            if gen is not None:
+                v.uniforms[b] = torch.rand(self.k + 1, generator=gen)  # K acceptance draws, then the resample draw
 
     def forward(self, shape: StepShape | None = None) -> None:
         """Device work: upload the rows, run the target forward."""
@@ -157,11 +151,7 @@ class DeviceVerifier(VerifierActor):
         tokens, accepted = out.tokens.tolist(), out.accepted.tolist()
         valid, peaks = out.valid_drafts.tolist(), out.peaks.tolist()
         for v, s in work.verified:
-            n_acc = accepted[v]
-            new, _ = cut_at_stop(tokens[v][: n_acc + 1], self.eos, s.sampling, keep_stop=True)
-            if self._row_invalid(s, peaks[v][: len(new)]):
-                continue
-            self.step[s.slot].result = SlotResult(s.request_id, s.slot, tuple(new), valid[v], min(n_acc, len(new)))
+            self._settle(s, tokens[v][: accepted[v] + 1], peaks[v], valid[v], accepted[v])
 
 
 class _Rows:

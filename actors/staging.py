@@ -20,21 +20,11 @@ from interlock.models.device_llama import StepInputs
 
 @dataclass(frozen=True)
 class Inputs:
-    """What the forward and the verification read, one tensor per field (host or device side)."""
+    """What the forward reads (StepInputs, [R] rows) and what the verification reads (VerifyInputs,
+    [B] requests): one side's copy, host or device."""
 
-    input_ids: torch.Tensor      # [R] int64
-    positions: torch.Tensor      # [R] int64
-    write_slots: torch.Tensor    # [R] int64
-    tables: torch.Tensor         # [R, MB] int32
-    index: torch.Tensor          # [B, K+1] int64
-    drafts: torch.Tensor         # [B, K] int64
-    num_drafts: torch.Tensor     # [B] int64
-    slot_of: torch.Tensor        # [B] int64
-    constrained: torch.Tensor    # [B] bool
-    temperature: torch.Tensor    # [B] float32
-    top_k: torch.Tensor          # [B] int64
-    top_p: torch.Tensor          # [B] float32
-    uniforms: torch.Tensor       # [B, K+1] float32
+    rows: StepInputs
+    verify: VerifyInputs
 
     @classmethod
     def allocate(cls, rows: int, batch: int, k: int, max_blocks: int, device: torch.device, pin: bool) -> Inputs:
@@ -42,27 +32,26 @@ class Inputs:
             return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)
 
         f32 = torch.float32
-        return cls(z(rows), z(rows), z(rows), z(rows, max_blocks, dtype=torch.int32), z(batch, k + 1), z(batch, k),
-                   z(batch), z(batch), z(batch, dtype=torch.bool), z(batch, dtype=f32), z(batch), z(batch, dtype=f32),
-                   z(batch, k + 1, dtype=f32))
+        return cls(StepInputs(z(rows), z(rows), z(rows), z(rows, max_blocks, dtype=torch.int32)),
+                   VerifyInputs(z(batch, k + 1), z(batch, k), z(batch), z(batch), z(batch, dtype=torch.bool),
+                                z(batch, dtype=f32), z(batch), z(batch, dtype=f32), z(batch, k + 1, dtype=f32)))
 
 
-@dataclass(frozen=True)
-class Outputs:
-    """The verification's results (device side) and their pinned host copy."""
-
-    tokens: torch.Tensor         # [B, K+1] int64
-    accepted: torch.Tensor       # [B] int64
-    valid_drafts: torch.Tensor   # [B] int64
-    peaks: torch.Tensor          # [B, K+1] float32
-
-    @classmethod
-    def allocate(cls, batch: int, k: int, pin: bool) -> Outputs:
-        z = lambda *shape, dtype=torch.int64: torch.zeros(shape, dtype=dtype, pin_memory=pin)  # noqa: E731
-        return cls(z(batch, k + 1), z(batch), z(batch), z(batch, k + 1, dtype=torch.float32))
+def pinned_outputs(batch: int, k: int, pin: bool) -> VerifyOutputs:
+    """The host copy of the verification's results, [B] requests (pinned on CUDA)."""
+    z = lambda *shape, dtype=torch.int64: torch.zeros(shape, dtype=dtype, pin_memory=pin)  # noqa: E731
+    return VerifyOutputs(z(batch, k + 1), z(batch), z(batch), z(batch, k + 1, dtype=torch.float32))
 
 
-_ROW_FIELDS = ("input_ids", "positions", "write_slots", "tables")
+def _copy_leading(dst: object, src: object, n: int) -> object:
+    """Copy the first n entries of each tensor field of src into dst's (asynchronously from pinned
+    memory); returns dst's views of them, as an instance of dst's class."""
+    views = {}
+    for f in fields(dst):  # type: ignore[arg-type]
+        view = getattr(dst, f.name)[:n]
+        view.copy_(getattr(src, f.name)[:n], non_blocking=True)
+        views[f.name] = view
+    return type(dst)(**views)
 
 
 class StepStaging:
@@ -78,35 +67,20 @@ class StepStaging:
         self.dev = Inputs.allocate(rows, batch, k, max_blocks, device, False)
         self.host_masks = MaskInputs(bitmask, rows_filled, free)      # the GrammarActor's (pinned on CUDA)
         self.dev_masks = MaskInputs(*(torch.empty_like(t, device=device) for t in (bitmask, rows_filled, free)))
-        self.out = Outputs.allocate(batch, k, pin)
-
-    @property
-    def capacity(self) -> tuple[int, int]:
-        """(rows, batch) the buffers hold."""
-        return self.host.input_ids.shape[0], self.host.drafts.shape[0]
+        self.out = pinned_outputs(batch, k, pin)
 
     def upload_rows(self, rows: int) -> StepInputs:
         """Device work: copy the forward's inputs for `rows` rows; the forward reads the returned views."""
-        views = {}
-        for name in _ROW_FIELDS:
-            dst = getattr(self.dev, name)[:rows]
-            dst.copy_(getattr(self.host, name)[:rows], non_blocking=True)
-            views[name] = dst
-        return StepInputs(**views)
+        return _copy_leading(self.dev.rows, self.host.rows, rows)  # type: ignore[return-value]
 
     def upload_verify(self, batch: int) -> tuple[VerifyInputs, MaskInputs]:
         """Device work: copy the verification's inputs for `batch` requests and the grammar's masks."""
-        views = {}
-        for f in fields(VerifyInputs):
-            dst = getattr(self.dev, f.name)[:batch]
-            dst.copy_(getattr(self.host, f.name)[:batch], non_blocking=True)
-            views[f.name] = dst
-        for src, dst in zip((self.host_masks.bitmask, self.host_masks.rows_filled, self.host_masks.free),
-                            (self.dev_masks.bitmask, self.dev_masks.rows_filled, self.dev_masks.free)):
-            dst.copy_(src, non_blocking=True)
-        return VerifyInputs(**views), self.dev_masks
+        verify = _copy_leading(self.dev.verify, self.host.verify, batch)
+        for f in fields(MaskInputs):
+            getattr(self.dev_masks, f.name).copy_(getattr(self.host_masks, f.name), non_blocking=True)
+        return verify, self.dev_masks  # type: ignore[return-value]
 
     def download(self, result: VerifyOutputs, batch: int) -> None:
         """Device work: the results' asynchronous copy into the pinned host outputs."""
-        for name in ("tokens", "accepted", "valid_drafts", "peaks"):
-            getattr(self.out, name)[:batch].copy_(getattr(result, name), non_blocking=True)
+        for f in fields(VerifyOutputs):
+            getattr(self.out, f.name)[:batch].copy_(getattr(result, f.name), non_blocking=True)

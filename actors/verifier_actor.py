@@ -125,9 +125,7 @@ class VerifierActor(Actor[object]):
         for s in plan.snapshots:
             b[s.slot].result = None
         for i in sampled:               # seeded per request, drawn in request order: batch-independent
-            s = plan.snapshots[i]
-            if not s.sampling.greedy and s.request_id not in self.generators:
-                self.generators[s.request_id] = request_generator(s.sampling.seed)
+            self._generator(plan.snapshots[i])
         slots = [plan.snapshots[i].slot for i in sampled]
         self._work = _StepWork(plan, sampled, [b[slot].drafts for slot in slots], [b[slot].probs for slot in slots])
 
@@ -246,13 +244,29 @@ class VerifierActor(Actor[object]):
             n_acc = 0
             while n_acc < valid and best[n_acc] == drafts[n_acc]:
                 n_acc += 1
-            tokens, _ = cut_at_stop([*drafts[:n_acc], best[n_acc]], self.eos, s.sampling, keep_stop=True)
-            used = peaks[offset: offset + len(tokens)]
+            result = self._settle(s, [*drafts[:n_acc], best[n_acc]], peaks[offset: offset + n + 1], valid, n_acc)
             offset += n + 1
-            if not self._row_invalid(s, used):
-                result = SlotResult(s.request_id, s.slot, tuple(tokens), valid, min(n_acc, len(tokens)))
-                self.step[s.slot].result = result
+            if result is not None:
                 self.penalties.commit((result,))
+
+    def _generator(self, s: RequestSnapshot) -> torch.Generator | None:
+        """A sampling request's own generator, made from its seed on its first step (None: greedy)."""
+        if s.sampling.greedy:
+            return None
+        if s.request_id not in self.generators:
+            self.generators[s.request_id] = request_generator(s.sampling.seed)
+        return self.generators[s.request_id]
+
+    def _settle(self, s: RequestSnapshot, tokens: list[int], peaks: list[float], drafted: int,
+                accepted: int) -> SlotResult | None:
+        """A verified request's step result: its accepted drafts and new token, up to a stop token,
+        written to its slot; None (and a SamplingError) when a row its tokens came from was invalid."""
+        tokens, _ = cut_at_stop(tokens, self.eos, s.sampling, keep_stop=True)
+        if self._row_invalid(s, peaks[: len(tokens)]):
+            return None
+        result = SlotResult(s.request_id, s.slot, tuple(tokens), drafted, min(accepted, len(tokens)))
+        self.step[s.slot].result = result
+        return result
 
     @staticmethod
     def _with_logprobs(logits: torch.Tensor, snaps: list[RequestSnapshot],

@@ -50,11 +50,6 @@ class StepInputs:
     def rows(self) -> int:
         return self.input_ids.shape[0]
 
-    def copy_(self, other: StepInputs) -> None:
-        """Fill these (persistent, graph-captured) buffers from `other` (same shapes)."""
-        for name in ("input_ids", "positions", "write_slots", "tables"):
-            getattr(self, name).copy_(getattr(other, name), non_blocking=True)
-
 
 def step_inputs(chunks: list[SeqChunk], kv: PagedKVCache, *, rows: int | None = None, max_blocks: int,
                 pad_slot: int = 0, device: torch.device | str = "cuda") -> StepInputs:

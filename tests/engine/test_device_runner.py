@@ -129,7 +129,7 @@ async def test_a_nan_row_fails_only_its_request(tiny_float, device: str, monkeyp
         work = self._dwork
         for v, s in work.verified:
             if s.request_id == "req-0":
-                row = int(self.staging.host.index[v, 0])
+                row = int(self.staging.host.verify.index[v, 0])
                 self._logits = self._logits.clone()
                 self._logits[row] = float("nan")
 
