@@ -171,8 +171,8 @@ class Runtime:
 def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sched: SchedulerConfig,
                   router: object, draft_lm: DraftLM | None, forget: Any) -> Runtime:
     """Every part of a running engine for `runner` (module docstring); nothing is started yet."""
-    device = config.torch_device() if runner == "device" else torch.device("cpu")
     model = loaded.model
+    device = model.device if runner == "device" else torch.device("cpu")     # for_runner placed the model
     tp = isinstance(model, TensorParallelModel)
     rows = prefill_rows(model, config.prefill) if runner == "host" else False     # first: it may refuse
     timeline = _timeline(device, config)

@@ -96,9 +96,10 @@ class Engine:
             speculative = SpeculativeConfig.parse(speculative, max_draft_len=draft_len)
         config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=grammar_backend),
                               max_batch_size=max_batch_size, device=device, **options)  # type: ignore[arg-type]
-        if config.runner_for(config.torch_device()) == "device":
+        target = config.torch_device()
+        if config.runner_for(target) == "device":
             # float weights for the device forward, in the dtype it computes in (for_runner moves them)
-            dtype = "bfloat16" if config.torch_device().type == "cuda" else "float32"
+            dtype = "bfloat16" if target.type == "cuda" else "float32"
             return cls(load_model(name_or_path, weights="float", dtype=dtype), config)
         if tensor_parallel > 1:
             return cls(load_tensor_parallel(name_or_path, tensor_parallel, weights=weights, kv_dtype=kv_dtype), config)
@@ -116,8 +117,6 @@ class Engine:
         except BaseException:
             rt.close()
             raise
-        self._scheduler = rt.scheduler
-        self._actors = rt.actors
         self._actors_runtime = ActorRuntime(list(rt.actors), on_failure=self._on_failure)
         await self._actors_runtime.__aenter__()
         if self.config.freeze_gc:
@@ -224,7 +223,7 @@ class Engine:
         spec = RequestSpec(rid, tuple(tokens), grammar, sampling, tuple(uncond) if uncond is not None else None)
         submitted = False
         try:
-            await self._scheduler.send(Submit(spec, stream))
+            await self._rt.scheduler.send(Submit(spec, stream))
             submitted = True
             if grammar is not None:
                 await self._compile(rid, grammar, grammar_backend)
@@ -243,9 +242,9 @@ class Engine:
         try:
             compiled = await self.grammars.compile(spec, backend)
         except GrammarError as exc:
-            await self._scheduler.send(GrammarReady(rid, error=exc))
+            await self._rt.scheduler.send(GrammarReady(rid, error=exc))
             return
-        await self._scheduler.send(GrammarReady(rid, compiled, compile_ms=(time.perf_counter() - start) * 1e3))
+        await self._rt.scheduler.send(GrammarReady(rid, compiled, compile_ms=(time.perf_counter() - start) * 1e3))
 
     def _wake(self) -> None:
         self._post(Wake())
@@ -258,7 +257,7 @@ class Engine:
         if self._closed:
             return
         try:
-            self._scheduler.send_nowait(msg)
+            self._rt.scheduler.send_nowait(msg)
         except (ChannelFullError, ChannelClosedError):
             pass
 
@@ -266,7 +265,7 @@ class Engine:
 
     async def metrics(self) -> EngineMetrics:
         """Step counts and times since start (exposed grammar time included)."""
-        return await self._scheduler.ask(lambda r: GetMetrics(r))
+        return await self._rt.scheduler.ask(lambda r: GetMetrics(r))
 
     async def resources(self) -> dict[str, int]:
         """Every per-request thing any actor holds right now (each returns to 0 / to its total when
@@ -276,7 +275,7 @@ class Engine:
         streams, requests. Kept across requests, bounded: the prefix cache's blocks (kv_cached_blocks;
         they count as free, since eviction reclaims them) and the global suffix trie (suffix_global_*).
         The KV pool's invariants (refcounts = block-table references) are checked on every call."""
-        kv_actor, verifier, grammar, draft, scheduler = self._actors
+        kv_actor, verifier, grammar, draft, scheduler = self._rt.actors
         free, total, seqs, cached = await kv_actor.ask(lambda r: KVUsage(r))
         generators, penalties = await verifier.ask(lambda r: Count(r))
         res = {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs, "kv_cached_blocks": cached,

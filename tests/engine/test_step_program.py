@@ -67,7 +67,7 @@ async def test_two_loop_entries_per_step_and_no_per_step_actor_messages(tiny, mo
             await engine.complete("Once upon a time", grammar=Regex("[a-z ]{300,400}"),
                                   sampling=SamplingParams(max_tokens=max_tokens))
             metrics = await engine.metrics()
-            s = engine._scheduler
+            s = engine._rt.scheduler
             per_actor.append(tuple(a.inbox.statistics().total_sent for a in (s.grammar, s.draft, s.verifier)))
             steps = metrics.steps
             assert metrics.loop_wakeups == 2 * steps and metrics.wakeups_per_step == 2.0

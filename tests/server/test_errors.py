@@ -185,7 +185,7 @@ class Exploding:
 def test_health_is_503_once_the_engine_failed(tiny):
     config = EngineConfig(speculative=SpeculativeConfig(("ngram",)), max_batch_size=2)
     with LiveServer(tiny, config) as srv:
-        verifier = srv.engine._actors[1]
+        verifier = srv.engine._rt.actors[1]
         forward = verifier.model = Exploding(verifier.model)
         assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
         assert post(srv, "chat", BASE).status_code == 200
