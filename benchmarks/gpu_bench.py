@@ -86,13 +86,12 @@ class GrammarHost:
     script, and the engine's batched pass over them (grammars/batch.py: check, K+1 rows, commit)."""
 
     def __init__(self, batch: int, threads: int = 8) -> None:
-        from interlock.benchmarks.mask_bench import wide_tokenizer
+        from interlock.benchmarks.mask_bench import wide_embedded_tokenizer
         from interlock.grammars import make_backend
         from interlock.grammars.batch import StepMasks
-        from interlock.models.loader import embedded_tokenizer
         from interlock.protocol.grammar import JsonSchema
 
-        tok = wide_tokenizer(embedded_tokenizer(), VOCAB)
+        tok = wide_embedded_tokenizer(VOCAB)
         backend = make_backend("xgrammar", tok, VOCAB)
         start = time.perf_counter()
         compiled = backend.compile(JsonSchema(SCHEMA))

@@ -29,11 +29,11 @@ import anyio
 import torch
 
 from interlock.benchmarks.gpu_bench import SCHEMA, SHAPES, VOCAB, device_name
-from interlock.benchmarks.mask_bench import wide_tokenizer
+from interlock.benchmarks.mask_bench import wide_embedded_tokenizer
 from interlock.engine import Engine, EngineConfig
 from interlock.models.config import ModelConfig, tiny_config
 from interlock.models.device_llama import DeviceLlama
-from interlock.models.loader import TINY, LoadedModel, embedded_tokenizer, load_tokenizer
+from interlock.models.loader import TINY, LoadedModel, load_tokenizer
 from interlock.protocol.grammar import GrammarConfig, JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
@@ -47,7 +47,7 @@ def random_model(shape: str, device: torch.device) -> LoadedModel:
         tokenizer = load_tokenizer(TINY)
         config: ModelConfig = tiny_config(1088)
     else:
-        tokenizer, config = wide_tokenizer(embedded_tokenizer(), VOCAB), SHAPES[shape]
+        tokenizer, config = wide_embedded_tokenizer(VOCAB), SHAPES[shape]
     config = config.replace(eos_token_id=tokenizer.eos_token_ids[0], max_position=2048)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = DeviceLlama.random(config, device, dtype=dtype)

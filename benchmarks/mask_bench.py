@@ -23,6 +23,7 @@ The data: --data, else $INTERLOCK_DATA, else ../shared/data/jsonschemabench besi
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import time
@@ -67,6 +68,15 @@ def wide_tokenizer(base: Tokenizer, size: int = WIDE) -> Tokenizer:
     hf = PreTrainedTokenizerFast(tokenizer_object=RawTokenizer.from_str(json.dumps(spec)),
                                  eos_token=base.hf.eos_token)
     return Tokenizer(hf=hf, key=f"{base.key}-wide{size}", eos_token_ids=base.eos_token_ids)
+
+
+@functools.cache
+def wide_embedded_tokenizer(size: int = WIDE) -> Tokenizer:
+    """The embedded tokenizer widened to `size` ids, built once per process (seconds at 128K): the
+    GPU benchmarks build a grammar host or a model per shape and batch."""
+    from interlock.models.loader import embedded_tokenizer
+
+    return wide_tokenizer(embedded_tokenizer(), size)
 
 
 def scripts(backend: Any, tokenizer: Tokenizer, data: Path, per_file: int) -> list[tuple[Any, list[int]]]:
