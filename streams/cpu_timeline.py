@@ -1,15 +1,11 @@
-"""The CPU device timeline: each lane is one worker thread draining a bounded FIFO of ops.
+"""The CPU engine's timeline: each lane is one worker thread draining a bounded FIFO of ops.
 
-Semantics are those of `streams/timeline.py` (CUDA streams and events). Here an event is a
-pair of generation counters: `enqueued` (the latest record put on a lane, in host order) and
-`completed` (the latest record that ran). `wait(event)` captures `enqueued` when it is
-enqueued and blocks its lane until `completed` reaches it. One `threading.Condition` guards
-every counter of the timeline, so a failure or `close()` can wake every waiter at once.
-asyncio code waits through a loop future that the lane thread settles with
-`call_soon_threadsafe` (no polling, no thread parked per waiter).
-
-`launch(fn)` (device work) runs on the lane thread like `launch_host`: on the CPU a tensor op
-runs when it is called, so the lane's order is the device order.
+Semantics are those of `streams/timeline.py`; events and failure are streams/cpu_events.py. Here
+`launch(fn)` (device work) runs on the lane thread like `launch_host`: on the CPU a tensor op runs
+when it is called, so the lane's order is the device order, and each lane runs its own host
+functions. That is what the CPU engine wants (its grammar lane overlaps its forward on a second
+core), and it forgives what CUDA does not; the device runner's CPU tests therefore run on
+streams/cuda_rules.py, which obeys CUDA's rules.
 
 Captured programs: inside `with timeline.capture() as program:` every lane call is appended to
 the program (lane, kind, callable or event) instead of being enqueued; nothing runs. `replay()`
@@ -22,7 +18,6 @@ To drain first, `await lane.synchronize()` on both lanes before closing.
 """
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 import time
@@ -32,121 +27,24 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal
 
-from interlock.streams.errors import LaneFullError, TimelineClosedError, TimelineError
-from interlock.streams.timeline import DeviceEvent, LaneName, LaneStatistics, TimelineStatistics
 from interlock.logs import get_logger
+from interlock.streams.cpu_events import CpuEvent, SharedState
+from interlock.streams.errors import LaneFullError, TimelineError
+from interlock.streams.timeline import DeviceEvent, LaneName, LaneStatistics, TimelineStatistics
 
-OpKind = Literal["host", "record", "wait", "marker", "stop"]
+OpKind = Literal["host", "device", "record", "wait", "marker", "stop"]
 
 log = get_logger(__name__)
 
 
-@dataclass(eq=False)
-class _AsyncWaiter:
-    event: CpuEvent
-    target: int  # generation of the record awaited
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[None]
-
-
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    # Runs on the waiter's loop; the waiter may have been cancelled in the meantime.
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
-
-
-class _Shared:
-    """State that both lanes and every event of one timeline share (guarded by `cond`)."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.failure: BaseException | None = None
-        self.closed = False
-        self.async_waiters: list[_AsyncWaiter] = []
-        self.recording: CpuProgram | None = None   # capture() in progress: lane calls are recorded
-
-    def check(self) -> None:
-        """Raise the timeline's sticky error, if any. Caller holds `cond`."""
-        if self.failure is not None:
-            raise TimelineError(f"a host function failed: {self.failure!r}") from self.failure
-        if self.closed:
-            raise TimelineClosedError("timeline is closed")
-
-    def complete(self, event: CpuEvent, generation: int) -> None:
-        """Lane thread: `event`'s record number `generation` ran."""
-        with self.cond:
-            event._completed = max(event._completed, generation)
-            self.cond.notify_all()
-            ready = [w for w in self.async_waiters if w.event is event and w.target <= generation]
-            for waiter in ready:
-                self.async_waiters.remove(waiter)
-                self._wake(waiter, None)
-
-    def break_all(self, failure: BaseException | None) -> None:
-        """Fail (`failure`) or close (None) the timeline and wake every waiter."""
-        with self.cond:
-            if failure is not None and self.failure is None:
-                self.failure = failure
-            if failure is None:
-                self.closed = True
-            self.cond.notify_all()
-            waiters, self.async_waiters = self.async_waiters, []
-            for waiter in waiters:
-                try:
-                    self.check()
-                except TimelineError as error:
-                    self._wake(waiter, error)
-
-    @staticmethod
-    def _wake(waiter: _AsyncWaiter, error: BaseException | None) -> None:
-        try:
-            waiter.loop.call_soon_threadsafe(_settle, waiter.future, error)
-        except RuntimeError:
-            pass  # that loop is closed: nobody is left to wake
-
-
-class CpuEvent:
-    """A reusable event of one `CpuTimeline` (create it with `timeline.new_event()`)."""
-
-    def __init__(self, shared: _Shared) -> None:
-        self._shared = shared
-        self._enqueued = 0   # generation of the latest record enqueued, in host order
-        self._completed = 0  # generation of the latest record that ran
-
-    def query(self) -> bool:
-        """True when the latest enqueued record has run (or the event was never recorded)."""
-        with self._shared.cond:
-            return self._completed >= self._enqueued
-
-    async def wait_async(self) -> None:
-        """Wait, without blocking the loop, for the latest record enqueued before this call.
-
-        Raises `TimelineError` if the timeline failed, `TimelineClosedError` if it was closed.
-        """
-        loop = asyncio.get_running_loop()
-        shared = self._shared
-        with shared.cond:
-            shared.check()
-            if self._completed >= self._enqueued:
-                return
-            waiter = _AsyncWaiter(self, self._enqueued, loop, loop.create_future())
-            shared.async_waiters.append(waiter)
-        try:
-            await waiter.future
-        finally:
-            with shared.cond:
-                if waiter in shared.async_waiters:
-                    shared.async_waiters.remove(waiter)
-
-
 class CpuLane:
-    """One lane: a worker thread running its ops in FIFO order (see `timeline.Lane`)."""
+    """One lane: a worker thread running its ops in FIFO order (see `timeline.Lane`).
 
-    def __init__(self, name: LaneName, shared: _Shared, max_ops: int, threads: int | None = None) -> None:
+    Subclasses change how an op runs (`_execute`) and what `launch` enqueues; the queue, events,
+    waits, statistics and the thread's lifecycle are this class's.
+    """
+
+    def __init__(self, name: LaneName, shared: SharedState, max_ops: int, threads: int | None = None) -> None:
         self.name: LaneName = name
         self.threads = threads
         self._shared = shared
@@ -173,7 +71,7 @@ class CpuLane:
             return
         with self._shared.cond:
             self._shared.check()
-            self._put("host", lambda: fn(*args))
+            self._put("device", lambda: fn(*args))
 
     def record(self, event: DeviceEvent) -> None:
         """Enqueue the completion of `event`'s next generation (cudaEventRecord)."""
@@ -200,23 +98,15 @@ class CpuLane:
     def statistics(self) -> LaneStatistics:
         """A frozen snapshot of this lane's counters."""
         with self._shared.cond:
-            return LaneStatistics(
-                self.name,
-                self._ops_run,
-                self._host_calls,
-                self._waits_blocked,
-                self._wait_seconds,
-                self._blocked,
-            )
+            return LaneStatistics(self.name, self._ops_run, self._host_calls, self._waits_blocked,
+                                  self._wait_seconds, self._blocked)
 
     def _recorded(self, kind: str, target: object, args: tuple[object, ...]) -> bool:
-        """During a capture: append the call to the program instead of enqueueing it."""
+        """During a capture: hand the call to the program instead of enqueueing it."""
         program = self._shared.recording
         if program is None:
             return False
-        if program.closed:
-            raise TimelineError("capture into a closed program")
-        program._calls.append(_Call(self, kind, target, args))
+        program.add(self, kind, target, args)  # type: ignore[attr-defined]  # each timeline's program type
         return True
 
     def _own(self, event: DeviceEvent) -> CpuEvent:
@@ -252,6 +142,19 @@ class CpuLane:
             self._wait_seconds += time.perf_counter() - start
             self._waits_blocked += 1
 
+    def _execute(self, kind: OpKind, op: Callable[[], None]) -> None:
+        """Run one op on this thread; an exception fails the timeline (a host function's failure)."""
+        try:
+            op()
+        except BaseException as exc:  # noqa: BLE001 - a lane thread has nobody else to tell
+            log.error("timeline_host_function_failed", lane=self.name, error=repr(exc))
+            self._shared.break_all(exc)
+            return
+        if kind in ("host", "device", "record", "wait"):
+            with self._shared.cond:
+                self._ops_run += 1
+                self._host_calls += kind in ("host", "device")
+
     def _run(self) -> None:
         shared = self._shared
         if self.threads is not None:
@@ -269,17 +172,7 @@ class CpuLane:
                 return
             if shared.failure is not None:
                 continue  # sticky error: skip everything until close()
-            try:
-                op()
-            except BaseException as exc:  # noqa: BLE001 - a lane thread has nobody else to tell
-                log.error("timeline_host_function_failed", lane=self.name, error=repr(exc))
-                shared.break_all(exc)
-                continue
-            if kind != "marker":
-                with shared.cond:
-                    self._ops_run += 1
-                    if kind == "host":
-                        self._host_calls += 1
+            self._execute(kind, op)
 
     def _stop(self) -> None:
         try:
@@ -300,7 +193,7 @@ class _Call:
 class CpuProgram:
     """A captured step program: the lane calls made during `capture()`, in host order."""
 
-    _shared: _Shared
+    _shared: SharedState
     _calls: list[_Call] = field(default_factory=list)
     closed: bool = False
 
@@ -308,6 +201,11 @@ class CpuProgram:
     def ops(self) -> int:
         """Lane ops one replay enqueues."""
         return len(self._calls)
+
+    def add(self, lane: CpuLane, kind: str, target: object, args: tuple[object, ...]) -> None:
+        if self.closed:
+            raise TimelineError("capture into a closed program")
+        self._calls.append(_Call(lane, kind, target, args))
 
     def close(self) -> None:
         """Drop the recorded callables (idempotent); replaying a closed program raises ValueError."""
@@ -320,14 +218,8 @@ class CpuTimeline:
 
     def __init__(self, *, max_ops_per_lane: int = 1024, close_timeout_s: float = 5.0,
                  model_threads: int | None = None) -> None:
-        if isinstance(max_ops_per_lane, bool) or not isinstance(max_ops_per_lane, int) or max_ops_per_lane < 1:
-            raise ValueError(f"max_ops_per_lane must be an int >= 1, got {max_ops_per_lane!r}")
-        if model_threads is not None and (isinstance(model_threads, bool) or not isinstance(model_threads, int)
-                                          or model_threads < 1):
-            raise ValueError(f"model_threads must be None or an int >= 1, got {model_threads!r}")
-        if not close_timeout_s > 0:
-            raise ValueError(f"close_timeout_s must be > 0, got {close_timeout_s!r}")
-        self._shared = _Shared()
+        _check_config(max_ops_per_lane, close_timeout_s, model_threads)
+        self._shared = SharedState()
         self._close_timeout_s = close_timeout_s
         # model_threads: the model lane's intra-op threads (None: both lanes run torch as it is set
         # when they start). Given, the grammar lane runs torch at 1 thread: OpenMP gives every
@@ -347,6 +239,11 @@ class CpuTimeline:
         """A fresh, never-recorded event for either lane of this timeline."""
         return CpuEvent(self._shared)
 
+    def health(self) -> BaseException | None:
+        """The timeline's sticky error (a failed host function), or None."""
+        with self._shared.cond:
+            return self._shared.error() if self._shared.failure is not None else None
+
     @contextmanager
     def capture(self) -> Iterator[CpuProgram]:
         """Record the lane calls made inside the block as a program; nothing runs (see module doc)."""
@@ -355,7 +252,8 @@ class CpuTimeline:
             shared.check()
             if shared.recording is not None:
                 raise RuntimeError("captures do not nest")
-            program = shared.recording = CpuProgram(shared)
+            program = CpuProgram(shared)
+            shared.recording = program
         try:
             yield program
         except BaseException:
@@ -394,21 +292,31 @@ class CpuTimeline:
         Raises `TimelineError` if a host function is still running after `close_timeout_s`.
         """
         self._shared.break_all(None)
-        lanes = (self.grammar, self.model)
-        for lane in lanes:
-            lane._stop()
-        for lane in lanes:
-            lane._thread.join(self._close_timeout_s)
-            if lane._thread.is_alive():
-                raise TimelineError(f"{lane.name} lane did not stop within {self._close_timeout_s}s")
+        join_lanes((self.grammar, self.model), self._close_timeout_s)
 
     def __enter__(self) -> CpuTimeline:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
+
+
+def join_lanes(lanes: tuple[CpuLane, ...], timeout_s: float) -> None:
+    """Stop and join lane threads; raises `TimelineError` for one still running after `timeout_s`."""
+    for lane in lanes:
+        lane._stop()
+    for lane in lanes:
+        lane._thread.join(timeout_s)
+        if lane._thread.is_alive():
+            raise TimelineError(f"{lane.name} lane did not stop within {timeout_s}s")
+
+
+def _check_config(max_ops: object, close_timeout_s: float, model_threads: object) -> None:
+    if isinstance(max_ops, bool) or not isinstance(max_ops, int) or max_ops < 1:
+        raise ValueError(f"max_ops_per_lane must be an int >= 1, got {max_ops!r}")
+    if model_threads is not None and (isinstance(model_threads, bool) or not isinstance(model_threads, int)
+                                      or model_threads < 1):
+        raise ValueError(f"model_threads must be None or an int >= 1, got {model_threads!r}")
+    if not close_timeout_s > 0:
+        raise ValueError(f"close_timeout_s must be > 0, got {close_timeout_s!r}")

@@ -24,27 +24,30 @@ Semantics are those of `streams/timeline.py`; where CUDA forces a difference it 
   `streams/` can tell). A wait on an event the program did not record itself is done before the
   graph launch. A replay starts after both lanes' earlier work and later work on either lane
   follows it: programs are joined at their boundaries.
-- Statistics: `ops_run` counts ops enqueued (kernels give no completion signal), `host_calls`
-  the callbacks that ran; `waits_blocked` / `wait_seconds` stay 0 because a stream's wait is not
-  observable from the host without extra host nodes (benchmarks/gpu_bench.py measures the
-  exposed grammar time separately).
-- `close()` waits for both streams (with the GIL released), then frees every program's graph
-  and the callables it kept alive; nothing is discarded.
+- Statistics: `ops_run` counts ops enqueued, `host_calls` the callbacks that ran; a stream's wait
+  is not observable from the host (`waits_blocked` / `wait_seconds` stay 0; gpu_bench measures it).
+- `close()` waits for both streams (polling, bounded, the GIL free between polls), then frees
+  every program's graph and the callables it kept alive; nothing is discarded. After a device
+  fault nothing can be freed.
+- `health()`: the sticky error (a failed host function, or a device fault read off a stream
+  query). Nothing else reports a fault, so the engine's step watchdog polls it.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
+import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
-from interlock.streams.errors import TimelineClosedError, TimelineError
+from interlock.streams.errors import DeviceFaultError, TimelineClosedError, TimelineError
 from interlock.streams.hostfunc import HostFunctions
-from interlock.streams.timeline import DeviceEvent, LaneName, LaneStatistics, TimelineStatistics
+from interlock.streams.timeline import DeviceEvent, HostCall, LaneName, LaneStatistics, TimelineStatistics
 from interlock.logs import get_logger
 
 log = get_logger(__name__)
@@ -99,11 +102,19 @@ class CudaEvent:
         return generation
 
 
+def _query(event_or_stream: torch.cuda.Event | torch.cuda.Stream) -> bool:
+    """query(), with the context's sticky error (a device fault) as a typed DeviceFaultError."""
+    try:
+        return event_or_stream.query()
+    except RuntimeError as exc:          # torch raises the CUDA error (illegal address, device assert...)
+        raise DeviceFaultError(f"the device faulted: {exc}") from exc
+
+
 async def _poll(event: torch.cuda.Event | None, shared: _Shared) -> None:
     delay = _POLL_FIRST_S
     while True:
         shared.check()
-        if event is None or event.query():
+        if event is None or _query(event):
             shared.check()  # a host function before the event may have failed the timeline
             return
         await asyncio.sleep(delay)
@@ -224,11 +235,16 @@ class CudaLane:
         shared = self._timeline._shared
         if shared.failure is not None or shared.closed:
             return  # sticky error: skip host work (kernels cannot be skipped)
+        start = time.perf_counter()
         try:
             fn(*args)
         except BaseException as exc:  # noqa: BLE001 - fails the timeline, surfaces on every call
             shared.fail(exc)
             return
+        trace = self._timeline._trace
+        if trace is not None:
+            trace.append(HostCall(getattr(fn, "__qualname__", repr(fn)), self.name, threading.current_thread().name,
+                                  start, time.perf_counter()))
         with shared.lock:
             self._host_calls += 1
 
@@ -243,7 +259,7 @@ class CudaLane:
 class CudaTimeline:
     """Two `CudaLane`s (grammar, model) on one CUDA device. Use as a context manager or `close()`."""
 
-    def __init__(self, device: torch.device | str | int | None = None) -> None:
+    def __init__(self, device: torch.device | str | int | None = None, *, trace: bool = False) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("CudaTimeline needs a CUDA device; use CpuTimeline")
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
@@ -251,6 +267,7 @@ class CudaTimeline:
         self._host = HostFunctions(on_error=self._shared.fail)
         self._capturing: CudaProgram | None = None
         self._programs: weakref.WeakSet[CudaProgram] = weakref.WeakSet()
+        self._trace: deque[HostCall] | None = deque(maxlen=4096) if trace else None
         self.grammar = CudaLane("grammar", self)
         self.model = CudaLane("model", self)
 
@@ -271,6 +288,21 @@ class CudaTimeline:
     def statistics(self) -> TimelineStatistics:
         """Both lanes' counters."""
         return TimelineStatistics(self.grammar.statistics(), self.model.statistics())
+
+    def host_trace(self) -> list[HostCall]:
+        """The host functions that ran (with trace=True), oldest first: name, lane, thread, start, end."""
+        return list(self._trace or ())
+
+    def health(self) -> BaseException | None:
+        """A failed host function, or a device fault (a stream query returns the context's sticky
+        error): what the step watchdog asks, since a fault stops the host functions that report."""
+        try:
+            self._shared.check()
+            _query(self.model.stream)
+            _query(self.grammar.stream)
+        except TimelineError as error:
+            return error
+        return None
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[CudaProgram]:
@@ -336,12 +368,21 @@ class CudaTimeline:
         with self._shared.lock:
             self.model._ops += program.ops
 
-    def close(self) -> None:
-        """Wait for both streams, free every program and its callables (idempotent)."""
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Wait for both streams, free every program and its callables (idempotent). After a device
+        fault, or streams still busy after `timeout_s` (a hung kernel), nothing can be freed: it
+        marks the timeline closed and raises TimelineError."""
         if self._shared.closed:
             return
-        self.model.stream.synchronize()
-        self.grammar.stream.synchronize()
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not (_query(self.model.stream) and _query(self.grammar.stream)):
+                if time.monotonic() > deadline:
+                    raise TimelineError(f"the streams did not drain within {timeout_s:g} s")
+                time.sleep(1e-3)
+        except TimelineError:
+            self._shared.closed = True
+            raise
         self._shared.closed = True
         for program in list(self._programs):
             program.close()

@@ -40,3 +40,15 @@ class LaneFullError(TimelineError):
 
 class TimelineClosedError(TimelineError):
     """The timeline was closed; pending ops were discarded and nothing more can be enqueued."""
+
+
+class DeviceFaultError(TimelineError):
+    """Device work faulted (an illegal address or a device assert on CUDA; a tensor op that raised
+    when its lane ran it on the CUDA-rules timeline). Nothing after it runs, host functions
+    included, so the step that faulted never reports back: the engine's watchdog notices."""
+
+
+class HostSyncInCaptureError(TimelineError):
+    """Device work read a tensor's value on the host (`.item()`, `.tolist()`, `bool()`, a
+    data-dependent output shape) while a step was being captured: a CUDA graph would fail to
+    capture it, or replay a value frozen at capture time."""

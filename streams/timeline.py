@@ -58,6 +58,18 @@ class LaneStatistics:
     waits_blocked: int    # waits that found their event not yet recorded and had to block
     wait_seconds: float   # total time this lane spent blocked in wait(event)
     blocked: bool         # blocked in a wait(event) right now (which lane a stuck step waits on)
+    host_syncs: int = 0   # device work that read a tensor's value on the host (the CUDA-rules timeline counts them)
+
+
+@dataclass(frozen=True)
+class HostCall:
+    """One host function as it ran (a timeline's `host_trace()`, when built with trace=True)."""
+
+    name: str
+    lane: LaneName
+    thread: str
+    start: float        # time.perf_counter()
+    end: float
 
 
 @dataclass(frozen=True)
@@ -150,6 +162,11 @@ class Timeline(Protocol):
 
     def statistics(self) -> TimelineStatistics:
         """A frozen snapshot of both lanes' counters."""
+        ...
+
+    def health(self) -> BaseException | None:
+        """The timeline's sticky error, if any: a failed host function, or a device fault (on CUDA
+        this asks the driver). What the step watchdog polls: nothing else reports a device fault."""
         ...
 
     def close(self) -> None:

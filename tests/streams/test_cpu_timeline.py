@@ -1,4 +1,6 @@
-"""CpuTimeline: FIFO lanes, CUDA-style record/wait across lanes, sticky errors, clean close."""
+"""The CPU timelines (CpuTimeline, and CudaRulesTimeline where the semantics are shared): FIFO
+lanes, CUDA-style record/wait across lanes, sticky errors, clean close. What only CudaRulesTimeline
+does (CUDA's rules) is tests/streams/test_cuda_rules.py."""
 from __future__ import annotations
 
 import threading
@@ -8,20 +10,30 @@ import anyio
 import pytest
 
 from interlock.streams.cpu_timeline import CpuTimeline
+from interlock.streams.cuda_rules import CudaRulesTimeline
 from interlock.streams.errors import LaneFullError, TimelineClosedError, TimelineError
 from interlock.streams.timeline import Timeline
 
 
 def lane_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("interlock-") and t.name.endswith("-lane")]
+    return [t for t in threading.enumerate() if t.name.startswith("interlock-")
+            and (t.name.endswith("-lane") or t.name.endswith("host-functions"))]
 
 
-@pytest.fixture
-def timeline() -> Iterator[CpuTimeline]:
-    tl = CpuTimeline()
+@pytest.fixture(params=[CpuTimeline, CudaRulesTimeline])
+def timeline(request) -> Iterator[CpuTimeline]:
+    tl = request.param()
     yield tl
     tl.close()
     assert lane_threads() == []  # no thread outlives its timeline
+
+
+@pytest.fixture
+def cpu_timeline() -> Iterator[CpuTimeline]:
+    tl = CpuTimeline()
+    yield tl
+    tl.close()
+    assert lane_threads() == []
 
 
 async def wait_until(predicate: Callable[[], bool]) -> None:
@@ -33,16 +45,17 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
 def test_cpu_timeline_satisfies_the_interface(timeline: CpuTimeline) -> None:
     as_protocol: Timeline = timeline
     assert as_protocol.grammar.name == "grammar" and as_protocol.model.name == "model"
-    assert len(lane_threads()) == 2
+    assert len(lane_threads()) == (2 if isinstance(timeline, CpuTimeline) else 3)
 
 
-def test_bad_config() -> None:
+@pytest.mark.parametrize("cls", [CpuTimeline, CudaRulesTimeline])
+def test_bad_config(cls) -> None:
     with pytest.raises(ValueError):
-        CpuTimeline(max_ops_per_lane=0)
+        cls(max_ops_per_lane=0)
     with pytest.raises(ValueError):
-        CpuTimeline(close_timeout_s=0)
+        cls(close_timeout_s=0)
     with pytest.raises(ValueError):
-        CpuTimeline(model_threads=0)
+        cls(model_threads=0)
 
 
 @pytest.mark.parametrize("model_threads,grammar_threads", [(2, 1), (1, 1), (3, 1)])
@@ -74,7 +87,8 @@ async def test_ops_run_in_fifo_order_per_lane(timeline: CpuTimeline) -> None:
         assert (stats.ops_run, stats.host_calls, stats.waits_blocked, stats.wait_seconds) == (50, 50, 0, 0.0)
 
 
-async def test_model_lane_waits_for_the_mask_event(timeline: CpuTimeline) -> None:
+async def test_model_lane_waits_for_the_mask_event(cpu_timeline: CpuTimeline) -> None:
+    timeline = cpu_timeline
     with anyio.fail_after(5):
         order: list[str] = []
         gate = threading.Event()
@@ -168,9 +182,10 @@ async def test_host_exception_fails_the_timeline_and_surfaces_typed(timeline: Cp
         assert ran == []
 
 
-async def test_full_lane_raises_instead_of_blocking_the_loop() -> None:
+@pytest.mark.parametrize("cls", [CpuTimeline, CudaRulesTimeline])
+async def test_full_lane_raises_instead_of_blocking_the_loop(cls) -> None:
     with anyio.fail_after(5):
-        tl = CpuTimeline(max_ops_per_lane=2)
+        tl = cls(max_ops_per_lane=2)
         started, gate = threading.Event(), threading.Event()
 
         def hold() -> None:
@@ -190,9 +205,10 @@ async def test_full_lane_raises_instead_of_blocking_the_loop() -> None:
         assert lane_threads() == []
 
 
-async def test_close_discards_pending_ops_wakes_waiters_and_reports_a_stuck_host_fn() -> None:
+@pytest.mark.parametrize("cls", [CpuTimeline, CudaRulesTimeline])
+async def test_close_discards_pending_ops_wakes_waiters_and_reports_a_stuck_host_fn(cls) -> None:
     with anyio.fail_after(5):
-        tl = CpuTimeline(close_timeout_s=0.2)
+        tl = cls(close_timeout_s=0.2)
         ran: list[str] = []
         started, gate = threading.Event(), threading.Event()
         mask = tl.new_event()
@@ -240,7 +256,8 @@ def test_events_of_another_timeline_are_rejected(timeline: CpuTimeline) -> None:
 
 # --- device launches and captured programs ----------------------------------------------------
 
-async def test_launch_runs_on_the_lane_in_order_with_host_functions(timeline: CpuTimeline) -> None:
+async def test_launch_runs_on_the_lane_in_order_with_host_functions(cpu_timeline: CpuTimeline) -> None:
+    timeline = cpu_timeline
     with anyio.fail_after(5):
         seen: list[tuple[str, str]] = []
         timeline.model.launch_host(lambda: seen.append(("host", threading.current_thread().name)))
@@ -251,7 +268,8 @@ async def test_launch_runs_on_the_lane_in_order_with_host_functions(timeline: Cp
         assert {thread for _, thread in seen} == {"interlock-model-lane"}
 
 
-async def test_capture_records_without_running_and_replay_runs_each_time(timeline: CpuTimeline) -> None:
+async def test_capture_records_without_running_and_replay_runs_each_time(cpu_timeline: CpuTimeline) -> None:
+    timeline = cpu_timeline
     with anyio.fail_after(5):
         seen: list[str] = []
         with timeline.capture() as program:
@@ -267,7 +285,8 @@ async def test_capture_records_without_running_and_replay_runs_each_time(timelin
         assert sorted(seen) == ["g"] * 3 + ["m"] * 3
 
 
-async def test_replayed_events_get_fresh_generations_like_eager_steps(timeline: CpuTimeline) -> None:
+async def test_replayed_events_get_fresh_generations_like_eager_steps(cpu_timeline: CpuTimeline) -> None:
+    timeline = cpu_timeline
     """A program whose model lane waits on the grammar lane's event: every replay waits on *its own*
     record, so the model op of replay i always runs after the grammar op of replay i."""
     with anyio.fail_after(5):
