@@ -39,12 +39,16 @@ from interlock.protocol.errors import UnsupportedModelError
 
 @dataclass(frozen=True)
 class StepInputs:
-    """A forward's inputs as persistent device tensors (one row per new token)."""
+    """A forward's inputs as persistent device tensors: one row per new token (T rows), the block
+    tables the rows read (one per sequence slot, kept on the device between steps), and the rows
+    whose logits are wanted (N of them)."""
 
     input_ids: torch.Tensor     # [T] int64
     positions: torch.Tensor     # [T] int64
     write_slots: torch.Tensor   # [T] int64: KV slot each row writes
-    tables: torch.Tensor        # [T, max blocks] int32: the block table of the row's sequence
+    row_table: torch.Tensor     # [T] int64: the row of `tables` that holds the row's block table
+    tables: torch.Tensor        # [S, max blocks] int32: block tables (rows past a sequence's blocks unread)
+    logit_rows: torch.Tensor    # [N] int64: rows whose logits the forward returns, in order
 
     @property
     def rows(self) -> int:
@@ -52,8 +56,10 @@ class StepInputs:
 
 
 def step_inputs(chunks: list[SeqChunk], kv: PagedKVCache, *, rows: int | None = None, max_blocks: int,
-                pad_slot: int = 0, device: torch.device | str = "cuda") -> StepInputs:
-    """Host-side packing of chunks into `rows` rows (default: their token count).
+                pad_slot: int = 0, logit_rows: list[int] | None = None,
+                device: torch.device | str = "cuda") -> StepInputs:
+    """Host-side packing of chunks into `rows` rows (default: their token count), one block table per
+    chunk; logits for `logit_rows` (default: every row).
 
     Padding rows decode token 0 at position 0 and write their K/V to `pad_slot` (a slot the
     caller keeps out of every sequence). Every chunk's positions must be reserved in `kv`.
@@ -61,26 +67,29 @@ def step_inputs(chunks: list[SeqChunk], kv: PagedKVCache, *, rows: int | None = 
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
+    row_table: list[int] = []
     tables: list[list[int]] = []
-    for c in chunks:
+    for i, c in enumerate(chunks):
         table = list(kv.block_table(c.seq))
         if len(table) > max_blocks:
             raise ValueError(f"sequence {c.seq} has {len(table)} blocks, more than max_blocks={max_blocks}")
         ids.extend(c.tokens)
         positions.extend(range(c.start, c.start + len(c.tokens)))
         slots.extend(slots_of(table, kv.block_size, c.start, len(c.tokens)))
-        tables.extend([table + [0] * (max_blocks - len(table))] * len(c.tokens))
+        row_table.extend([i] * len(c.tokens))
+        tables.append(table + [0] * (max_blocks - len(table)))
     n = len(ids) if rows is None else rows
     if n < len(ids):
         raise ValueError(f"{len(ids)} tokens do not fit in {n} rows")
     pad = n - len(ids)
-    pad_table = [pad_slot // kv.block_size] + [0] * (max_blocks - 1)
-    return StepInputs(
-        torch.tensor(ids + [0] * pad, dtype=torch.int64, device=device),
-        torch.tensor(positions + [0] * pad, dtype=torch.int64, device=device),
-        torch.tensor(slots + [pad_slot] * pad, dtype=torch.int64, device=device),
-        torch.tensor(tables + [pad_table] * pad, dtype=torch.int32, device=device),
-    )
+    tables.append([pad_slot // kv.block_size] + [0] * (max_blocks - 1))
+    wanted = list(range(n)) if logit_rows is None else logit_rows
+
+    def tensor(values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    return StepInputs(tensor(ids + [0] * pad), tensor(positions + [0] * pad), tensor(slots + [pad_slot] * pad),
+                      tensor(row_table + [len(chunks)] * pad), tensor(tables, torch.int32), tensor(wanted))
 
 
 @dataclass(frozen=True)
@@ -166,7 +175,8 @@ class DeviceLlama:
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs, kv: PagedKVCache) -> torch.Tensor:
-        """Write K/V of every row, return fp32 logits [T, V]. No host sync on CUDA: capturable."""
+        """Write K/V of every row, return fp32 logits [N, V] of `inputs.logit_rows`. No host sync:
+        capturable. The head, the forward's largest GEMM at a real vocabulary, runs on those rows only."""
         c = self.config
         ops = self.ops()
         norm = ops.rms_norm if self.invariant else _torch_rms_norm
@@ -178,7 +188,8 @@ class DeviceLlama:
             x = x + self._linear(attn, layer.wo)
             gate, up = self._linear(norm(x, layer.ffn_norm, c.rms_eps), layer.w13).chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, layer.w2)
-        return self._linear(norm(x, self.norm, c.rms_eps), self.head).float()   # [T, V]
+        x = x.index_select(0, inputs.logit_rows)                                   # [N, E]
+        return self._linear(norm(x, self.norm, c.rms_eps), self.head).float()   # [N, V]
 
     __call__ = forward
 
@@ -191,7 +202,7 @@ class DeviceLlama:
         kv.k[index].index_copy_(0, inputs.write_slots, qk[:, c.n_heads:].to(kv.k.dtype))
         kv.v[index].index_copy_(0, inputs.write_slots,
                                 qkv[:, c.q_size + c.kv_size:].reshape(t, c.n_kv_heads, c.head_dim).to(kv.v.dtype))
-        return ops.paged_attention(q, kv.k[index], kv.v[index], inputs.tables, inputs.positions,
+        return ops.paged_attention(q, kv.k[index], kv.v[index], inputs.tables, inputs.row_table, inputs.positions,
                                    c.n_kv_heads, kv.block_size)
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

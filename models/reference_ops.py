@@ -2,11 +2,14 @@
 models/triton_ops.py. Same signatures, same row-by-row semantics.
 
 Terms as in triton_ops.py: T rows, E hidden, Hkv KV heads, G query heads per KV head, D head
-dim, S KV block size, L = a row's context length (its position + 1).
+dim, S KV block size, MB blocks per table, C = MB * S context slots a table can address.
 
-Each row is computed from that row's data alone, with shapes that depend on nothing but its own
-L, so a row's result is the same whatever rows surround it (the batch invariance the exactness
-laws need). The attention loops over rows in Python: slow, obvious, and for tests.
+Each row is computed from that row's data alone, with shapes that depend on nothing but the
+tables' width (fixed for an engine), so a row's result is the same whatever rows surround it (the
+batch invariance the exactness laws need). Nothing reads a value on the host: the ops are the
+same whether they run at once, deferred on a lane (streams/cuda_rules.py) or replayed from a
+captured program. The attention attends over all C slots of a row's table and masks those past
+its position: simple and fixed-shape, at the cost of C per row (tests keep C small).
 """
 from __future__ import annotations
 
@@ -21,18 +24,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                    positions: torch.Tensor, n_kv_heads: int, block_size: int) -> torch.Tensor:
-    """q [T, H*D] (RoPE applied), caches [slots, Hkv, D], tables [T, max blocks], positions [T]
-    -> [T, H*D]: each row attends over positions 0..its own (K/V already written)."""
+                    row_table: torch.Tensor, positions: torch.Tensor, n_kv_heads: int,
+                    block_size: int) -> torch.Tensor:
+    """q [T, H*D] (RoPE applied), caches [slots, Hkv, D], tables [tables, MB] int32, row_table [T]
+    (the table of each row), positions [T] -> [T, H*D]: each row attends over positions 0..its own
+    (K/V already written)."""
     n_rows, q_size = q.shape
     d = k_cache.shape[-1]
     g = q_size // d // n_kv_heads
-    out = torch.empty_like(q)
-    for t, pos in enumerate(positions.tolist()):
-        n = torch.arange(pos + 1)
-        slots = tables[t, n // block_size].long() * block_size + n % block_size         # [L]
-        k, v = k_cache[slots].float(), v_cache[slots].float()                            # [L, Hkv, D]
-        qt = q[t].view(n_kv_heads, g, d).float()                                         # [Hkv, G, D]
-        scores = torch.einsum("hgd,lhd->hgl", qt, k) * d ** -0.5                         # [Hkv, G, L]
-        out[t] = torch.einsum("hgl,lhd->hgd", scores.softmax(-1), v).reshape(q_size).to(q.dtype)
-    return out
+    n = torch.arange(tables.shape[1] * block_size, device=q.device)                       # [C]
+    blocks = tables.index_select(0, row_table).long()                                    # [T, MB]
+    slots = blocks.index_select(1, n // block_size) * block_size + n % block_size       # [T, C]
+    k = k_cache[slots].float()                                                           # [T, C, Hkv, D]
+    v = v_cache[slots].float()
+    qt = q.view(n_rows, n_kv_heads, g, d).float()                                        # [T, Hkv, G, D]
+    # products and sums, not einsum: a batched GEMM's blocking (and so its rounding) may change with T
+    scores = (qt.unsqueeze(3) * k.permute(0, 2, 1, 3).unsqueeze(2)).sum(-1) * d ** -0.5  # [T, Hkv, G, C]
+    future = n.unsqueeze(0) > positions.unsqueeze(1)                                    # [T, C]
+    weights = scores.masked_fill(future.view(n_rows, 1, 1, -1), float("-inf")).softmax(-1)
+    # slots past a row's position hold anything (another sequence's K/V, NaN after a fault): a zero
+    # weight times NaN is NaN, so their values are zeroed, not just weighted by 0
+    v = v.masked_fill(future.view(n_rows, -1, 1, 1), 0.0)
+    out = (weights.unsqueeze(-1) * v.permute(0, 2, 1, 3).unsqueeze(2)).sum(3)          # [T, Hkv, G, D]
+    return out.reshape(n_rows, q_size).to(q.dtype)

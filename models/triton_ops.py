@@ -42,12 +42,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @triton.jit
-def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, pos_ptr, scale,
+def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, row_table_ptr, pos_ptr, scale,
                             q_stride, kv_stride, tables_stride, block_size,
                             G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     n_ctx = tl.load(pos_ptr + t) + 1
+    table = tl.load(row_table_ptr + t)                                 # the row of `tables` holding its blocks
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)
     heads = h * G + g                                                  # [G_PAD] query heads
@@ -58,7 +59,7 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, pos_ptr, s
     for start in range(0, n_ctx, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         valid = n < n_ctx
-        block = tl.load(tables_ptr + t * tables_stride + n // block_size, mask=valid, other=0).to(tl.int64)
+        block = tl.load(tables_ptr + table * tables_stride + n // block_size, mask=valid, other=0).to(tl.int64)
         slot = block * block_size + n % block_size                     # [BLOCK_N]
         offs = slot[:, None] * kv_stride + h * D + d[None, :]          # [BLOCK_N, D]
         k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)
@@ -77,16 +78,17 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, pos_ptr, s
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                    positions: torch.Tensor, n_kv_heads: int, block_size: int) -> torch.Tensor:
-    """q [T, H*D] (RoPE applied), caches [slots, Hkv, D], tables [T, max blocks] int32, positions [T]
-    -> [T, H*D]: each row attends over positions 0..its own (K/V already written)."""
+                    row_table: torch.Tensor, positions: torch.Tensor, n_kv_heads: int, block_size: int) -> torch.Tensor:
+    """q [T, H*D] (RoPE applied), caches [slots, Hkv, D], tables [tables, max blocks] int32, row_table
+    [T] int64 (the table of each row), positions [T] -> [T, H*D]: each row attends over positions
+    0..its own (K/V already written)."""
     n_rows, q_size = q.shape
     head_dim = k_cache.shape[-1]
     g = q_size // head_dim // n_kv_heads
     out = torch.empty_like(q)
     if n_rows:
         _paged_attention_kernel[(n_rows, n_kv_heads)](
-            q, k_cache, v_cache, out, tables, positions, head_dim ** -0.5,
+            q, k_cache, v_cache, out, tables, row_table, positions, head_dim ** -0.5,
             q.stride(0), k_cache.stride(0), tables.stride(0), block_size,
             G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=head_dim, BLOCK_N=BLOCK_N, num_warps=4)
     return out
