@@ -1,8 +1,13 @@
 """Orchestration only: the actor base, the runtime that starts every actor in one task group, one
 file per actor (Scheduler, GrammarActor, DraftActor, VerifierActor, KVActor), and what they share:
 
-step.py      one speculative step as one lane program: per-part bounded StepQueues, the step
-             buffers, the host order of every part's lane ops, capture once per shape and replay
+step.py      one speculative step: its prologue on the event loop, then one lane program (the host
+             order of every part's lane ops), captured once per shape and replayed
+step_state.py
+             the step's per-slot state and the step boundary (loop-side changes between steps)
+watchdog.py  a step that never reports back (a device fault, a hang) becomes a typed error
+staging.py / device_verifier.py
+             the device runner's step buffers (pinned host, device) and its verifier
 planner.py   the Scheduler's request view (its Phase) and the step plan, as pure functions
 channel.py   `Channel[T]`, the bounded, closable actor inbox (`send`/`send_nowait`, `receive`/
              `receive_nowait`, `close`, `statistics()`)
@@ -13,6 +18,6 @@ grammar_layer.py / compile_cache.py
              first use off the loop, one compile cache per backend (worker threads, timeouts, one
              compile per key) over grammars/compile_cache.py's store
 
-Actors plan, lanes run: the Scheduler stages a step's plan in each part's queue and enqueues the
-whole step; inside a step the parts meet only through timeline events and the step buffers.
+Actors plan, lanes run: the Scheduler launches a step; its prologue runs on the loop and its program
+on the lanes, where the parts meet only through timeline events and the step buffers.
 """

@@ -1,19 +1,19 @@
 """DraftActor: owns the drafters (the DraftChain: forced, n-gram, suffix, user, and the draft model
 with its KV cache and per-request draft generators) and the model lane's drafting part of a step.
 
-Its part of a step (see actors/step.py) runs on the model lane, reading the step's plan from its
-own StepQueue: `begin` asks the chain for each sampling request's drafts (after the grammar lane
-wrote its forced tokens) and starts the draft model's rounds where the chain says so; with a
-draft model, K iterations of `draft_forward` (one token per forward for every request still
-drafting) and `draft_sample` (after the grammar lane filled the draft-side mask row: mask, then
-draw); `finish` writes the drafts and their q for the grammar lane and the verifier; `commit`,
-after the token event, feeds the committed tokens back to the chain.
+Its part of a step (see actors/step.py): in the prologue, `begin` asks the chain for each sampling
+request's drafts (after the grammar wrote its forced tokens) and starts the draft model's rounds
+where the chain says so; with a draft model, on the model lane, K iterations of `draft_forward`
+(one token per forward for every request still drafting) and `draft_sample` (after the grammar
+lane filled the draft-side mask row: mask, then draw); `finish` writes the drafts and their q for
+the grammar and the verifier; `commit`, in the step's tail, feeds the committed tokens back to
+the chain.
 
 What drafts are made is decided in drafters/ (the chain and DraftRounds); this actor only places
 those decisions on the lane and the step buffers, and applies the draft-side mask rows.
 
-Adding and removing a request are model-lane host functions too: the drafters' state is only
-ever touched by the lane thread, in lane order.
+Adding and removing a request happen between steps (`StepState.between_steps`): a step's parts
+and the event loop never touch the drafters at the same time.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import torch
 
 from interlock.actors.base import Actor, Handler
-from interlock.actors.step import StepState, StepQueue
+from interlock.actors.step_state import StepState
 from interlock.drafters.chain import ChainRequest, DraftChain
 from interlock.drafters.model import DraftRounds, ModelAsk, ModelDrafter
 from interlock.kernels import apply_token_bitmask_
@@ -43,7 +43,6 @@ class DraftActor(Actor[object]):
         self.model = model                  # a draft model (its own KV cache), or None
         self.bitmask = bitmask              # the GrammarActor's mask rows, read for draft-side masking
         self.free_rows = free_rows          # its per-row "grammar free here" flags: such rows are skipped
-        self.queue = StepQueue("draft")
         self._plan: StepPlan | None = None
         self._rounds: DraftRounds | None = None
         self._constrained: set[int] = set()     # this step's slots with a grammar (draft-side masking)
@@ -53,26 +52,25 @@ class DraftActor(Actor[object]):
         return {AddRequest: self.on_add, Release: self.on_release, Count: self.on_count}
 
     async def on_add(self, msg: AddRequest) -> None:
-        self.timeline.model.launch_host(self.chain.add, msg.request_id, msg.prompt)
+        self.step.between_steps(self.chain.add, msg.request_id, msg.prompt)
         if msg.reply is not None:
             msg.reply.set_result(None)
 
     async def on_release(self, msg: Release) -> None:
-        self.timeline.model.launch_host(self.chain.remove, msg.request_id)
+        self.step.between_steps(self.chain.remove, msg.request_id)
 
     async def on_count(self, msg: Count) -> None:
-        await self.timeline.model.synchronize()
         msg.reply.set_result(self.chain.counts())
 
     @property
     def rows_per_slot(self) -> int:
         return self.config.step_drafts + 1 if self.config is not None else 1
 
-    # --- model lane: this actor's part of a step -----------------------------------------------
+    # --- this actor's part of a step ----------------------------------------------------------
 
-    def begin(self) -> None:
-        """Take the step's plan; the chain's drafts; the draft model's rounds where the chain asks."""
-        plan = self._plan = self.queue.take()
+    def begin(self, plan: StepPlan) -> None:
+        """Prologue: the chain's drafts; the draft model's rounds where the chain asks."""
+        self._plan = plan
         b = self.step
         # sampling.speculative False: no drafts of any kind for that request (its neighbours draft on)
         sampled = [s for s in plan.snapshots if s.sample and s.sampling.speculative and b[s.slot].error is None]
@@ -113,7 +111,7 @@ class DraftActor(Actor[object]):
         if any(b[slot].masking for slot in rounds.order):
             assert self.bitmask is not None and self.model is not None
             order = rounds.order
-            rows = torch.tensor([slot * self.rows_per_slot + len(rounds.out[slot]) for slot in order])
+            rows = torch.tensor([b[slot].lane * self.rows_per_slot + len(rounds.out[slot]) for slot in order])
             skip = torch.tensor([not b[slot].masking or b[slot].refused for slot in order])
             if self.free_rows is not None:
                 skip |= self.free_rows[rows]

@@ -1,19 +1,21 @@
 """GrammarActor: one matcher per slot, the host bitmask buffers, and the grammar lane's part of a step.
 
-Its part of a step (see actors/step.py) runs as host functions on the grammar lane, reading the
-step's plan from its own StepQueue: the forced tokens (jump-forward drafts) of every sampling,
-constrained request; with a draft model and draft-side masking, the mask row after each draft
-prefix, one per draft iteration; the K+1 verify rows (after the last token and after each draft);
-and, once the token event has fired, advancing each matcher by the committed tokens. Matchers
-are only ever advanced by committed tokens: filling rows advances speculatively and rolls back,
-so a rejection needs no rollback. A token the matcher refuses at commit fails that request
-(GrammarError), not the engine.
+Its part of a step (see actors/step.py): in the step's prologue, on the event loop, the forced
+tokens (jump-forward drafts) of every sampling, constrained request, and the check that cuts
+drafts at the first one the grammar refuses; then, as host functions of the step's program, with a
+draft model and draft-side masking the mask row after each draft prefix (one per draft
+iteration), the K+1 verify rows (after the last token and after each draft), and, once the token
+event has fired, advancing each matcher by the committed tokens. A request's rows are
+lane * (K+1) + j (`SlotState.lane`: its place among the step's sampling requests), so a step's
+masks are its leading rows. Matchers are only ever advanced by committed tokens: filling rows
+advances speculatively and rolls back, so a rejection needs no rollback. A token the matcher
+refuses at commit fails that request (GrammarError), not the engine.
 
 The check, the fill and the commit each go through one batched pass over every constrained
 request (grammars/batch.py: one batch call per backend, the per-row path for switching grammars).
 
-Binding and releasing matchers are grammar-lane host functions too, so the matchers are only
-ever touched by the lane thread, in lane order.
+Binding and releasing matchers happen between steps (`StepState.between_steps`): a step's parts
+and the event loop never touch the matchers at the same time.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from interlock.actors.base import Actor, Handler
-from interlock.actors.step import StepState, StepQueue
+from interlock.actors.step_state import StepState
 from interlock.grammars.batch import Drafted, StepMasks
 from interlock.grammars.bitmask import allocate_bitmask
 from interlock.protocol.errors import GrammarError
@@ -40,8 +42,8 @@ log = get_logger(__name__)
 class MaskBuffers:
     """Host buffers the grammar lane fills and the model lane reads after the mask event.
 
-    bitmask row slot * (K+1) + j is the mask after j drafts of the request in `slot`;
-    rows[slot] is how many of its rows are valid this step (0: no grammar, don't mask);
+    bitmask row lane * (K+1) + j is the mask after j drafts of the request in that lane;
+    rows[lane] is how many of its rows are valid this step (0: no grammar, don't mask);
     free[row] is True where the grammar is free at that row (a switching grammar outside its
     constrained part): the row is left unwritten and readers skip it instead of applying it.
     """
@@ -65,8 +67,7 @@ class GrammarActor(Actor[object]):
         self.timeline = timeline
         self.buffers = buffers
         self.step = step
-        self.queue = StepQueue("grammar")
-        self.matchers: dict[SlotId, GrammarMatcher] = {}                 # grammar lane only
+        self.matchers: dict[SlotId, GrammarMatcher] = {}                 # one per slot with a grammar
         self.prefilled: dict[SlotId, dict[int, tuple[TokenId, ...]]] = {}  # row offset -> prefix it holds
         self._plan: StepPlan | None = None                                 # the step the lane is in
         self.masks = StepMasks(mask_threads, batched_masks)    # check, fill and commit: one batch pass per backend
@@ -76,15 +77,14 @@ class GrammarActor(Actor[object]):
         return {BindGrammar: self.on_bind, Release: self.on_release, Count: self.on_count}
 
     async def on_bind(self, msg: BindGrammar) -> None:
-        self.timeline.grammar.launch_host(self._bind, msg.slot, msg.compiled)
+        self.step.between_steps(self._bind, msg.slot, msg.compiled)
         if msg.reply is not None:
             msg.reply.set_result(None)
 
     async def on_release(self, msg: Release) -> None:
-        self.timeline.grammar.launch_host(self._release, msg.slot)
+        self.step.between_steps(self._release, msg.slot)
 
     async def on_count(self, msg: Count) -> None:
-        await self.timeline.grammar.synchronize()
         msg.reply.set_result(len(self.matchers))
 
     def _bind(self, slot: SlotId, compiled: object) -> None:
@@ -94,20 +94,22 @@ class GrammarActor(Actor[object]):
         self.matchers.pop(slot, None)
         self.prefilled.pop(slot, None)
 
-    # --- grammar lane: this actor's part of a step ----------------------------------------------
+    # --- this actor's part of a step ----------------------------------------------------------
 
-    def _constrained(self) -> list[tuple[SlotId, GrammarMatcher]]:
+    def _constrained(self) -> list[tuple[SlotId, int, GrammarMatcher]]:
+        """(slot, first mask row, matcher) of each sampling, constrained request still in the step."""
         assert self._plan is not None
+        per = self.buffers.rows_per_slot
         out = []
         for s in self._plan.snapshots:
             matcher = self.matchers.get(s.slot) if s.sample and s.constrained else None
             if matcher is not None and self.step[s.slot].error is None:
-                out.append((s.slot, matcher))
+                out.append((s.slot, self.step[s.slot].lane * per, matcher))
         return out
 
-    def begin(self) -> None:
-        """Take the step's plan; write each constrained request's forced tokens (up to its draft rows)."""
-        plan = self._plan = self.queue.take()
+    def begin(self, plan: StepPlan) -> None:
+        """Prologue: the step's plan; each constrained request's forced tokens (up to its draft rows)."""
+        self._plan = plan
         self.masks.reset()                      # a step that failed midway leaves nothing behind
         b = self.step
         for state in b.slots:
@@ -115,14 +117,13 @@ class GrammarActor(Actor[object]):
         for s in plan.snapshots:
             if s.sample and s.constrained and s.slot not in self.matchers:
                 b.fail(s.slot, GrammarError(f"request {s.request_id} samples with no matcher bound"))
-        for slot, matcher in self._constrained():
+        for slot, _, matcher in self._constrained():
             b[slot].forced = tuple(matcher.forced_tokens()[: plan.max_drafts])
 
     def fill_draft_rows(self) -> None:
         """One draft-model iteration: the row after each masked request's draft prefix."""
-        per = self.buffers.rows_per_slot
         b = self.step
-        for slot, matcher in self._constrained():
+        for slot, first, matcher in self._constrained():
             if not b[slot].masking:
                 continue
             prefix = b[slot].prefix
@@ -130,7 +131,7 @@ class GrammarActor(Actor[object]):
                 b[slot].refused = True
                 continue
             try:
-                row = slot * per + len(prefix)
+                row = first + len(prefix)
                 self.buffers.free[row] = bool(matcher.fill_mask(self.buffers.bitmask, row))
             finally:
                 matcher.rollback(len(prefix))
@@ -140,9 +141,8 @@ class GrammarActor(Actor[object]):
         """Cut each constrained request's drafts (and their q) at the first one its grammar refuses:
         it could not be accepted, and the forward would compute it and the rows after it for nothing."""
         b = self.step
-        per = self.buffers.rows_per_slot
-        drafted = [(slot, Drafted(matcher, tuple(b[slot].drafts), slot * per))
-                   for slot, matcher in self._constrained() if b[slot].drafts]
+        drafted = [(slot, Drafted(matcher, tuple(b[slot].drafts), first))
+                   for slot, first, matcher in self._constrained() if b[slot].drafts]
         cuts = self.masks.check([d for _, d in drafted], self.buffers.bitmask)
         for (slot, d), n in zip(drafted, cuts):
             drafts = b[slot].drafts
@@ -153,23 +153,22 @@ class GrammarActor(Actor[object]):
 
     def fill(self) -> None:
         """K+1 rows per constrained request (rows already filled while drafting are reused)."""
-        per = self.buffers.rows_per_slot
         self.buffers.rows.zero_()
-        slots, drafted = [], []
-        for slot, matcher in self._constrained():
+        lanes, drafted = [], []
+        for slot, first, matcher in self._constrained():
             drafts = tuple(self.step[slot].drafts)
             held = self.prefilled.pop(slot, {})
             skip = frozenset(j for j, prefix in held.items() if j <= len(drafts) and drafts[:j] == tuple(prefix))
-            slots.append(slot)
-            drafted.append(Drafted(matcher, drafts, slot * per, skip))
-        for slot, n in zip(slots, self.masks.fill(drafted, self.buffers.bitmask, free=self.buffers.free)):
-            self.buffers.rows[slot] = n
+            lanes.append(self.step[slot].lane)
+            drafted.append(Drafted(matcher, drafts, first, skip))
+        for lane, n in zip(lanes, self.masks.fill(drafted, self.buffers.bitmask, free=self.buffers.free)):
+            self.buffers.rows[lane] = n
         self.prefilled.clear()
 
     def commit(self) -> None:
         """After the token event: advance each matcher by its request's committed tokens."""
         b = self.step
-        done = [(slot, matcher, b[slot].result) for slot, matcher in self._constrained()
+        done = [(slot, matcher, b[slot].result) for slot, _, matcher in self._constrained()
                 if b[slot].result is not None]
         verdicts = self.masks.commit([m for _, m, _ in done], [r.new_tokens for _, _, r in done])
         for (slot, _, result), accepted in zip(done, verdicts):

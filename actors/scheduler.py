@@ -93,7 +93,7 @@ class Scheduler(Actor[object]):
 
     async def on_metrics(self, msg: GetMetrics) -> None:
         actors = (self, self.kv, self.grammar, self.draft, self.verifier)
-        messages = sum(a.inbox.statistics().total_sent for a in actors) + self.program.counts["staged"]
+        messages = sum(a.inbox.statistics().total_sent for a in actors) + self.program.counts["steps"]
         msg.reply.set_result(EngineMetrics(**self._totals, messages=messages,
                                            loop_wakeups=self.program.counts["wakeups"],
                                            replayed_steps=self.program.counts["replayed"],

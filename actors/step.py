@@ -1,132 +1,60 @@
-"""One speculative step as one lane program: the host order in which every actor's part is enqueued.
+"""One speculative step: a prologue on the event loop, then one lane program.
 
-The Scheduler stages a step's StepPlan in each actor's bounded `StepQueue` and then enqueues the
-whole step on the two lanes before any of it runs; inside the step the parts wait on each other
-only through timeline events. Each actor's first host function of a step takes the plan from its
-own queue, so step i's host work never reads step i+1's state, however far ahead the Scheduler is.
+Host functions of every lane run one at a time on one thread on CUDA (the driver's), so anything
+the forward waits for that sits on a lane as a host function may queue behind the mask fill, the
+work the design exists to hide. So the step's inputs are ready before its program is launched:
 
-The program, for draft length K (a draft model adds the K iterations in brackets):
+    prologue (event loop, when the Scheduler launches the step; the previous step has ended)
+      assign each sampling request its lane; grammar.begin: forced tokens; draft.begin: the
+      chain's drafts; draft.finish; grammar.check: cut drafts at the first one the grammar
+      refuses; verifier.begin + stage: the step's inputs written to the runner's buffers
 
-    grammar lane                               model lane
-    take plan; forced tokens -> forced_ready
-                                               wait forced_ready; take plan; chain drafts
-                                             [ draft forward j; record draft_token          ]
-    [ wait draft_token; draft mask row j;      ]
-    [ record draft_mask                        ]
-                                             [ wait draft_mask; mask + sample draft j       ]
-                                               drafts -> drafts_ready
-    wait drafts_ready; cut drafts at the first
-    one the grammar refuses -> drafts_checked;
-    K+1 mask rows; record mask_ready
-                                               wait drafts_checked;
-                                               take plan; target forward; wait mask_ready;
-                                               mask + verify; finish; record tokens_ready;
-                                               commit drafters (n-gram, draft KV, budgets)
-    wait tokens_ready; matchers accept;
-    publish the TokenEvent to the event loop
+    program (K = draft length; a draft model adds the part in brackets, see below)
+      grammar lane                               model lane
+      fill: K+1 mask rows -> mask_ready          forward (device work: reads the staged inputs)
+                                                 wait mask_ready; verify (device work)
+                                                 -> tokens_ready
+      wait tokens_ready; tail: verifier.finish,
+      draft.commit, grammar.commit, publish
 
-The op list depends only on the shape (K, draft model or not), never on the step's data, so
-`StepProgram` captures it once per shape and replays it (`timeline.capture()` / `replay()`).
+The forward depends on no host function of its program, and the verification on the fill (a test
+over a recorded program's dependencies pins both). The tail is one host function: on CUDA each
+costs a callback's latency, and they would run one after another anyway.
 
-The verifier's device work (forward, verify) may have a shape of its own (`StepShape`: the
-device runner lays a decode step out in a padded batch bucket, actors/device_verifier.py); it is
-passed to that work as an argument, so a program is captured per (K, draft model, shape). A
-shape that is not a bucket runs eagerly, and a bucket is captured on its second step (its first
-runs eagerly: kernels compile, and a CUDA graph must not capture that). `counts` says how many
-steps replayed a program and how many ran eagerly. The host runner's verifier has no shape
-(None): its ops read everything from the plan, and one program per (K, draft model) serves.
+With a draft model the drafts come from inside the program (K draft forwards, each waiting for
+the grammar's draft-side mask row), so the check and the staging follow them as host functions:
 
-Why the forward waits for drafts_checked: a lookup draft the grammar refuses can never be accepted,
-and the rows after it are never read, yet each costs the forward a row (18% of the verify rows of
-12 JME requests with ngram+forced). Checking the drafts takes the grammar lane a validate call per
-request, well under the rows it saves; filling the masks still overlaps the forward.
+    model lane: [draft forward j -> draft_token]; grammar lane: [wait; draft mask row j ->
+    draft_mask]; model lane: [wait; mask + sample draft j]; draft.finish -> drafts_ready;
+    grammar lane: wait drafts_ready; check + verifier.stage (one host function) ->
+    drafts_checked; fill -> mask_ready; model lane: wait drafts_checked; forward; ... as above
+
+The forward then depends on host functions of its step, but on none that may queue behind the
+fill: each of them is also something the fill waits for.
+
+The op list depends only on the shape (K, draft model or not, and the verifier's `StepShape`),
+never on the step's data, so `StepProgram` captures it once per shape and replays it. The device
+runner lays a decode step out in a padded bucket (actors/device_verifier.py): a bucket is
+captured on its second step (its first runs eagerly: kernels compile, and a CUDA graph must not
+capture that); other shapes run eagerly. The host runner's verifier has no shape (None): its ops
+read everything from what the prologue stored, and one program per (K, draft model) serves.
+
+Steps are serial: a step is launched when the previous one's outcome reached the loop (its
+prologue needs the committed tokens), and `launch` refuses a second step in flight.
 """
 from __future__ import annotations
 
 import asyncio
-import queue
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
+from interlock.actors.step_state import SlotState, StepState
+from interlock.actors.watchdog import StepWatchdog
 from interlock.protocol.messages import SlotResult, StepPlan, TokenEvent
-from interlock.protocol.types import TokenId
 from interlock.streams.timeline import DeviceEvent, Lane, Program, Timeline
 
-
-class StepQueue:
-    """A bounded FIFO of StepPlans, filled on the event loop, emptied by lane host functions."""
-
-    def __init__(self, name: str, maxsize: int = 2) -> None:
-        self.name = name
-        self._q: queue.Queue[StepPlan] = queue.Queue(maxsize=maxsize)
-        self.total_put = 0
-
-    def put(self, plan: StepPlan) -> None:
-        """Stage a step; raises RuntimeError when more steps are staged than may be in flight."""
-        try:
-            self._q.put_nowait(plan)
-        except queue.Full:
-            raise RuntimeError(f"{self.name} step queue is full: more steps staged than in flight") from None
-        self.total_put += 1
-
-    def take(self) -> StepPlan:
-        """The oldest staged step (lane side). Empty means a program ran without its plan: a bug."""
-        try:
-            return self._q.get_nowait()
-        except queue.Empty:
-            raise RuntimeError(f"{self.name} step queue is empty: a step ran that was never staged") from None
-
-    def __len__(self) -> int:
-        return self._q.qsize()
-
-
-@dataclass
-class SlotState:
-    """One slot's values in the step in flight, written by one part and read by a later one (the
-    timeline's events order them):
-
-    forced: grammar -> drafter; drafts / probs: drafter -> grammar (which cuts refused drafts) and
-    verifier; prefix / masking / refused: the draft-model loop's handshake with the grammar lane;
-    result: verifier -> grammar commit and publish; error: any part -> publish (the request fails,
-    the others go on).
-    """
-
-    forced: tuple[TokenId, ...] = ()
-    drafts: tuple[TokenId, ...] = ()
-    probs: torch.Tensor | None = None
-    prefix: tuple[TokenId, ...] = ()
-    masking: bool = False
-    refused: bool = False
-    result: SlotResult | None = None
-    error: BaseException | None = None
-
-
-@dataclass
-class StepState:
-    """The step's per-slot state, one `SlotState` per slot, and its timings. Host values: what
-    the device reads lives in the runner's step buffers (actors/staging.py on the device runner,
-    pinned where it crosses), written from these by the verifier's first host function."""
-
-    slots: list[SlotState]
-    timing: dict[str, float] = field(default_factory=lambda: {"forward_s": 0.0, "exposed_s": 0.0})
-
-    @classmethod
-    def allocate(cls, max_batch: int) -> StepState:
-        return cls([SlotState() for _ in range(max_batch)])
-
-    def __getitem__(self, slot: int) -> SlotState:
-        return self.slots[slot]
-
-    def __len__(self) -> int:
-        return len(self.slots)
-
-    def fail(self, slot: int, error: BaseException) -> None:
-        """Record the first per-request error of this step for `slot`."""
-        if self.slots[slot].error is None:
-            self.slots[slot].error = error
+__all__ = ["SlotState", "StepEvents", "StepProgram", "StepShape", "StepState"]
 
 
 @dataclass(frozen=True)
@@ -137,13 +65,13 @@ class StepShape:
     batch: int              # verified requests (padded to a bucket when `graph`)
     mode: str               # kernels.verify.Mode
     graph: bool             # a bucket shape: captured and replayed
+    updates: int = 0        # block-table entries the step writes on the device
 
 
 @dataclass(frozen=True)
 class StepEvents:
     """The timeline events one step's parts wait on (reused every step: fresh generations)."""
 
-    forced_ready: DeviceEvent
     draft_token: DeviceEvent
     draft_mask: DeviceEvent
     drafts_ready: DeviceEvent
@@ -153,13 +81,11 @@ class StepEvents:
 
     @classmethod
     def new(cls, timeline: Timeline) -> StepEvents:
-        return cls(*(timeline.new_event() for _ in range(7)))
+        return cls(*(timeline.new_event() for _ in range(6)))
 
 
 class GrammarPart(Protocol):
-    queue: StepQueue
-
-    def begin(self) -> None: ...
+    def begin(self, plan: StepPlan) -> None: ...
     def fill_draft_rows(self) -> None: ...
     def check(self) -> None: ...
     def fill(self) -> None: ...
@@ -167,9 +93,7 @@ class GrammarPart(Protocol):
 
 
 class DraftPart(Protocol):
-    queue: StepQueue
-
-    def begin(self) -> None: ...
+    def begin(self, plan: StepPlan) -> None: ...
     def draft_forward(self) -> None: ...
     def draft_sample(self) -> None: ...
     def finish(self) -> None: ...
@@ -177,10 +101,9 @@ class DraftPart(Protocol):
 
 
 class VerifyPart(Protocol):
-    queue: StepQueue
-
+    def begin(self, plan: StepPlan) -> None: ...
+    def stage(self) -> None: ...
     def shape_of(self, plan: StepPlan) -> StepShape | None: ...
-    def begin(self) -> None: ...
     def forward(self, shape: StepShape | None = None) -> None: ...
     def verify(self, shape: StepShape | None = None) -> None: ...
     def finish(self) -> None: ...
@@ -191,10 +114,11 @@ OnError = Callable[[BaseException], None]
 
 
 class StepProgram:
-    """Stages and enqueues steps; captures one program per shape and replays it (`capture=True`)."""
+    """Runs each step's prologue and enqueues its program; captures one program per shape."""
 
     def __init__(self, timeline: Timeline, state: StepState, grammar: GrammarPart, draft: DraftPart,
-                 verifier: VerifyPart, *, max_draft_len: int, draft_model: bool, capture: bool = True) -> None:
+                 verifier: VerifyPart, *, max_draft_len: int, draft_model: bool, capture: bool = True,
+                 step_timeout_s: float = 300.0, watchdog_poll_s: float = 0.25) -> None:
         self.timeline = timeline
         self.state = state
         self.events = StepEvents.new(timeline)
@@ -202,43 +126,58 @@ class StepProgram:
         self.k = max_draft_len
         self.draft_model = draft_model
         self.capture = capture
-        self.queue = StepQueue("publish")
+        self._plan: StepPlan | None = None
         self._programs: dict[tuple[int, bool, StepShape | None], Program] = {}
         self._warm: set[StepShape] = set()          # bucket shapes that ran once: captured next time
         self._publish: Publish | None = None
         self._on_error: OnError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.counts = {"steps": 0, "staged": 0, "replayed": 0, "captured": 0, "eager": 0, "wakeups": 0}
+        self._watch = (step_timeout_s, watchdog_poll_s)
+        self.watchdog: StepWatchdog | None = None
+        self.counts = {"steps": 0, "replayed": 0, "captured": 0, "eager": 0, "wakeups": 0}
 
     def bind(self, publish: Publish, on_error: OnError) -> None:
         """Where the finished step's TokenEvent goes (called on this loop, once per step), and where
         an exception of any part goes (the timeline is failed for good then: the engine must stop)."""
         self._publish, self._on_error = publish, on_error
         self._loop = asyncio.get_running_loop()
-
-    def _guard(self, fn: Callable[..., None]) -> Callable[..., None]:
-        """fn, reporting an exception to the loop before it fails the timeline."""
-        def guarded(*args: object) -> None:
-            try:
-                fn(*args)
-            except BaseException as exc:
-                if self._loop is not None and self._on_error is not None:
-                    try:
-                        self._loop.call_soon_threadsafe(self._on_error, exc)
-                    except RuntimeError:
-                        pass
-                raise
-        guarded.__qualname__ = getattr(fn, "__qualname__", "step_part")
-        return guarded
+        self.watchdog = StepWatchdog(self.timeline, on_error, timeout_s=self._watch[0], poll_s=self._watch[1])
 
     def launch(self, plan: StepPlan) -> None:
-        """Stage `plan` in every part's queue, then enqueue the whole step (one event-loop entry)."""
-        for q in (self.grammar.queue, self.draft.queue, self.verifier.queue, self.queue):
-            q.put(plan)
-            self.counts["staged"] += 1
-        self.counts["steps"] += 1
-        self.counts["wakeups"] += 1
-        shape = self.verifier.shape_of(plan)
+        """Run the step's prologue, then enqueue (or replay) its program. One event-loop entry."""
+        self.state.begin_step()                 # refuses a second step in flight
+        try:
+            self._plan = plan
+            self.counts["steps"] += 1
+            self.counts["wakeups"] += 1
+            self._prologue(plan)
+            shape = self.verifier.shape_of(plan)
+            self._enqueue_step(shape)
+            if self.watchdog is not None:
+                self.watchdog.arm(plan.step)
+        except BaseException as exc:
+            self.state.in_flight = False
+            fault = self._fault(exc)
+            if fault is not exc:
+                raise fault from exc
+            raise
+
+    def _prologue(self, plan: StepPlan) -> None:
+        b = self.state
+        for state in b.slots:
+            state.lane = -1
+        for lane, s in enumerate(s for s in plan.snapshots if s.sample):
+            b[s.slot].lane = lane
+        self.grammar.begin(plan)
+        self.draft.begin(plan)
+        self.verifier.begin(plan)
+        if not self.draft_model:
+            self.draft.finish()
+            if self.k:
+                self.grammar.check()
+            self.verifier.stage()
+
+    def _enqueue_step(self, shape: StepShape | None) -> None:
         key = (self.k, self.draft_model, shape)
         program = self._programs.get(key)
         if program is None and not self._capturable(shape):
@@ -254,8 +193,8 @@ class StepProgram:
         self.counts["replayed"] += 1
 
     def _capturable(self, shape: StepShape | None) -> bool:
-        """Capture now? Host-runner steps always (their ops read the plan); a device bucket shape
-        from its second step on (module docstring); any other device shape never."""
+        """Capture now? Host-runner steps always (their ops read the prologue's state); a device
+        bucket shape from its second step on (module docstring); any other device shape never."""
         if not self.capture:
             return False
         if shape is None:
@@ -275,35 +214,25 @@ class StepProgram:
     def enqueue(self, timeline: Timeline, shape: StepShape | None = None) -> None:
         """The step's lane ops in host order (see the module docstring). Data-independent."""
         g, m, ev = timeline.grammar, timeline.model, self.events
-        g.launch_host(self._guard(self.grammar.begin))
-        g.record(ev.forced_ready)
-        m.wait(ev.forced_ready)
-        m.launch_host(self._guard(self.draft.begin))
         if self.draft_model:
             for _ in range(self.k):
                 self._draft_iteration(g, m, ev)
-        m.launch_host(self._guard(self.draft.finish))
-        m.record(ev.drafts_ready)
-        g.wait(ev.drafts_ready)
-        if self.k:              # without speculation there are no drafts to check: no hand-off either
-            g.launch_host(self._guard(self.grammar.check))
+            m.launch_host(self._guard(self.draft.finish))
+            m.record(ev.drafts_ready)
+            g.wait(ev.drafts_ready)
+            g.launch_host(self._guard(self._check_and_stage))
             g.record(ev.drafts_checked)
         g.launch_host(self._guard(self.grammar.fill))
         g.record(ev.mask_ready)
-        if self.k:
+        if self.draft_model:
             m.wait(ev.drafts_checked)
         sized = () if shape is None else (shape,)      # device work is sized by the shape (module docstring)
-        m.launch_host(self._guard(self.verifier.begin))
         m.launch(self._guard(self.verifier.forward), *sized)
         m.wait(ev.mask_ready)
         m.launch(self._guard(self.verifier.verify), *sized)
-        if shape is not None:
-            m.launch_host(self._guard(self.verifier.finish))
         m.record(ev.tokens_ready)
-        m.launch_host(self._guard(self.draft.commit))
         g.wait(ev.tokens_ready)
-        g.launch_host(self._guard(self.grammar.commit))
-        g.launch_host(self._guard(self._publish_step))
+        g.launch_host(self._guard(self._tail))
 
     def _draft_iteration(self, g: Lane, m: Lane, ev: StepEvents) -> None:
         m.launch(self._guard(self.draft.draft_forward))
@@ -314,11 +243,23 @@ class StepProgram:
         m.wait(ev.draft_mask)
         m.launch(self._guard(self.draft.draft_sample))
 
-    def _publish_step(self) -> None:
-        """Grammar lane, last op of a step: hand the outcome to the event loop (one wake-up)."""
-        plan = self.queue.take()
+    def _check_and_stage(self) -> None:
+        """With a draft model: what the prologue does after the drafts, as one host function that
+        the forward waits for and the fill follows (so the fill never delays the forward)."""
+        if self.k:
+            self.grammar.check()
+        self.verifier.stage()
+
+    def _tail(self) -> None:
+        """The step's last host function: results settled, drafters and matchers advanced by the
+        committed tokens, the outcome handed to the event loop (one wake-up)."""
+        self.verifier.finish()
+        self.draft.commit()
+        self.grammar.commit()
+        plan = self._plan
         b = self.state
         results = []
+        assert plan is not None
         for s in plan.snapshots:
             error = b[s.slot].error
             r = b[s.slot].result if s.sample else None
@@ -330,6 +271,35 @@ class StepProgram:
         assert self._loop is not None and self._publish is not None, "bind() before launch()"
         self.counts["wakeups"] += 1
         try:
-            self._loop.call_soon_threadsafe(self._publish, event)
+            self._loop.call_soon_threadsafe(self._deliver, event)
         except RuntimeError:
             pass  # the loop is closed: the engine is shutting down
+
+    def _deliver(self, event: TokenEvent) -> None:
+        """On the loop: the step is over; what waited for its end runs, then the Scheduler hears."""
+        if self.watchdog is not None:
+            self.watchdog.disarm()
+        self.state.end_step()
+        assert self._publish is not None
+        self._publish(event)
+
+    def _fault(self, exc: BaseException) -> BaseException:
+        """The timeline's device fault when `exc` is its echo (on CUDA, every call after a fault
+        raises the sticky error as a plain RuntimeError), else `exc`."""
+        health = self.timeline.health() if isinstance(exc, RuntimeError) else None
+        return health if health is not None else exc
+
+    def _guard(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """fn, reporting an exception (typed: `_fault`) to the loop before it fails the timeline."""
+        def guarded(*args: object) -> None:
+            try:
+                fn(*args)
+            except BaseException as exc:
+                if self._loop is not None and self._on_error is not None:
+                    try:
+                        self._loop.call_soon_threadsafe(self._on_error, self._fault(exc))
+                    except RuntimeError:
+                        pass
+                raise
+        guarded.__qualname__ = getattr(fn, "__qualname__", "step_part")
+        return guarded

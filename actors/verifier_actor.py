@@ -1,9 +1,10 @@
 """VerifierActor: owns the target model and the sampling state; its part of a step runs on the model lane.
 
-Its part of a step (see actors/step.py), reading the step's plan from its own StepQueue: the target
-forward over every request's chunk (prefill chunks, or the last token plus drafts), then, after the
-mask event, masking and verification (`verify`), which writes each request's SlotResult into the
-step buffers before the token event is recorded.
+Its part of a step (see actors/step.py): in the prologue, the step's plan and each sampling
+request's drafts and generator (`begin`, `stage`); on the model lane, the target forward over
+every request's chunk (prefill chunks, or the last token plus drafts), then, after the mask event,
+masking and verification (`verify`), which writes each request's SlotResult into the step
+buffers before the token event is recorded.
 
 A per-request fault inside verification (a NaN logits row, or a row that allows no token at all)
 fails that request with a SamplingError; its neighbours are verified exactly as without it.
@@ -41,7 +42,8 @@ from interlock.actors.base import Actor, Handler
 from interlock.output.delivery import cut_at_stop
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.kernels.penalty_book import PenaltyBook
-from interlock.actors.step import StepState, StepQueue, StepShape
+from interlock.actors.step import StepShape
+from interlock.actors.step_state import StepState
 from interlock.kernels import (
     apply_token_bitmask_, native, probs_from_logits, rejection_sample, rejection_sample_greedy, token_logprobs,
 )
@@ -85,9 +87,9 @@ class VerifierActor(Actor[object]):
         self.step = step
         self.tokenizer_vocab = tokenizer_vocab
         self.eos = frozenset(eos_token_ids)
-        self.generators: dict[RequestId, torch.Generator] = {}     # model lane only
-        self.penalties = PenaltyBook(model.config.vocab_size)       # per-request token counts; model lane only
-        self.queue = StepQueue("verifier")
+        self.generators: dict[RequestId, torch.Generator] = {}     # seeded requests' own
+        self.penalties = PenaltyBook(model.config.vocab_size)       # per-request token counts
+        self._plan: StepPlan | None = None
         self._work: _StepWork | None = None
         # the lean greedy path (module docstring); None: where the native kernels build
         self.lean = native.available() if lean is None else lean
@@ -98,28 +100,32 @@ class VerifierActor(Actor[object]):
 
     async def on_add(self, msg: AddRequest) -> None:
         """A penalized request's prompt (the Scheduler sends only those): its penalty entry."""
-        self.timeline.model.launch_host(self.penalties.add, msg.request_id, msg.prompt)
+        self.step.between_steps(self.penalties.add, msg.request_id, msg.prompt)
         if msg.reply is not None:
             msg.reply.set_result(None)
 
     async def on_release(self, msg: Release) -> None:
-        self.timeline.model.launch_host(self.generators.pop, msg.request_id, None)
-        self.timeline.model.launch_host(self.penalties.release, msg.request_id)
+        self.step.between_steps(self.generators.pop, msg.request_id, None)
+        self.step.between_steps(self.penalties.release, msg.request_id)
 
     async def on_count(self, msg: Count) -> None:
         """(seeded generators, penalty entries) for leak checks."""
-        await self.timeline.model.synchronize()
         msg.reply.set_result((len(self.generators), len(self.penalties)))
 
-    # --- model lane: this actor's part of a step -----------------------------------------------
+    # --- this actor's part of a step ----------------------------------------------------------
 
     def shape_of(self, plan: StepPlan) -> StepShape | None:
         """None: this runner's ops read everything from the plan (actors/step.py)."""
         return None
 
-    def begin(self) -> None:
-        """Take the step's plan; the drafts and q the drafter wrote; the requests' generators."""
-        plan = self.queue.take()
+    def begin(self, plan: StepPlan) -> None:
+        """Prologue: the step's plan."""
+        self._plan = plan
+
+    def stage(self) -> None:
+        """The drafts and q the drafter wrote (and the grammar cut); the requests' generators."""
+        plan = self._plan
+        assert plan is not None
         b = self.step
         sampled = [i for i, s in enumerate(plan.snapshots) if s.sample and b[s.slot].error is None]
         for s in plan.snapshots:
@@ -297,11 +303,11 @@ class VerifierActor(Actor[object]):
 
     def _valid_drafts(self, s: RequestSnapshot, n: int) -> int:
         """Of a request's n drafts, those its grammar let through: past the first refused one they are moot."""
-        return min(n, int(self.buffers.rows[s.slot]) - 1) if s.constrained else n
+        return min(n, int(self.buffers.rows[self.step[s.slot].lane]) - 1) if s.constrained else n
 
     def _mask_rows(self, snaps: list[RequestSnapshot], widths: list[int], unread: int = -1) -> list[int]:
         """The bitmask row each logits row reads (widths[i] rows for snaps[i]: row j of a constrained
-        request reads slot * (D+1) + j), -1 for none: free rows (a switching grammar outside its
+        request reads lane * (D+1) + j), -1 for none: free rows (a switching grammar outside its
         constrained part) were left unwritten, which is exact (they would allow every id). Rows past
         the ones the grammar filled (after a refused draft, or padding) are never read: `unread`."""
         per = self.buffers.rows_per_slot
@@ -311,8 +317,9 @@ class VerifierActor(Actor[object]):
             if not s.constrained:
                 out.extend([-1] * width)
                 continue
-            n = filled[s.slot]
-            out.extend(unread if j >= n else -1 if free[s.slot * per + j] else s.slot * per + j for j in range(width))
+            lane = self.step[s.slot].lane
+            n = filled[lane]
+            out.extend(unread if j >= n else -1 if free[lane * per + j] else lane * per + j for j in range(width))
         return out
 
     def _row_invalid(self, s: RequestSnapshot, peaks: list[float]) -> bool:

@@ -38,6 +38,7 @@ from interlock.parallel.group import TensorParallelModel, TPConfig
 from interlock.protocol.errors import UnsupportedModelError
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.streams.cpu_timeline import CpuTimeline
+from interlock.streams.cuda_rules import CudaRulesTimeline
 
 log = get_logger(__name__)
 
@@ -161,7 +162,10 @@ class Runtime:
     rows_prefill: bool
 
     def close(self) -> None:
-        self.timeline.close()
+        try:
+            self.timeline.close()
+        except Exception as exc:  # noqa: BLE001 - after a fault or a hang it may not close; free the rest
+            log.error("timeline_close_failed", error=repr(exc))
         self.program.close()
         self.kv.release()
         if self.drafter is not None:
@@ -175,7 +179,7 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
     device = model.device if runner == "device" else torch.device("cpu")     # for_runner placed the model
     tp = isinstance(model, TensorParallelModel)
     rows = prefill_rows(model, config.prefill) if runner == "host" else False     # first: it may refuse
-    timeline = _timeline(device, config)
+    timeline = _timeline(device, config, runner)
     # A prompt's K/V must be bit-identical with and without the cache. On a batch-invariant path
     # (the rows path, or the device forward) a token's K/V are the same whichever chunk or step
     # computed them: hits at any block, outputs included. The dense path rounds by chunk: hits at
@@ -221,14 +225,18 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
     # A draft model drafts at most K tokens after a request's forced ones: K rounds a step.
     rounds = config.speculative.max_draft_len if config.speculative else 0
     program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=rounds,
-                          draft_model=drafter is not None, capture=config.capture_steps)
+                          draft_model=drafter is not None, capture=config.capture_steps,
+                          step_timeout_s=config.step_timeout_s, watchdog_poll_s=config.watchdog_poll_s)
     scheduler = Scheduler(sched, loaded.tokenizer, kv_actor, grammar, draft, verifier, program, forget)
     return Runtime((kv_actor, verifier, grammar, draft, scheduler), scheduler, timeline, program, kv, drafter, rows)
 
 
-def _timeline(device: torch.device, config: EngineConfig) -> Any:
+def _timeline(device: torch.device, config: EngineConfig, runner: Runner) -> Any:
+    trace = config.trace_host_functions
     if device.type == "cuda":
         from interlock.streams.cuda_timeline import CudaTimeline
 
-        return CudaTimeline(device)
+        return CudaTimeline(device, trace=trace)
+    if runner == "device":      # the device runner's path on the CPU: under CUDA's rules (streams/cuda_rules.py)
+        return CudaRulesTimeline(model_threads=lane_threads(config.threads), trace=trace)
     return CpuTimeline(model_threads=lane_threads(config.threads))

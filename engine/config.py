@@ -34,6 +34,15 @@ class EngineConfig:
     capture_steps: bool = True              # replay one captured lane program per step shape (else eager)
     max_context: int | None = None          # None: the model's context window
     tp_step_timeout_s: float = 60.0         # tensor parallel: a step taking longer means a hung worker
+    # The step watchdog (actors/watchdog.py): a step that has not reported back after this long
+    # fails the engine with StepOverdueError instead of hanging it (a hung kernel or host function).
+    # Generous: a device runner's first step of a shape compiles its kernels. A device fault is
+    # noticed sooner, by asking the device every `watchdog_poll_s`.
+    step_timeout_s: float = 300.0
+    watchdog_poll_s: float = 0.25
+    # Keep each host function's name, lane, thread, start and end (`Engine.host_trace()`): what
+    # delays a step on a GPU, where one thread runs every lane's host functions. Off: no cost.
+    trace_host_functions: bool = False
     # Share the K/V of full prompt blocks between requests (models/prefix_cache.py): a request whose
     # prompt starts with a cached prefix skips prefilling it. Outputs are the same either way.
     # Not yet under tensor parallelism (untested there): off when tensor_parallel > 1.
@@ -79,6 +88,9 @@ class EngineConfig:
             raise ValueError(f"threads must be None or an int >= 1, got {self.threads!r}")
         if not isinstance(self.device, str) or not DEVICE_PATTERN.match(self.device):
             raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {self.device!r}")
+        if not (self.step_timeout_s > 0 and self.watchdog_poll_s > 0):
+            raise ValueError(f"step_timeout_s and watchdog_poll_s must be > 0, got {self.step_timeout_s!r}, "
+                             f"{self.watchdog_poll_s!r}")
         if self.runner not in RUNNERS:
             raise ValueError(f"runner must be one of {RUNNERS}, got {self.runner!r}")
         buckets = self.graph_buckets

@@ -11,8 +11,10 @@ from typing import Literal, TypeAlias
 
 import torch
 
-Backend: TypeAlias = Literal["auto", "torch", "reference", "cuda"]
-Resolved: TypeAlias = Literal["torch", "reference", "cuda"]
+# capturable: no host read (no .item(), no data-dependent shape), so it may run inside a captured
+# step: the CUDA variant on CUDA tensors, plain tensor ops elsewhere ("tensor").
+Backend: TypeAlias = Literal["auto", "torch", "reference", "cuda", "capturable"]
+Resolved: TypeAlias = Literal["torch", "reference", "cuda", "tensor"]
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
@@ -26,6 +28,8 @@ def resolve_backend(backend: str, device: torch.device, *, has_cuda: bool = Fals
     """
     if backend == "auto":
         return "cuda" if has_cuda and device.type == "cuda" and _triton_available() else "torch"
+    if backend == "capturable":
+        return "cuda" if has_cuda and device.type == "cuda" and _triton_available() else "tensor"
     if backend in ("torch", "reference"):
         return backend  # type: ignore[return-value]
     if backend == "cuda":
@@ -36,7 +40,7 @@ def resolve_backend(backend: str, device: torch.device, *, has_cuda: bool = Fals
         if not _triton_available():
             raise ValueError("backend 'cuda' needs triton, which is not installed")
         return "cuda"
-    raise ValueError(f"unknown backend {backend!r}; expected 'auto', 'torch', 'reference' or 'cuda'")
+    raise ValueError(f"unknown backend {backend!r}; expected 'auto', 'torch', 'reference', 'cuda' or 'capturable'")
 
 
 @functools.cache

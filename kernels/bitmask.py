@@ -48,7 +48,9 @@ def apply_token_bitmask_(
             ids of a model whose vocabulary is larger than the tokenizer's). Default 32*W.
         backend: "auto" (the Triton kernel for CUDA tensors, else "torch") | "torch" (on
             the host: xgrammar's C++ kernel for contiguous fp32 CPU logits without d2t, torch
-            ops otherwise) | "reference" | "cuda" (kernels/bitmask_triton.py; CUDA tensors only).
+            ops otherwise) | "reference" | "cuda" (kernels/bitmask_triton.py; CUDA tensors only)
+            | "capturable" (no host read: the Triton kernel on CUDA, tensor ops elsewhere; what
+            a captured step runs).
 
     Token ids outside [0, min(mask_vocab_size, 32*W)) are always disallowed. A row whose
     every token is disallowed becomes all -inf; callers must not sample it. Index values
@@ -68,6 +70,8 @@ def apply_token_bitmask_(
         apply_token_bitmask_triton_(logits, bitmask, rows, skip, d2t, limit)
     elif resolved == "torch":
         _apply_torch_(logits, bitmask, rows, skip, d2t, limit)
+    elif resolved == "tensor":
+        _apply_tensor_ops_(logits, bitmask, rows, skip, d2t, limit)
     else:
         apply_token_bitmask_reference_(logits, bitmask, rows, skip, d2t, limit)
 
@@ -130,6 +134,21 @@ def _apply_torch_(
             and vocab % 32 == 0:
         _apply_xgrammar_cpu_(logits, bitmask, rows, skip, limit)
         return
+    _apply_tensor_ops_(logits, bitmask, rows, skip, d2t, limit)
+
+
+def _apply_tensor_ops_(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    rows: torch.Tensor | None,
+    skip: torch.Tensor | None,
+    d2t: torch.Tensor | None,
+    limit: int,
+) -> None:
+    """Fixed-shape tensor ops, no host read: capturable on any device."""
+    n_rows, vocab = logits.shape
+    if rows is None:
+        bitmask = bitmask[:n_rows]
     banned = ~allowed_tokens(bitmask, rows, d2t, vocab, limit)  # [R, V]
     if skip is not None:
         banned &= ~skip.unsqueeze(1)

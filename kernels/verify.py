@@ -1,17 +1,18 @@
 """A whole step's verification as one fixed-shape function of tensors: what the device runner's
 model lane runs after the mask event (eagerly, or inside a captured CUDA graph).
 
-Terms: R forward rows, V model vocabulary, B verified requests (a padded bucket), K draft length,
-S slots (max batch), W int32 words per bitmask row. Request b's K+1 verify rows are rows
-index[b, :] of the forward; its bitmask rows are slot_of[b] * (K+1) + j, valid for
-j < rows_filled[slot_of[b]] (the grammar lane's count) and skipped where `free` says the grammar
-is free there, or where the request has no grammar.
+Terms: V model vocabulary, B verified requests (a padded bucket), K draft length, W int32 words
+per bitmask row. The logits are the forward's verify rows, request b's K+1 rows at b*(K+1)+j;
+its bitmask rows are the same rows of the grammar's (the request's lane is b), valid for
+j < rows_filled[b] (the grammar lane's count) and skipped where `free` says the grammar is free
+there, or where the request has no grammar.
 
 It decides exactly what the host VerifierActor decides for the same rows: padded ids are never
 sampled, drafts past the grammar's filled rows are moot, greedy requests take the masked argmax
 (lowest id on ties) and the others rejection sampling on the masked, temperature / top-k / top-p
 distribution. It makes no host sync (no .item(), no data-dependent shapes): every output is a
-tensor the caller copies to the host after the step.
+tensor the caller copies to the host after the step. The bitmask is applied with the
+"capturable" backend: the Triton kernel on CUDA, tensor ops elsewhere.
 """
 from __future__ import annotations
 
@@ -31,10 +32,8 @@ Mode = Literal["greedy", "sample", "filtered"]     # filtered: some request uses
 class VerifyInputs:
     """One step's verification inputs, all on the logits' device (fixed shapes for a bucket)."""
 
-    index: torch.Tensor          # [B, K+1] int64: forward row of each verify row
     drafts: torch.Tensor         # [B, K] int64
     num_drafts: torch.Tensor     # [B] int64: drafts the request brought (after the grammar's cut)
-    slot_of: torch.Tensor        # [B] int64
     constrained: torch.Tensor    # [B] bool
     temperature: torch.Tensor    # [B] float32, 0 for greedy
     top_k: torch.Tensor          # [B] int64, 0: off
@@ -44,11 +43,11 @@ class VerifyInputs:
 
 @dataclass(frozen=True)
 class MaskInputs:
-    """The grammar lane's step output, on the logits' device."""
+    """The grammar lane's step output for the step's lanes, on the logits' device."""
 
-    bitmask: torch.Tensor        # [S * (K+1), W] int32
-    rows_filled: torch.Tensor    # [S] int32
-    free: torch.Tensor           # [S * (K+1)] bool
+    bitmask: torch.Tensor        # [B * (K+1), W] int32
+    rows_filled: torch.Tensor    # [B] int32
+    free: torch.Tensor           # [B * (K+1)] bool
 
 
 @dataclass(frozen=True)
@@ -61,17 +60,17 @@ class VerifyOutputs:
 
 def verify_step(logits: torch.Tensor, v: VerifyInputs, m: MaskInputs, tokenizer_vocab: int,
                 mode: Mode) -> VerifyOutputs:
-    """Mask every verify row with its grammar row, then accept drafts (module docstring)."""
-    b, k1 = v.index.shape
+    """Mask every verify row [B (K+1), V] with its grammar row (in place when the logits are
+    float32), then accept drafts (module docstring)."""
+    b, k1 = v.drafts.shape[0], v.drafts.shape[1] + 1
     vocab = logits.shape[1]
-    x = logits.index_select(0, v.index.reshape(-1)).float()                      # [B (K+1), V]
+    x = logits.float()                                                            # [B (K+1), V]
     x[:, tokenizer_vocab:] = float("-inf")                                        # padded ids: never
     j = torch.arange(k1, device=x.device)
-    filled = m.rows_filled.long().index_select(0, v.slot_of)                      # [B]
-    rows = v.slot_of.unsqueeze(1) * k1 + j                                        # [B, K+1]
-    skip = ~v.constrained.unsqueeze(1) | (j >= filled.unsqueeze(1)) | m.free[rows]
-    apply_token_bitmask_(x, m.bitmask, rows=rows.reshape(-1), skip=skip.reshape(-1),
-                         mask_vocab_size=tokenizer_vocab)
+    filled = m.rows_filled.long()                                                 # [B]
+    skip = ~v.constrained.unsqueeze(1) | (j >= filled.unsqueeze(1)) | m.free.view(b, k1)
+    apply_token_bitmask_(x, m.bitmask, skip=skip.reshape(-1), mask_vocab_size=tokenizer_vocab,
+                         backend="capturable")
     valid = torch.where(v.constrained, torch.minimum(v.num_drafts, (filled - 1).clamp(min=0)), v.num_drafts)
     x = x.view(b, k1, vocab)
     peaks = x.amax(-1)                                                            # [B, K+1]

@@ -106,3 +106,8 @@ class EngineClosedError(EngineError):
 class WorkerError(EngineError):
     """A tensor-parallel worker process died, hung past the step timeout, or raised; the engine
     cannot run another step (every in-flight request gets this)."""
+
+
+class StepOverdueError(EngineError):
+    """A step did not report back within EngineConfig.step_timeout_s (a hung kernel or host
+    function): the watchdog failed the engine rather than let every request wait forever."""

@@ -2,9 +2,13 @@
 
 - `timeline.py`: the timeline interface (lanes, events, host functions) with CUDA stream/event
   semantics;
-- `cpu_timeline.py`: its thread-per-lane CPU implementation;
+- `cpu_timeline.py`: the CPU engine's, a thread per lane (events and failure: `cpu_events.py`);
 - `cuda_timeline.py`: the CUDA one (streams, events, CUDA-graph programs), with `hostfunc.py`, the
   cuLaunchHostFunc binding whose callables live as long as a graph may replay them;
+- `cuda_rules.py`: a CPU timeline that obeys CUDA's rules (device work's Python at enqueue and its
+  tensor ops deferred, `deferred.py`; one host-function thread; replays of ops, not Python; no host
+  sync in a capture; a fault stops everything): what the device runner's CPU tests run on;
+  `program_graph.py`, the dependencies of a captured program;
 - `errors.py`: the typed errors of the timeline and of the bounded queues built on anyio
   (full, empty, closed, timeline failed), shared with actors/ mailboxes and output/'s stream.
 

@@ -1,5 +1,6 @@
-"""StepProgram: a step is staged in every part's bounded queue and enqueued whole; step i's host
-work reads step i's plan even when step i+1 is already staged (the per-actor queues)."""
+"""StepProgram: a prologue on the event loop, then one lane program; steps are serial; loop-side
+changes wait for the step boundary; and the program's dependencies keep the mask fill off the
+forward's path even though one thread runs every host function (the CUDA-rules timeline)."""
 from __future__ import annotations
 
 import threading
@@ -7,40 +8,27 @@ import threading
 import anyio
 import pytest
 
-from interlock.actors.step import StepState, StepProgram, StepQueue
-from interlock.protocol.messages import SlotResult, StepPlan, TokenEvent
-from interlock.streams.cpu_timeline import CpuTimeline
+from interlock.actors.step import StepProgram, StepState
+from interlock.protocol.errors import SamplingError
+from interlock.protocol.messages import RequestSnapshot, SlotResult, StepPlan, TokenEvent
+from interlock.protocol.sampling import SamplingParams
+from interlock.streams.cuda_rules import CudaRulesTimeline
+from interlock.streams.program_graph import ancestors, find, host_functions
 
-
-def plan(step: int) -> StepPlan:
-    return StepPlan(step, (), 2)
+PROLOGUE = {"begin", "stage", "check", "finish"}
 
 
 class Part:
-    """A fake part: `begin` takes its plan from its queue; its later functions use that plan. With
-    `shared` set it reads a 'latest plan' attribute instead (what the queue replaces)."""
+    """A fake part that notes each call (part, function, thread)."""
 
-    def __init__(self, name: str, seen: list[tuple[str, str, int]], shared: dict | None = None,
-                 gate: threading.Event | None = None) -> None:
-        self.name, self.seen, self.shared, self.gate = name, seen, shared, gate
-        self.queue = StepQueue(name)
-        self.plan: StepPlan | None = None
-
-    def _current(self) -> int:
-        if self.shared is not None:
-            return self.shared["latest"].step
-        assert self.plan is not None
-        return self.plan.step
-
-    def begin(self) -> None:
-        if self.gate is not None:
-            self.gate.wait(5)
-        self.plan = self.queue.take()
-        self.seen.append((self.name, "begin", self._current()))
+    def __init__(self, name: str, seen: list[tuple[str, str, str]]) -> None:
+        self.name, self.seen = name, seen
 
     def _note(self, what: str) -> None:
-        self.seen.append((self.name, what, self._current()))
+        self.seen.append((self.name, what, threading.current_thread().name))
 
+    def begin(self, plan: StepPlan) -> None: self._note("begin")
+    def stage(self) -> None: self._note("stage")
     def check(self) -> None: self._note("check")
     def fill(self) -> None: self._note("fill")
     def commit(self) -> None: self._note("commit")
@@ -53,94 +41,126 @@ class Part:
     def shape_of(self, plan) -> None: return None      # the host runner's: no shape of its own
 
 
-async def run_two_steps(shared: dict | None, *, capture: bool, draft_model: bool, k: int = 2
-                        ) -> tuple[list[tuple[str, str, int]], list[TokenEvent], StepProgram]:
-    seen: list[tuple[str, str, int]] = []
+def make(timeline, seen, *, k: int = 2, draft_model: bool = False, capture: bool = True) -> StepProgram:
+    parts = [Part("grammar", seen), Part("draft", seen), Part("verifier", seen)]
+    return StepProgram(timeline, StepState.allocate(2), *parts, max_draft_len=k, draft_model=draft_model,
+                       capture=capture)
+
+
+async def run_steps(program: StepProgram, n: int) -> list[TokenEvent]:
     events: list[TokenEvent] = []
-    gate = threading.Event()
-    with CpuTimeline() as timeline:
-        # The grammar part's first function blocks until both steps are staged and enqueued.
-        parts = [Part("grammar", seen, shared, gate), Part("draft", seen, shared), Part("verifier", seen, shared)]
-        program = StepProgram(timeline, StepState.allocate(2), *parts, max_draft_len=k, draft_model=draft_model,
-                              capture=capture)
-        program.bind(events.append, lambda exc: None)
-        for step in (1, 2):
-            p = plan(step)
-            if shared is not None:
-                shared["latest"] = p          # what a 'latest plan' field would hold by now
-            program.launch(p)
-        gate.set()
-        with anyio.fail_after(5):
-            while len(events) < 2:
+    program.bind(events.append, lambda exc: None)
+    with anyio.fail_after(10):
+        for step in range(1, n + 1):
+            program.launch(StepPlan(step, (), 2))
+            while len(events) < step:
                 await anyio.sleep(0.001)
-    return seen, events, program
+    return events
 
 
 @pytest.mark.parametrize("capture", [True, False], ids=["replayed", "eager"])
-@pytest.mark.parametrize("draft_model", [True, False], ids=["draft-model", "no-draft-model"])
-async def test_each_steps_host_work_sees_its_own_plan(capture: bool, draft_model: bool) -> None:
-    seen, events, program = await run_two_steps(None, capture=capture, draft_model=draft_model)
-    assert [e.step for e in events] == [1, 2]
-    per_step = {1: [], 2: []}
-    for name, what, step in seen:
-        per_step[step].append((name, what))
-    assert per_step[1] == per_step[2] and len(per_step[1]) == len(seen) // 2
-    # Step 1's work all ran before step 2's on each lane, and nothing of step 1 saw step 2.
-    first_two = [i for i, (_, _, step) in enumerate(seen) if step == 2]
-    assert all(seen[i][2] == 1 for i in range(first_two[0]) if seen[i][0] == "grammar")
-    draft_ops = sum(what.startswith("draft_") for _, what in per_step[1])
-    assert draft_ops == (2 * 2 + 2 if draft_model else 0)     # K forwards, K samples, K mask rows
-    assert program.counts["replayed"] == (2 if capture else 0)
-    assert program.counts["captured"] == (1 if capture else 0)
+async def test_the_prologue_runs_on_the_loop_and_two_host_functions_on_the_host_thread(capture: bool) -> None:
+    seen: list[tuple[str, str, str]] = []
+    loop = threading.current_thread().name
+    with CudaRulesTimeline() as timeline:
+        program = make(timeline, seen, capture=capture)
+        events = await run_steps(program, 3)
+        host_calls = timeline.statistics().grammar.host_calls
+    assert [e.step for e in events] == [1, 2, 3]
+    starts = [i for i, (p, w, _) in enumerate(seen) if (p, w) == ("grammar", "begin")]
+    steps = [seen[a:b] for a, b in zip(starts, starts[1:] + [len(seen)])]
+    prologue = [("grammar", "begin"), ("draft", "begin"), ("verifier", "begin"), ("draft", "finish"),
+                ("grammar", "check"), ("verifier", "stage")]
+    device_python = [("verifier", "forward"), ("verifier", "verify")]     # device work's Python: at enqueue
+    tail = [("grammar", "fill"), ("verifier", "finish"), ("draft", "commit"), ("grammar", "commit")]
+    for i, step in enumerate(steps):
+        on_loop = [(p, w) for p, w, t in step if t == loop]
+        on_host = [(p, w) for p, w, t in step if t == "interlock-host-functions"]
+        replayed = capture and i > 0              # a replay runs the recorded ops, not their Python
+        assert on_loop == prologue + ([] if replayed else device_python)
+        assert on_host == tail
+        assert len(on_loop) + len(on_host) == len(step)
+    assert host_calls == 2 * 3                    # the grammar lane's two host functions, per step
 
 
-@pytest.mark.parametrize("k", [0, 2])
-async def test_drafts_are_checked_before_the_forward_only_with_speculation(k: int) -> None:
-    seen, events, _ = await run_two_steps(None, capture=True, draft_model=False, k=k)
-    assert [e.step for e in events] == [1, 2]
-    for step in (1, 2):
-        ops = [(name, what) for name, what, s in seen if s == step]
-        if k:       # the check runs after the drafts are done and before the verifier's part
-            assert ops.index(("grammar", "check")) < ops.index(("verifier", "begin"))
-            assert ops.index(("draft", "finish")) < ops.index(("grammar", "check"))
+def test_a_second_step_is_refused_while_one_is_in_flight() -> None:
+    with CudaRulesTimeline() as timeline:
+        program = make(timeline, [])
+        program.state.begin_step()                # step 1 launched, its outcome not yet delivered
+        with pytest.raises(RuntimeError, match="in flight"):
+            program.launch(StepPlan(2, (), 2))
+        assert program.state.in_flight            # the refused launch left step 1 in flight
+
+
+def test_loop_side_changes_wait_for_the_step_boundary() -> None:
+    state = StepState.allocate(2)
+    done: list[str] = []
+    state.between_steps(done.append, "now")
+    state.begin_step()
+    state.between_steps(done.append, "later")
+    assert done == ["now"]
+    state.end_step()
+    assert done == ["now", "later"] and not state.in_flight
+
+
+@pytest.mark.parametrize("draft_model", [False, True], ids=["lookup-drafts", "draft-model"])
+def test_the_mask_fill_never_sits_on_the_forwards_path(draft_model: bool) -> None:
+    """On the recorded program's dependency graph: the verification depends on the fill; the forward
+    depends on no host function (lookup drafts, the device runner's layout) or only on host functions
+    that the fill depends on too (a draft model's check + staging), so that the one host thread never
+    has the forward wait behind the fill."""
+    with CudaRulesTimeline() as timeline:
+        program = make(timeline, [], draft_model=draft_model)
+        with timeline.capture() as recorded:
+            program.enqueue(timeline, None)
+        deps = ancestors(recorded)
+        (forward,) = find(recorded, "Part.forward", "device")
+        (verify,) = find(recorded, "Part.verify", "device")
+        (fill,) = find(recorded, "Part.fill", "host")
+        assert fill in deps[verify]
+        assert fill not in deps[forward]
+        before_forward = {i for i in deps[forward] if recorded.entries[i].kind == "host"}
+        if draft_model:
+            assert before_forward and before_forward <= deps[fill]
         else:
-            assert ("grammar", "check") not in ops
+            assert host_functions(recorded, deps[forward]) == []
 
 
-async def test_without_the_queues_step_1_reads_step_2s_plan() -> None:
-    """The hazard the per-part queues remove: read from one 'latest plan' field, step 1's host work
-    (run after step 2 was staged) sees step 2."""
-    seen, _, _ = await run_two_steps({"latest": None}, capture=False, draft_model=False)
-    assert {step for _, _, step in seen} == {2}
+def test_the_graph_catches_a_forward_that_waits_behind_the_fill() -> None:
+    """The layout this replaces (the verifier's staging as a host function after the drafts were
+    checked, ready together with the fill) fails the check above: the test can fail."""
+    with CudaRulesTimeline() as timeline:
+        seen: list = []
+        grammar, verifier = Part("grammar", seen), Part("verifier", seen)
+        ready = timeline.new_event()
+        with timeline.capture() as recorded:
+            timeline.grammar.launch_host(grammar.check)
+            timeline.grammar.record(ready)
+            timeline.grammar.launch_host(grammar.fill)
+            timeline.model.wait(ready)
+            timeline.model.launch_host(verifier.stage)
+            timeline.model.launch(verifier.forward)
+        deps = ancestors(recorded)
+        (forward,) = find(recorded, "Part.forward", "device")
+        (fill,) = find(recorded, "Part.fill", "host")
+        before_forward = {i for i in deps[forward] if recorded.entries[i].kind == "host"}
+        assert not before_forward <= deps[fill]           # staging is ready alongside the fill
 
 
-def test_the_queue_is_bounded_and_refuses_a_step_never_staged() -> None:
-    q = StepQueue("x", maxsize=2)
-    q.put(plan(1))
-    q.put(plan(2))
-    with pytest.raises(RuntimeError, match="full"):
-        q.put(plan(3))
-    assert q.take().step == 1 and q.take().step == 2
-    with pytest.raises(RuntimeError, match="empty"):
-        q.take()
-
-
-async def test_publish_reports_results_and_per_request_errors() -> None:
-    from interlock.protocol.errors import SamplingError
-    from interlock.protocol.messages import RequestSnapshot
-    from interlock.protocol.sampling import SamplingParams
-
-    events: list[TokenEvent] = []
-    seen: list = []
-    with CpuTimeline() as timeline:
-        buffers = StepState.allocate(2)
-        parts = [Part("grammar", seen), Part("draft", seen), Part("verifier", seen)]
-        program = StepProgram(timeline, buffers, *parts, max_draft_len=2, draft_model=False)
-        program.bind(events.append, lambda exc: None)
+async def test_the_tail_reports_results_and_per_request_errors() -> None:
+    with CudaRulesTimeline() as timeline:
+        program = make(timeline, [])
+        buffers = program.state
         snaps = tuple(RequestSnapshot(f"r{i}", i, i, 5, (7,), True, False, SamplingParams()) for i in range(2))
-        buffers[0].result = SlotResult("r0", 0, (1, 2), 2, 1)
-        buffers[1].result = SlotResult("r1", 1, (3,), 2, 0)
-        buffers.fail(1, SamplingError("nan"))
+        events: list[TokenEvent] = []
+        program.bind(events.append, lambda exc: None)
+
+        def results(plan: StepPlan) -> None:          # what the verifier writes in its part
+            buffers[0].result = SlotResult("r0", 0, (1, 2), 2, 1)
+            buffers[1].result = SlotResult("r1", 1, (3,), 2, 0)
+            buffers.fail(1, SamplingError("nan"))
+
+        program.verifier.begin = results
         program.launch(StepPlan(1, snaps, 2))
         with anyio.fail_after(5):
             while not events:
@@ -148,3 +168,4 @@ async def test_publish_reports_results_and_per_request_errors() -> None:
     (event,) = events
     assert event.results[0] == SlotResult("r0", 0, (1, 2), 2, 1)
     assert event.results[1].new_tokens == () and isinstance(event.results[1].error, SamplingError)
+    assert [buffers[s.slot].lane for s in snaps] == [0, 1]

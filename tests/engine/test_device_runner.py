@@ -19,7 +19,6 @@ import jsonschema
 import pytest
 import torch
 
-from interlock.actors.device_verifier import DeviceVerifier
 from interlock.engine import Engine, EngineConfig
 from interlock.protocol.errors import SamplingError, UnsupportedFeatureError, UnsupportedModelError
 from interlock.protocol.grammar import JsonSchema, Reasoning
@@ -121,37 +120,35 @@ async def test_greedy_speculative_equals_plain_across_a_grammar_switch(tiny_floa
 
 
 @pytest.mark.parametrize("device", DEVICES)
-async def test_a_nan_row_fails_only_its_request(tiny_float, device: str, monkeypatch) -> None:
-    forward = DeviceVerifier.forward
-
-    def poisoned(self, shape=None) -> None:
-        forward(self, shape)
-        work = self._dwork
-        for v, s in work.verified:
-            if s.request_id == "req-0":
-                row = int(self.staging.host.verify.index[v, 0])
-                self._logits = self._logits.clone()
-                self._logits[row] = float("nan")
-
-    prompt, grammar, sampling = case(1)
+async def test_a_nan_row_fails_only_its_request(tiny_float, device: str) -> None:
+    """A token whose embedding is NaN (a corrupt weight row) reaches only the request that uses it:
+    its rows are NaN, it fails alone, and the neighbour decoding beside it (in the same captured
+    buckets) gets exactly its clean output. The poison is data, as a replayed program sees it."""
+    tok = tiny_float.tokenizer
+    victim, neighbour = "zebra zebra zebra", "Once upon a time"
+    bad = next(t for t in tok.encode(victim) if t not in tok.encode(neighbour))
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     async with Engine(tiny_float, device_config(device, max_batch_size=2)) as engine:
-        expected = (await engine.complete(prompt, grammar=grammar, sampling=sampling)).token_ids
-    monkeypatch.setattr(DeviceVerifier, "forward", poisoned)
-    async with Engine(tiny_float, device_config(device, max_batch_size=2)) as engine:
+        expected = (await engine.complete(neighbour, sampling=greedy)).token_ids
+    engine = Engine(tiny_float, device_config(device, max_batch_size=2))
+    model = engine.model.model
+    model.embed = model.embed.clone()               # this engine's copy only: the fixture stays clean
+    model.embed[bad] = float("nan")
+    async with engine:
         results: dict[str, object] = {}
 
-        async def one(name: str) -> None:
+        async def one(name: str, prompt: str) -> None:
             try:
-                results[name] = (await engine.complete(prompt, grammar=grammar, sampling=sampling)).token_ids
+                results[name] = (await engine.complete(prompt, sampling=greedy)).token_ids
             except SamplingError as exc:
                 results[name] = exc
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(one, "victim")
-            await anyio.sleep(0.05)
-            tg.start_soon(one, "neighbour")
+            tg.start_soon(one, "neighbour", neighbour)
+            tg.start_soon(one, "victim", victim)
         assert isinstance(results["victim"], SamplingError)
         assert results["neighbour"] == expected
+        assert (await engine.metrics()).replayed_steps > 0
         await wait_idle(engine)
         await assert_all_free(engine)
 
@@ -199,3 +196,27 @@ async def test_what_it_does_not_run_yet_is_refused_by_name(tiny_float, device: s
         done = await engine.complete("Hello", sampling=SamplingParams(max_tokens=4))
         assert done.stats.output_tokens > 0
         await assert_all_free(engine)
+
+
+async def test_the_captured_step_keeps_the_fill_off_the_forwards_path(tiny_float) -> None:
+    """The engine's own captured program, on the CUDA-rules timeline: the forward depends on no host
+    function, the verification on the grammar's fill, and a step runs two host functions."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=12)
+    async with Engine(tiny_float, device_config("cpu", max_batch_size=2)) as engine:
+        await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=greedy)
+        programs = list(engine._rt.program._programs.values())        # closed when the engine stops
+        assert programs
+        check_programs(programs)
+
+
+def check_programs(programs) -> None:
+    from interlock.streams.program_graph import ancestors, find, host_functions
+
+    for program in programs:
+        deps = ancestors(program)
+        (forward,) = find(program, "DeviceVerifier.forward", "device")
+        (verify,) = find(program, "DeviceVerifier.verify", "device")
+        (fill,) = find(program, "GrammarActor.fill", "host")
+        assert host_functions(program, deps[forward]) == []
+        assert fill in deps[verify]
+        assert [e.name for e in program.entries if e.kind == "host"] == ["GrammarActor.fill", "StepProgram._tail"]

@@ -91,12 +91,14 @@ async def test_draft_side_masking_keeps_every_draft_in_the_grammar(tiny, monkeyp
     check, fill = GrammarActor.check, GrammarActor.fill
 
     def spy_check(self):
-        seen.extend((m.validate(self.step[slot].drafts), len(self.step[slot].drafts)) for slot, m in self._constrained())
+        seen.extend((m.validate(self.step[slot].drafts), len(self.step[slot].drafts))
+                    for slot, _, m in self._constrained())
         check(self)
 
     def spy_fill(self):
         fill(self)
-        rows.extend((int(self.buffers.rows[slot]), len(self.step[slot].drafts)) for slot, _ in self._constrained())
+        rows.extend((int(self.buffers.rows[self.step[slot].lane]), len(self.step[slot].drafts))
+                    for slot, _, _ in self._constrained())
 
     monkeypatch.setattr(GrammarActor, "check", spy_check)
     monkeypatch.setattr(GrammarActor, "fill", spy_fill)

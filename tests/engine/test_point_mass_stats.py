@@ -65,10 +65,13 @@ CASES = {
                          top_k=4, rejects=False),
     "user-top_p": Case(SpeculativeConfig((), max_draft_len=3, user_drafter=Always(Z)), "Once upon a time", WORDS,
                        3, 2.0, top_p=0.8),
+    "user-sample": Case(SpeculativeConfig((), max_draft_len=3, user_drafter=Always(Z)), "Once upon a time", WORDS,
+                        3, 2.0),
 }
 
 
-async def _draw(tiny, case: Case, draws: int, runner: str = "auto") -> tuple[list[tuple[int, ...]], int, int, dict]:
+async def _draw(tiny, case: Case, draws: int, runner: str = "auto",
+                metrics: list | None = None) -> tuple[list[tuple[int, ...]], int, int, dict]:
     sampling = [SamplingParams(temperature=case.temperature, top_k=case.top_k, top_p=case.top_p, seed=i,
                                max_tokens=case.tokens) for i in range(draws)]
     samples: list[tuple[int, ...]] = []
@@ -88,6 +91,8 @@ async def _draw(tiny, case: Case, draws: int, runner: str = "auto") -> tuple[lis
                     tg.start_soon(worker, w)
         await wait_idle(engine)
         await assert_all_free(engine)
+        if metrics is not None:
+            metrics.append(await engine.metrics())
         law = await anyio.to_thread.run_sync(target_law, tiny, engine, case.prompt, case.grammar, case.tokens,
                                              case.temperature, case.top_k, case.top_p)
     return samples, drafted, accepted, law
@@ -100,7 +105,10 @@ def _pvalue(samples: list[tuple[int, ...]], law: dict) -> float:
 
 
 async def _check(tiny, name: str, draws: int, runner: str = "auto") -> None:
-    samples, drafted, accepted, law = await _draw(tiny, CASES[name], draws, runner)
+    metrics: list = []
+    samples, drafted, accepted, law = await _draw(tiny, CASES[name], draws, runner, metrics)
+    if runner == "device":          # the law holds on captured steps: most of the draws came from replays
+        assert metrics[0].replayed_steps > metrics[0].eager_steps, metrics[0]
     assert accepted > 0, f"{name}: no draft was accepted"
     assert accepted < drafted or not CASES[name].rejects, f"{name}: every one of {drafted} drafts was accepted"
     assert set(samples) <= set(law), f"{name}: an outcome the masked target law gives no mass"
@@ -113,9 +121,10 @@ async def test_point_mass_drafts_sample_the_masked_target_law(tiny, name: str) -
     await _check(tiny, name, SHORT)
 
 
-@pytest.mark.parametrize("name", ["ngram-top_k", "user-top_p"])
+@pytest.mark.parametrize("name", ["ngram-top_k", "user-top_p", "user-sample"])
 async def test_the_device_runner_samples_the_masked_target_law(tiny_float, name: str) -> None:
-    """The CUDA engine's path (kernels/verify.py over staged buffers), run on the CPU."""
+    """The CUDA engine's path (kernels/verify.py over staged buffers, steps captured and replayed),
+    run on the CPU under CUDA's rules: sampling mode, top-k and top-p."""
     await _check(tiny_float, name, SHORT, runner="device")
 
 
@@ -173,7 +182,14 @@ async def test_the_loop_version_without_a_bug_passes(tiny, monkeypatch) -> None:
 
 
 async def test_the_device_runner_test_rejects_a_planted_bug(tiny_float, monkeypatch) -> None:
-    """The device runner's verification goes through the same rejection rule: a planted bug shows."""
-    monkeypatch.setattr(rejection_module, "_rejection_torch", _planted("off_by_one"))
+    """The device runner's verification goes through the same rejection rule: a planted bug shows. The
+    bug is capturable tensor work (a captured step has no host reads): every position is verified
+    against the next position's law."""
+    rule = rejection_module._rejection_torch
+
+    def off_by_one(p, d, q, n, u):
+        return rule(torch.cat([p[:, 1:], p[:, -1:]], dim=1), d, q, n, u)
+
+    monkeypatch.setattr(rejection_module, "_rejection_torch", off_by_one)
     samples, _, _, law = await _draw(tiny_float, CASES["user-top_p"], SHORT, runner="device")
     assert _pvalue(samples, law) < ALPHA / len(CASES)

@@ -10,9 +10,12 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def _both(logits: torch.Tensor, bitmask: torch.Tensor, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-    fast, ref = logits.clone(), logits.clone()
+    """The torch and the capturable (tensor ops, no host read) backends, each against the reference."""
+    fast, capturable, ref = logits.clone(), logits.clone(), logits.clone()
     apply_token_bitmask_(fast, bitmask, backend="torch", **kwargs)
+    apply_token_bitmask_(capturable, bitmask, backend="capturable", **kwargs)
     apply_token_bitmask_(ref, bitmask, backend="reference", **kwargs)
+    assert torch.equal(capturable, ref)
     return fast, ref
 
 

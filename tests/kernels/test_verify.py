@@ -1,5 +1,5 @@
 """kernels/verify.py (the device runner's whole verification) against a slow loop over requests that
-applies the rules one by one: padded ids never, a grammar row only where filled and not free, drafts
+applies the rules one by one: padded ids never, a grammar row (the request's lane's) only where filled and not free, drafts
 past the grammar's rows moot, greedy = masked argmax, sampling = the rejection rule on the same
 uniforms (the reference backend, request by request)."""
 from __future__ import annotations
@@ -10,37 +10,35 @@ import torch
 from interlock.kernels import apply_token_bitmask_, probs_from_logits, rejection_sample
 from interlock.kernels.verify import MaskInputs, VerifyInputs, verify_step
 
-B, K, V, TOK_V, SLOTS = 5, 3, 70, 64, 6
+B, K, V, TOK_V = 5, 3, 70, 64
 
 
 def inputs(gen: torch.Generator, greedy: bool, filtered: bool = False):
-    rows = 40
-    logits = torch.randn(rows, V, generator=gen) * 3
-    index = torch.randperm(rows, generator=gen)[: B * (K + 1)].view(B, K + 1)
-    best = logits[index].argmax(-1)                         # drafts that are often right, sometimes not
+    logits = torch.randn(B * (K + 1), V, generator=gen) * 3   # request b's verify rows: b*(K+1)+j
+    best = logits.view(B, K + 1, V).argmax(-1)              # drafts that are often right, sometimes not
     drafts = torch.where(torch.rand(B, K, generator=gen) < 0.7, best[:, :K], torch.randint(V, (B, K), generator=gen))
-    v = VerifyInputs(index=index, drafts=drafts, num_drafts=torch.randint(0, K + 1, (B,), generator=gen),
-                     slot_of=torch.randperm(SLOTS, generator=gen)[:B], constrained=torch.tensor([1, 1, 0, 1, 0]).bool(),
+    v = VerifyInputs(drafts=drafts, num_drafts=torch.randint(0, K + 1, (B,), generator=gen),
+                     constrained=torch.tensor([1, 1, 0, 1, 0]).bool(),
                      temperature=torch.zeros(B) if greedy else torch.rand(B, generator=gen) + 0.5,
                      top_k=torch.tensor([0, 5, 0, 3, 0]) if filtered else torch.zeros(B, dtype=torch.long),
                      top_p=torch.tensor([1.0, 0.9, 0.8, 1.0, 1.0]) if filtered else torch.ones(B),
                      uniforms=torch.rand(B, K + 1, generator=gen))
-    bits = (torch.rand(SLOTS * (K + 1), 3, 32, generator=gen) < 0.6).long() << torch.arange(32)
+    bits = (torch.rand(B * (K + 1), 3, 32, generator=gen) < 0.6).long() << torch.arange(32)
     packed = bits.sum(-1)
     m = MaskInputs(bitmask=torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32),
-                   rows_filled=torch.randint(1, K + 2, (SLOTS,), generator=gen, dtype=torch.int32),
-                   free=torch.rand(SLOTS * (K + 1), generator=gen) < 0.2)
+                   rows_filled=torch.randint(1, K + 2, (B,), generator=gen, dtype=torch.int32),
+                   free=torch.rand(B * (K + 1), generator=gen) < 0.2)
     return logits, v, m
 
 
 def slow(logits, v: VerifyInputs, m: MaskInputs, mode: str):
     tokens, accepted, peaks = [], [], []
     for b in range(B):
-        x = logits[v.index[b]].clone()                       # [K+1, V]
+        x = logits[b * (K + 1): (b + 1) * (K + 1)].clone()   # [K+1, V]
         x[:, TOK_V:] = float("-inf")
-        slot, filled = int(v.slot_of[b]), int(m.rows_filled[v.slot_of[b]])
+        filled = int(m.rows_filled[b])
         for j in range(K + 1):
-            row = slot * (K + 1) + j
+            row = b * (K + 1) + j
             if bool(v.constrained[b]) and j < filled and not bool(m.free[row]):
                 apply_token_bitmask_(x[j: j + 1], m.bitmask[row: row + 1], backend="reference")
         n = int(v.num_drafts[b])
@@ -70,7 +68,7 @@ def test_verify_step_is_the_slow_loop(mode: str) -> None:
     for seed in range(20):
         gen = torch.Generator().manual_seed(seed)
         logits, v, m = inputs(gen, mode == "greedy", mode == "filtered")
-        out = verify_step(logits, v, m, TOK_V, mode)  # type: ignore[arg-type]
+        out = verify_step(logits.clone(), v, m, TOK_V, mode)  # type: ignore[arg-type]
         tokens, accepted, peaks = slow(logits, v, m, mode)
         assert out.accepted.tolist() == accepted, seed
         assert [out.tokens[b, : accepted[b] + 1].tolist() for b in range(B)] == tokens, seed
