@@ -23,6 +23,7 @@ import datetime
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -80,8 +81,10 @@ async def run_batch(engine: Engine, concurrency: int, grammar: object, max_token
 
 
 async def engine_runs(loaded: LoadedModel, device: torch.device, concurrency: list[int], max_tokens: int,
-                      capture: bool = True, modes: tuple[str, ...] = MODES) -> list[dict[str, object]]:
-    out = []
+                      capture: bool = True, modes: tuple[str, ...] = MODES, out: list | None = None,
+                      save: Callable[[], None] | None = None) -> list[dict[str, object]]:
+    """Each configuration's row, appended to `out` and saved (`save`) as soon as it is measured."""
+    out = [] if out is None else out
     for mode in modes:
         # xgrammar, as the peer: the same masks, so greedy outputs can be compared token for token
         config = EngineConfig(speculative=SpeculativeConfig.parse(mode, max_draft_len=3), device=str(device),
@@ -96,6 +99,8 @@ async def engine_runs(loaded: LoadedModel, device: torch.device, concurrency: li
                     row.update(mode=mode, grammar=grammar is not None, concurrency=conc, captured=capture)
                     print(json.dumps({k: v for k, v in row.items() if k != "token_ids_first"}), flush=True)
                     out.append(row)
+                    if save is not None:
+                        save()                          # partial results survive a crash or a kill
     return out
 
 
@@ -203,17 +208,18 @@ def main(argv: list[str] | None = None) -> None:
     for shape in args.shapes:
         r: dict[str, object] = {}
         results["shapes"][shape] = r          # type: ignore[index]
+        loaded = None
         try:
             loaded = random_model(shape, device)
-            r["engine"] = anyio.run(engine_runs, loaded, device, args.concurrency, args.max_tokens)
-            save()
+            r["engine"] = []
+            anyio.run(engine_runs, loaded, device, args.concurrency, args.max_tokens, True, MODES, r["engine"], save)
             r["eager"] = anyio.run(engine_runs, loaded, device, [1], args.max_tokens, False, ("none",))
             r["bare_forward_ms"] = bare_forward_ms(loaded, device, rows=1)
             r["peer"] = [hf_peer(loaded, device, b, args.max_tokens) for b in (1, max(args.concurrency[:2]))]
         except Exception as exc:  # noqa: BLE001 - record it, measure the other shapes
             r["error"] = repr(exc)
         save()
-        del loaded
+        loaded = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print_table(results)

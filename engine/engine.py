@@ -38,6 +38,7 @@ from interlock.protocol.sampling import Completion, Delta, SamplingParams
 from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE, SpeculativeConfig
 from interlock.protocol.types import Dtype, RequestId
 from interlock.streams.errors import ChannelClosedError, ChannelFullError
+from interlock.streams.timeline import HostCall
 
 log = get_logger(__name__)
 
@@ -262,6 +263,12 @@ class Engine:
             pass
 
     # --- introspection (tests, metrics) ------------------------------------------------------
+
+    def host_trace(self) -> list[HostCall]:
+        """The host functions that ran, oldest first (EngineConfig.trace_host_functions on the device
+        runner; [] otherwise): name, lane, thread, start and end."""
+        trace = getattr(self._rt.timeline, "host_trace", None) if self._rt is not None else None
+        return trace() if trace is not None else []
 
     async def metrics(self) -> EngineMetrics:
         """Step counts and times since start (exposed grammar time included)."""

@@ -1,33 +1,62 @@
-"""make gpu-check's driver, run where there is no GPU: every part runs (or fails) within its own limit,
-each writes its log under --out, and the summary says which failed (on a CPU the GPU benchmarks do)."""
+"""make gpu-check's driver, run where there is no GPU, on stand-in parts: every part runs within its
+limit and the budget, a hang is killed, what no longer fits is skipped, and summary.txt names every
+failed test from the junit XML."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from interlock.benchmarks import gpu_check
+from interlock.benchmarks.gpu_check import Part
+
+JUNIT = """<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="2" failures="1" errors="0" skipped="0">
+<testcase classname="tests.x" name="test_ok"/>
+<testcase classname="tests.x" name="test_bad"><failure message="assert 1 == 2&#10;more">trace</failure></testcase>
+</testsuite></testsuites>"""
 
 
-def test_each_part_is_run_and_reported(tmp_path, monkeypatch) -> None:
-    calls = []
+def test_parts_run_within_limits_and_the_summary_names_failed_tests(tmp_path, monkeypatch) -> None:
+    py = sys.executable
 
-    def fake_run(name, argv, out, limit_s, log=None):
-        calls.append((name, limit_s))
-        (out / f"{name}.log").write_text("ok")
-        return name, 1 if name == "gpu-bench" else 0, 1.0
+    def fake_tests(out: Path) -> list[Part]:
+        (out / "junit").mkdir(exist_ok=True)
+        (out / "tests").mkdir(exist_ok=True)
+        write = f"open({str(out / 'junit' / 'test_x.xml')!r}, 'w').write({JUNIT!r}); raise SystemExit(1)"
+        return [Part("test_x", [py, "-c", write], 30, "tests/test_x.log"),
+                Part("test_hangs", [py, "-c", "import time; time.sleep(60)"], 6, "tests/test_hangs.log")]
 
-    monkeypatch.setattr(gpu_check, "run", fake_run)
-    monkeypatch.setattr(gpu_check, "env_report", lambda out: (out / "env.txt").write_text("cpu"))
+    def fake_others(out: Path, today: str) -> tuple[Part, list[Part]]:
+        return (Part("preflight", [py, "-c", "print('ok')"], 30, "preflight.log"),
+                [Part("smoke", [py, "-c", "print('smoke')"], 30, "smoke.log"),
+                 Part("gpu-bench", [py, "-c", "print(1)"], 3600, "gpu-bench.log")])
+
+    monkeypatch.setattr(gpu_check, "test_parts", fake_tests)
+    monkeypatch.setattr(gpu_check, "other_parts", fake_others)
     try:
-        gpu_check.main(["--out", str(tmp_path)])
+        gpu_check.main(["--out", str(tmp_path), "--budget-s", "20"])
     except SystemExit as exit_:
-        assert exit_.code == 1                        # a failed part fails the check
-    assert [name for name, _ in calls] == ["gpu-tests", "gpu-bench", "gpu-engine", "mask-bench"]
-    assert sum(limit for _, limit in calls) <= 8 * 60 - 30    # room for the install and the report
-    assert "gpu-bench: exit 1" in (tmp_path / "summary.txt").read_text()
+        assert exit_.code == 1                       # a failed part fails the check
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "preflight: exit 0" in summary and "smoke: exit 0" in summary
+    assert "test_x: exit 1" in summary
+    assert "test_hangs: exit 124 (killed at its limit)" in summary
+    assert "tests: 2 tests, 1 failures, 0 errors, 0 skipped" in summary
+    assert "FAILED tests.x::test_bad: assert 1 == 2" in summary
+    assert "no junit XML" in summary and "test_hangs" in summary.split("no junit XML")[1]
+    assert (tmp_path / "smoke.log").read_text().strip() == "smoke"
 
 
-def test_every_cuda_test_file_is_in_the_list() -> None:
-    from pathlib import Path
+def test_a_part_that_no_longer_fits_the_budget_is_skipped(tmp_path) -> None:
+    parts = [Part("late", [sys.executable, "-c", "print(1)"], 30, "late.log")]
+    gpu_check.run(parts, tmp_path, deadline=0.0)
+    assert parts[0].code is None
+    assert "late: skipped (out of budget)" in gpu_check.summarize(tmp_path, parts)
 
+
+def test_every_cuda_test_file_is_in_the_list_and_the_budget_fits_8_minutes() -> None:
     root = Path(gpu_check.ROOT)
     marker = "skipif(not torch.cuda" + ".is_available()"           # split: this file is no CUDA test
     cuda_files = {str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py") if marker in p.read_text()}
-    assert cuda_files and cuda_files <= set(gpu_check.CUDA_TESTS), cuda_files - set(gpu_check.CUDA_TESTS)
+    listed = {path for path, _ in gpu_check.CUDA_TESTS}
+    assert cuda_files and cuda_files <= listed, cuda_files - listed
+    assert gpu_check.BUDGET_S <= 8 * 60 - 10
