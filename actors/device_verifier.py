@@ -24,7 +24,7 @@ classifier-free guidance, repetition penalties, log-probabilities and draft mode
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from interlock.actors.staging import StepStaging
 from interlock.actors.step import StepShape
 from interlock.actors.step_state import StepState
 from interlock.actors.verifier_actor import VerifierActor
+from interlock.drafters.device_draft import DeviceDrafter
 from interlock.kernels.verify import Mode, verify_step
 from interlock.models.device_llama import DeviceLlama
 from interlock.models.kv_cache import PagedKVCache, slots_of
@@ -50,19 +51,22 @@ def sampling_mode(snaps: list[RequestSnapshot]) -> Mode:
     return "filtered" if any(s.sampling.top_k or s.sampling.top_p for s in snaps) else "sample"
 
 
-def step_shape(plan: StepPlan, buckets: tuple[int, ...], updates: int) -> StepShape:
+def step_shape(plan: StepPlan, buckets: tuple[int, ...], updates: int, state: StepState | None = None) -> StepShape:
     """The step's shape: a bucket when every request decodes one token (plus drafts) and its table
-    updates fit the bucket's room, else dense rows."""
+    updates fit the bucket's room, else dense rows; with the draft rounds the prologue staged."""
     snaps = plan.snapshots
     k = plan.max_drafts
     sampled = [s for s in snaps if s.sample]
     mode = sampling_mode(sampled)
+    rounds = {} if state is None or not state.draft_rounds else \
+        {"rounds": state.draft_rounds, "draft_q": state.draft_q, "draft_rows": state.draft_rows}
     if snaps and len(snaps) <= buckets[-1] and all(s.sample and len(s.chunk) == 1 for s in snaps):
         bucket = next(b for b in buckets if b >= len(snaps))
         if updates <= bucket * UPDATES_PER_REQUEST:
-            return StepShape(bucket * (k + 1), bucket, mode, graph=True, updates=bucket * UPDATES_PER_REQUEST)
+            return StepShape(bucket * (k + 1), bucket, mode, graph=True, updates=bucket * UPDATES_PER_REQUEST,
+                             **rounds)
     rows = sum(len(s.chunk) + (k if s.sample else 0) for s in snaps)
-    return StepShape(rows, len(sampled), mode, graph=False, updates=updates)
+    return StepShape(rows, len(sampled), mode, graph=False, updates=updates, **rounds)
 
 
 @dataclass
@@ -75,7 +79,8 @@ class _Work:
 class DeviceVerifier(VerifierActor):
     def __init__(self, model: DeviceLlama, kv: PagedKVCache, timeline: Timeline, buffers: MaskBuffers,
                  step: StepState, tokenizer_vocab: int, eos_token_ids: tuple[int, ...], *, max_rows: int,
-                 max_drafts: int, buckets: tuple[int, ...], max_blocks: int, pad_block: int) -> None:
+                 max_drafts: int, buckets: tuple[int, ...], max_blocks: int, pad_block: int,
+                 drafter: DeviceDrafter | None = None) -> None:
         super().__init__(model, kv, timeline, buffers, step, tokenizer_vocab, eos_token_ids,  # type: ignore[arg-type]
                          lean=False)
         self.buckets = buckets
@@ -89,6 +94,7 @@ class DeviceVerifier(VerifierActor):
                                    max_blocks=max_blocks, updates=updates, pad_block=pad_block,
                                    device=model.device, bitmask=buffers.bitmask, rows_filled=buffers.rows,
                                    free=buffers.free)
+        self.drafter = drafter            # a draft model's rounds write the lanes' drafts on the device
         self._logits: torch.Tensor | None = None
         self._dwork: _Work | None = None
 
@@ -109,7 +115,7 @@ class DeviceVerifier(VerifierActor):
         for s in plan.snapshots:
             b[s.slot].result = None
             st.mirror.updates(s.slot, s.seq, tables[s.slot], updates)
-        shape = step_shape(plan, self.buckets, len(updates))
+        shape = step_shape(plan, self.buckets, len(updates), b)
         verified = [(b[s.slot].lane, s) for s in plan.snapshots if s.sample and b[s.slot].error is None]
         self._stage_rows(plan, shape, tables)
         self._stage_updates(updates, shape.updates)
@@ -189,16 +195,28 @@ class DeviceVerifier(VerifierActor):
     def forward(self, shape: StepShape | None = None) -> None:
         """Device work: upload the rows and table updates, run the target forward for the logits rows."""
         assert shape is not None
-        inputs = self.staging.upload_rows(shape.rows, shape.batch * (self.k + 1), shape.updates)
+        lanes = shape.batch * (self.k + 1)
+        inputs = self.staging.upload_rows(shape.rows, lanes, shape.updates)
+        if shape.rounds:                  # the lanes' rows are their tokens [t, d1..dD] (lanes lead the rows)
+            assert self.drafter is not None
+            inputs.input_ids[:lanes].view(shape.batch, self.k + 1).copy_(self.drafter.dev.tokens[: shape.batch])
         self._logits = self.model(inputs, self.kv)
 
     @torch.inference_mode()
     def verify(self, shape: StepShape | None = None) -> None:
         """Device work, after the mask event: mask, verify, copy the results back."""
         assert shape is not None and self._logits is not None
-        if shape.batch:
-            v, m = self.staging.upload_verify(shape.batch)
-            self.staging.download(verify_step(self._logits, v, m, self.tokenizer_vocab, shape.mode), shape.batch)
+        if not shape.batch:
+            return
+        v, m = self.staging.upload_verify(shape.batch)
+        q = None
+        if shape.rounds:                  # the drafts, their count and law come from the draft rounds
+            assert self.drafter is not None
+            dv = self.drafter.dev
+            v = replace(v, drafts=dv.tokens[: shape.batch, 1:], num_drafts=dv.num[: shape.batch])
+            q = self.drafter.q[: shape.batch] if shape.draft_q else None
+        out = verify_step(self._logits, v, m, self.tokenizer_vocab, shape.mode, draft_probs=q)
+        self.staging.download(out, shape.batch)
 
     # --- the step's tail (a host function) ---------------------------------------------------------
 

@@ -66,6 +66,9 @@ class StepShape:
     mode: str               # kernels.verify.Mode
     graph: bool             # a bucket shape: captured and replayed
     updates: int = 0        # block-table entries the step writes on the device
+    rounds: int = 0         # draft-model rounds inside the step (drafters/device_draft.py); 0: none
+    draft_q: bool = False   # some lane samples its model drafts: verification reads their law
+    draft_rows: bool = False    # some model lane draws under the grammar: a host function per round
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,8 @@ class GrammarPart(Protocol):
 
 class DraftPart(Protocol):
     def begin(self, plan: StepPlan) -> None: ...
-    def draft_forward(self) -> None: ...
-    def draft_sample(self) -> None: ...
+    def draft_forward(self, j: int = 0, shape: StepShape | None = None) -> None: ...
+    def draft_sample(self, j: int = 0, shape: StepShape | None = None) -> None: ...
     def finish(self) -> None: ...
     def commit(self) -> None: ...
 
@@ -171,11 +174,13 @@ class StepProgram:
         self.grammar.begin(plan)
         self.draft.begin(plan)
         self.verifier.begin(plan)
-        if not self.draft_model:
+        if self.draft_model:
+            return
+        if not b.draft_rounds:      # device draft rounds: the drafts come from inside the program
             self.draft.finish()
             if self.k:
                 self.grammar.check()
-            self.verifier.stage()
+        self.verifier.stage()
 
     def _enqueue_step(self, shape: StepShape | None) -> None:
         key = (self.k, self.draft_model, shape)
@@ -222,7 +227,11 @@ class StepProgram:
             g.wait(ev.drafts_ready)
             g.launch_host(self._guard(self._check_and_stage))
             g.record(ev.drafts_checked)
-        g.launch_host(self._guard(self.grammar.fill))
+        fill = self.grammar.fill
+        if shape is not None and shape.rounds:
+            self._device_rounds(g, m, ev, shape)
+            fill = self._finish_and_fill
+        g.launch_host(self._guard(fill))
         g.record(ev.mask_ready)
         if self.draft_model:
             m.wait(ev.drafts_checked)
@@ -242,6 +251,38 @@ class StepProgram:
         g.record(ev.draft_mask)
         m.wait(ev.draft_mask)
         m.launch(self._guard(self.draft.draft_sample))
+
+    def _device_rounds(self, g: Lane, m: Lane, ev: StepEvents, shape: StepShape) -> None:
+        """The device runner's draft rounds (drafters/device_draft.py): per round j a draft forward,
+        ONE host function for the grammar's draft-side rows (when a lane draws under them), and the
+        draft sample; then a last forward that only feeds the K-th draft to the draft cache."""
+        d = self.draft
+        m.launch(self._guard(d.start), shape)  # type: ignore[attr-defined]
+        for j in range(1, shape.rounds + 1):
+            if shape.draft_rows:
+                if j > 1:
+                    g.wait(ev.draft_token)
+                g.launch_host(self._guard(self._draft_rows), j)
+                g.record(ev.draft_mask)
+            m.launch(self._guard(d.draft_forward), j, shape)
+            if shape.draft_rows:
+                m.wait(ev.draft_mask)
+            m.launch(self._guard(d.draft_sample), j, shape)
+            m.record(ev.draft_token)
+        g.wait(ev.draft_token)                  # the fill reads the final drafts
+        m.launch(self._guard(d.draft_forward), shape.rounds + 1, shape)
+
+    def _draft_rows(self, j: int) -> None:
+        """Round j's host function: the drafts so far, the grammar's rows after them, into the round's buffer."""
+        d = self.draft
+        d.publish(j)  # type: ignore[attr-defined]
+        self.grammar.fill_draft_rows()
+        d.collect(j)  # type: ignore[attr-defined]
+
+    def _finish_and_fill(self) -> None:
+        """After device draft rounds: the drafts to the grammar, then its K+1 verify rows (one host function)."""
+        self.draft.finish()
+        self.grammar.fill()
 
     def _check_and_stage(self) -> None:
         """With a draft model: what the prologue does after the drafts, as one host function that

@@ -50,6 +50,11 @@ class StepState:
     slots: list[SlotState]
     timing: dict[str, float] = field(default_factory=lambda: {"forward_s": 0.0, "exposed_s": 0.0})
     in_flight: bool = False
+    # the device runner's draft-model rounds this step (0: none), and whether some lane samples its
+    # drafts (verification then needs their law q); written by the draft part in the prologue
+    draft_rounds: int = 0
+    draft_q: bool = False
+    draft_rows: bool = False            # some model lane draws under the grammar's rows
     _pending: deque[tuple[Callable[..., object], tuple[object, ...]]] = field(default_factory=deque)
 
     @classmethod

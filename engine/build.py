@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from interlock.actors.device_draft_actor import DeviceDraftActor
 from interlock.actors.device_verifier import DeviceVerifier
 from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import GrammarActor, MaskBuffers
@@ -27,6 +28,7 @@ from interlock.actors.kv_actor import KVActor
 from interlock.actors.scheduler import Scheduler, SchedulerConfig
 from interlock.actors.step import StepState, StepProgram
 from interlock.actors.verifier_actor import VerifierActor
+from interlock.drafters.device_draft import DeviceDraftLM, DeviceDrafter, device_draft_lm
 from interlock.drafters.model import DraftLM, ModelDrafter
 from interlock.engine.config import EngineConfig, Runner
 from interlock.logs import get_logger
@@ -66,11 +68,14 @@ def prefill_rows(model: object, prefill: str) -> bool:
     return {"auto": getattr(model, "rows_prefill_default", False), "rows": True, "dense": False}[prefill]
 
 
-def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> DraftLM | None:
+def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> DraftLM | DeviceDraftLM | None:
     """The draft model a speculative config asks for: the target's first layers (self-draft), a
-    checkpoint with the target's tokenizer (draft:PATH), or a DraftLM given directly; else None."""
+    checkpoint with the target's tokenizer (draft:PATH), or a DraftLM given directly; else None.
+    For a device-runner target (a DeviceLlama) it is a DeviceDraftLM on the target's device."""
     if speculative is None or not speculative.uses_draft_model:
         return None
+    if isinstance(target.model, DeviceLlama):
+        return _device_draft_lm(target, speculative)
     if "self-draft" in speculative.drafters:
         # under tensor parallelism the ranks run the draft too, on their second KV pool
         model = target.model.draft() if isinstance(target.model, TensorParallelModel) else target.model
@@ -80,12 +85,33 @@ def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> 
     assert speculative.draft_model is not None
     draft = load_model(speculative.draft_model, weights=target.model.weights or "int8",
                        kv_dtype=target.config.kv_dtype)         # the target's cache numerics
+    _same_tokenizer(speculative.draft_model, draft, target)
+    return DraftLM.full(draft.model)
+
+
+def _device_draft_lm(target: LoadedModel, speculative: SpeculativeConfig) -> DeviceDraftLM:
+    model = target.model
+    assert isinstance(model, DeviceLlama)
+    if "self-draft" in speculative.drafters:
+        return device_draft_lm(model, min(speculative.self_draft_layers, target.config.n_layers))
+    given = speculative.draft_lm
+    if given is None:
+        assert speculative.draft_model is not None
+        loaded = load_model(speculative.draft_model, weights="float")
+        _same_tokenizer(speculative.draft_model, loaded, target)
+        given = DraftLM.full(loaded.model)  # type: ignore[arg-type]
+    weights = given.model if isinstance(given.model, DeviceLlama) else \
+        DeviceLlama.from_transformer(given.model, model.device, model.embed.dtype)
+    head = getattr(given.head, "weight", None)
+    return device_draft_lm(weights, given.n_layers, head, given.d2t)
+
+
+def _same_tokenizer(name: str, draft: LoadedModel, target: LoadedModel) -> None:
     if draft.tokenizer.vocab_size != target.tokenizer.vocab_size or \
             draft.tokenizer.eos_token_ids != target.tokenizer.eos_token_ids:
         raise UnsupportedModelError(
-            f"draft model {speculative.draft_model!r} has another tokenizer than the target "
+            f"draft model {name!r} has another tokenizer than the target "
             f"({draft.tokenizer.vocab_size} vs {target.tokenizer.vocab_size} ids): a draft must share it")
-    return DraftLM.full(draft.model)
 
 
 def for_runner(loaded: LoadedModel, config: EngineConfig) -> tuple[LoadedModel, Runner]:
@@ -100,9 +126,6 @@ def for_runner(loaded: LoadedModel, config: EngineConfig) -> tuple[LoadedModel, 
         return loaded, runner
     if isinstance(model, TensorParallelModel):
         raise UnsupportedModelError("tensor parallelism is not on CUDA yet: use one GPU, or the CPU engine")
-    if config.speculative is not None and config.speculative.uses_draft_model:
-        raise UnsupportedModelError("draft models (self-draft, draft:PATH) are not on CUDA yet: use ngram, suffix, "
-                                    "forced or user drafters there")
     if isinstance(model, DeviceLlama):
         if model.device != device and not (device.type == model.device.type == "cuda" and device.index is None):
             raise UnsupportedModelError(f"the model is on {model.device}, the engine asks for {device}")
@@ -158,7 +181,7 @@ class Runtime:
     timeline: Any
     program: StepProgram
     kv: PagedKVCache
-    drafter: ModelDrafter | None
+    drafter: ModelDrafter | DeviceDrafter | None
     rows_prefill: bool
 
     def close(self) -> None:
@@ -173,7 +196,7 @@ class Runtime:
 
 
 def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sched: SchedulerConfig,
-                  router: object, draft_lm: DraftLM | None, forget: Any) -> Runtime:
+                  router: object, draft_lm: DraftLM | DeviceDraftLM | None, forget: Any) -> Runtime:
     """Every part of a running engine for `runner` (module docstring); nothing is started yet."""
     model = loaded.model
     device = model.device if runner == "device" else torch.device("cpu")     # for_runner placed the model
@@ -202,30 +225,42 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
     # Every actor is built with what it talks to: parts of a step meet only in the lanes and
     # the step buffers; the Scheduler alone sends to the others.
     kv_actor = KVActor(kv)
+    # A draft model drafts at most K tokens after a request's forced ones: K rounds a step.
+    rounds = config.speculative.max_draft_len if config.speculative else 0
+    drafter: ModelDrafter | DeviceDrafter | None = None
+    draft: DraftActor
     if runner == "device":
         per_seq = -(-(sched.max_position + sched.max_drafts + 1) // sched.block_size)
+        if isinstance(draft_lm, DeviceDraftLM):
+            assert config.speculative is not None
+            drafter = DeviceDrafter(draft_lm, slots=sched.max_batch_size, lanes=sched.max_batch_size,
+                                    draft_rows=sched.max_drafts, rounds=rounds, num_blocks=sched.num_blocks,
+                                    block_size=sched.block_size, max_blocks=per_seq, vocab=vocab,
+                                    mask_words=buffers.bitmask.shape[1], eos=eos, prefill_chunk=sched.prefill_chunk)
+            draft = DeviceDraftActor(config.speculative, vocab, timeline, step, drafter, buffers)
+        else:
+            draft = DraftActor(config.speculative, vocab, timeline, step)
         verifier: VerifierActor = DeviceVerifier(
             model, kv, timeline, buffers, step, vocab, eos,  # type: ignore[arg-type]
             # a step's rows: decode rows within max_step_tokens, and a first prompt chunk may exceed it
             max_rows=max(sched.max_step_tokens, sched.prefill_chunk) + sched.max_batch_size * (sched.max_drafts + 1),
-            max_drafts=sched.max_drafts, buckets=config.buckets(), max_blocks=per_seq, pad_block=sched.num_blocks)
+            max_drafts=sched.max_drafts, buckets=config.buckets(), max_blocks=per_seq, pad_block=sched.num_blocks,
+            drafter=drafter if isinstance(drafter, DeviceDrafter) else None)
     else:
         verifier = VerifierActor(model, kv, timeline, buffers, step, vocab, eos, rows_prefill=rows)
-    if draft_lm is not None and draft_lm.model is model:
-        draft_lm = replace(draft_lm, all_rows=rows)     # the target's own layers: its prompt path too
-    drafter = (ModelDrafter(draft_lm, sched.num_blocks, sched.block_size, eos, sched.prefill_chunk)
-               if draft_lm is not None else None)
-    if drafter is not None and isinstance(drafter.lm.model, TensorParallelModel):
-        drafter.kv.k = drafter.kv.v = torch.empty(0)        # a self-draft's K/V live on the ranks too
-    draft = DraftActor(config.speculative, vocab, timeline, step, model=drafter, bitmask=buffers.bitmask,
-                       free_rows=buffers.free)
+        if isinstance(draft_lm, DraftLM) and draft_lm.model is model:
+            draft_lm = replace(draft_lm, all_rows=rows)     # the target's own layers: its prompt path too
+        if isinstance(draft_lm, DraftLM):
+            drafter = ModelDrafter(draft_lm, sched.num_blocks, sched.block_size, eos, sched.prefill_chunk)
+            if isinstance(drafter.lm.model, TensorParallelModel):
+                drafter.kv.k = drafter.kv.v = torch.empty(0)        # a self-draft's K/V live on the ranks too
+        draft = DraftActor(config.speculative, vocab, timeline, step, model=drafter, bitmask=buffers.bitmask,
+                           free_rows=buffers.free)
     grammar = GrammarActor(router, timeline, buffers, step, mask_threads=config.grammar.mask_threads,  # type: ignore[arg-type]
                            batched_masks=runner == "device" if config.grammar.batched_masks is None
                            else config.grammar.batched_masks)
-    # A draft model drafts at most K tokens after a request's forced ones: K rounds a step.
-    rounds = config.speculative.max_draft_len if config.speculative else 0
     program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=rounds,
-                          draft_model=drafter is not None, capture=config.capture_steps,
+                          draft_model=isinstance(drafter, ModelDrafter), capture=config.capture_steps,
                           step_timeout_s=config.step_timeout_s, watchdog_poll_s=config.watchdog_poll_s)
     scheduler = Scheduler(sched, loaded.tokenizer, kv_actor, grammar, draft, verifier, program, forget)
     return Runtime((kv_actor, verifier, grammar, draft, scheduler), scheduler, timeline, program, kv, drafter, rows)

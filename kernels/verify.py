@@ -59,9 +59,10 @@ class VerifyOutputs:
 
 
 def verify_step(logits: torch.Tensor, v: VerifyInputs, m: MaskInputs, tokenizer_vocab: int,
-                mode: Mode) -> VerifyOutputs:
+                mode: Mode, draft_probs: torch.Tensor | None = None) -> VerifyOutputs:
     """Mask every verify row [B (K+1), V] with its grammar row (in place when the logits are
-    float32), then accept drafts (module docstring)."""
+    float32), then accept drafts (module docstring). draft_probs [B, K, V'] (V' <= V, the tokenizer's
+    ids): the law each draft was drawn from (a draft model's); None: point masses (lookup drafts)."""
     b, k1 = v.drafts.shape[0], v.drafts.shape[1] + 1
     vocab = logits.shape[1]
     x = logits.float()                                                            # [B (K+1), V]
@@ -81,5 +82,13 @@ def verify_step(logits: torch.Tensor, v: VerifyInputs, m: MaskInputs, tokenizer_
         temp = v.temperature.repeat_interleave(k1)
         probs = probs_from_logits(x.view(b * k1, vocab), temp, v.top_k.repeat_interleave(k1) if filtered else None,
                                   v.top_p.repeat_interleave(k1) if filtered else None)
-        result = rejection_sample(probs.view(b, k1, vocab), v.drafts, None, valid, v.uniforms)
+        q = None if draft_probs is None else _widen(draft_probs, vocab)
+        result = rejection_sample(probs.view(b, k1, vocab), v.drafts, q, valid, v.uniforms)
     return VerifyOutputs(result.tokens, result.num_accepted, valid, peaks)
+
+
+def _widen(q: torch.Tensor, vocab: int) -> torch.Tensor:
+    """q [B, K, V'] over the first V' ids -> [B, K, V] (the model's padded ids have q = 0)."""
+    if q.shape[-1] == vocab:
+        return q
+    return torch.cat([q, q.new_zeros(*q.shape[:-1], vocab - q.shape[-1])], dim=-1)

@@ -174,22 +174,27 @@ class DeviceLlama:
         return reference_ops
 
     @torch.inference_mode()
-    def forward(self, inputs: StepInputs, kv: PagedKVCache) -> torch.Tensor:
+    def forward(self, inputs: StepInputs, kv: PagedKVCache, *, n_layers: int | None = None,
+                head: torch.Tensor | None = None) -> torch.Tensor:
         """Write K/V of every row, return fp32 logits [N, V] of `inputs.logit_rows`. No host sync:
-        capturable. The head, the forward's largest GEMM at a real vocabulary, runs on those rows only."""
+        capturable. The head, the forward's largest GEMM at a real vocabulary, runs on those rows only.
+
+        n_layers: run the first n layers only (a self-draft; `kv` then holds n layers); head: another
+        head's rows [Vd, E] (a pruned draft vocabulary)."""
         c = self.config
         ops = self.ops()
         norm = ops.rms_norm if self.invariant else _torch_rms_norm
         x = self.embed[inputs.input_ids]                                           # [T, E]
         cos, sin = self.rope_cos[inputs.positions], self.rope_sin[inputs.positions]   # [T, D]
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(self.layers[:n_layers]):
             qkv = self._linear(norm(x, layer.attention_norm, c.rms_eps), layer.wqkv, layer.bqkv)
             attn = self._attention(qkv, cos, sin, inputs, kv, index, ops)
             x = x + self._linear(attn, layer.wo)
             gate, up = self._linear(norm(x, layer.ffn_norm, c.rms_eps), layer.w13).chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, layer.w2)
         x = x.index_select(0, inputs.logit_rows)                                   # [N, E]
-        return self._linear(norm(x, self.norm, c.rms_eps), self.head).float()   # [N, V]
+        w = self.head if head is None else head
+        return self._linear(norm(x, self.norm, c.rms_eps), w).float()           # [N, V]
 
     __call__ = forward
 

@@ -1,0 +1,81 @@
+"""Statistical exactness with sampled drafts from a draft model, under a grammar, on the device
+runner (captured steps, the CPU under CUDA's rules): the first tokens of a constrained request,
+drawn over many seeds, follow the masked target law computed directly from the model, although
+the 1-layer self-draft of a random model proposes from another law (q), draws under the grammar's
+draft-side rows and is often rejected. A chi-square test at ALPHA / len(CASES) per case; a planted
+bug (verification told the drafts were point masses: q ignored) must be rejected by the same test."""
+from __future__ import annotations
+
+import anyio
+import pytest
+import torch
+
+from interlock.actors import device_verifier
+from interlock.engine import Engine, EngineConfig
+from interlock.protocol.grammar import Regex
+from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.speculative import SpeculativeConfig
+
+from chi_square import chi_square_pvalue
+from helpers import assert_all_free, wait_idle
+from laws import target_law
+
+ALPHA = 1e-3
+DRAWS = 1000
+WORDS = Regex(r"(alpha|beta|gamma|delta)( one| two| three){0,2}")    # few outcomes: the law stays small
+PROMPT = "alpha one beta two"
+CASES = {"sample": {"temperature": 2.0}, "top_k": {"temperature": 2.0, "top_k": 4}}
+SPEC = SpeculativeConfig(("self-draft",), max_draft_len=3, self_draft_layers=1)
+
+
+async def draw(tiny_float, params: dict) -> tuple[list[tuple[int, ...]], int, int, dict, object]:
+    sampling = [SamplingParams(seed=i, max_tokens=3, **params) for i in range(DRAWS)]
+    samples: list[tuple[int, ...]] = []
+    drafted = accepted = 0
+    config = EngineConfig(speculative=SPEC, runner="device", device="cpu", max_batch_size=16)
+    async with Engine(tiny_float, config) as engine:
+
+        async def worker(w: int) -> None:
+            nonlocal drafted, accepted
+            for i in range(w, DRAWS, 16):
+                c = await engine.complete(PROMPT, grammar=WORDS, sampling=sampling[i])
+                samples.append(c.token_ids)
+                drafted, accepted = drafted + c.stats.drafted, accepted + c.stats.accepted
+
+        with anyio.fail_after(1800):
+            async with anyio.create_task_group() as tg:
+                for w in range(16):
+                    tg.start_soon(worker, w)
+        await wait_idle(engine)
+        await assert_all_free(engine)
+        metrics = await engine.metrics()
+        law = await anyio.to_thread.run_sync(target_law, tiny_float, engine, PROMPT, WORDS, 3,
+                                             params["temperature"], params.get("top_k"), None)
+    return samples, drafted, accepted, law, metrics
+
+
+def pvalue(samples: list[tuple[int, ...]], law: dict) -> float:
+    outcomes = sorted(set(law) | set(samples))
+    counts = torch.tensor([samples.count(o) for o in outcomes])
+    return chi_square_pvalue(counts, torch.tensor([law.get(o, 0.0) for o in outcomes]))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+async def test_sampled_model_drafts_sample_the_masked_target_law(tiny_float, name: str) -> None:
+    samples, drafted, accepted, law, metrics = await draw(tiny_float, CASES[name])
+    assert 0 < accepted < drafted, (accepted, drafted)
+    assert metrics.replayed_steps > metrics.eager_steps, metrics
+    assert set(samples) <= set(law), "an outcome the masked target law gives no mass"
+    p = pvalue(samples, law)
+    assert p > ALPHA / len(CASES), f"{name}: chi-square p = {p:.2e} over {len(law)} outcomes"
+
+
+async def test_the_test_rejects_verification_that_ignores_q(tiny_float, monkeypatch) -> None:
+    verify = device_verifier.verify_step
+
+    def point_masses(logits, v, m, vocab, mode, draft_probs=None):
+        return verify(logits, v, m, vocab, mode, draft_probs=None)
+
+    monkeypatch.setattr(device_verifier, "verify_step", point_masses)
+    samples, _, _, law, _ = await draw(tiny_float, CASES["sample"])
+    assert pvalue(samples, law) < ALPHA / len(CASES)
