@@ -35,7 +35,7 @@ from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import PagedKVCache, block_bytes
 from interlock.models.loader import LoadedModel, load_model
 from interlock.parallel.group import TensorParallelModel, TPConfig
-from interlock.protocol.errors import UnsupportedModelError
+from interlock.protocol.errors import UnsupportedModelError, not_yet_on
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.streams.cpu_timeline import CpuTimeline
 from interlock.streams.cuda_rules import CudaRulesTimeline
@@ -98,11 +98,12 @@ def for_runner(loaded: LoadedModel, config: EngineConfig) -> tuple[LoadedModel, 
         if isinstance(model, DeviceLlama):
             raise UnsupportedModelError("this model was loaded for the device runner; use runner='device'")
         return loaded, runner
+    where = not_yet_on(device.type)
     if isinstance(model, TensorParallelModel):
-        raise UnsupportedModelError("tensor parallelism is not on CUDA yet: use one GPU, or the CPU engine")
+        raise UnsupportedModelError(f"tensor parallelism is not on {where} yet: use one GPU, or the CPU engine")
     if config.speculative is not None and config.speculative.uses_draft_model:
-        raise UnsupportedModelError("draft models (self-draft, draft:PATH) are not on CUDA yet: use ngram, suffix, "
-                                    "forced or user drafters there")
+        raise UnsupportedModelError(f"draft models (self-draft, draft:PATH) are not on {where} yet: use ngram, "
+                                    "suffix, forced or user drafters there")
     if isinstance(model, DeviceLlama):
         if model.device != device and not (device.type == model.device.type == "cuda" and device.index is None):
             raise UnsupportedModelError(f"the model is on {model.device}, the engine asks for {device}")

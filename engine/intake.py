@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from interlock.models.tokenizer import Message, Tokenizer
 from interlock.protocol.errors import (
-    EmptyPromptError, InterlockError, InvalidParameterError, PromptTooLongError, UnsupportedFeatureError,
+    EmptyPromptError, InterlockError, InvalidParameterError, PromptTooLongError, UnsupportedFeatureError, not_yet_on,
 )
 from interlock.protocol.grammar import GrammarSpec
 from interlock.protocol.sampling import SamplingParams
@@ -30,7 +30,8 @@ class Intake:
 
     tokenizer: Tokenizer
     max_context: int                 # prompt + at least one new token must fit
-    device_runner: bool = False      # the device runner: no CFG, penalties or logprobs yet
+    device_runner: str | None = None   # the device runner's device type ("cuda", "cpu"): no CFG, penalties
+                                       # or logprobs there yet; None: the host runner
 
     def check(self, grammar: GrammarSpec | None, sampling: SamplingParams, negative_prompt: Prompt | None) -> None:
         """The request's parameters (the prompt is `encode`'s)."""
@@ -43,12 +44,12 @@ class Intake:
         if negative_prompt is not None and sampling.guidance_scale is None:
             raise InvalidParameterError("negative_prompt", "needs classifier-free guidance: set "
                                                            "sampling.guidance_scale")
-        if self.device_runner:
+        if self.device_runner is not None:
             for feature, used in (("classifier-free guidance (guidance_scale)", sampling.guidance_scale is not None),
                                   ("repetition penalties", sampling.penalized),
                                   ("logprobs", sampling.logprobs is not None)):
                 if used:
-                    raise UnsupportedFeatureError(feature)
+                    raise UnsupportedFeatureError(feature, not_yet_on(self.device_runner))
 
     def encode(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids: text as is, chat messages through the chat template, ids checked."""

@@ -68,11 +68,18 @@ class SchemaKeywordError(GrammarError):
 
 
 class UnsupportedFeatureError(RequestError):
-    """This engine's device does not run a feature yet; the message names it ("... not on CUDA yet")."""
+    """The device runner does not run a feature yet; the message names it and where it runs:
+    "... not on CUDA yet" on a GPU, "... not on the device runner yet" where that runner runs on the CPU."""
 
     def __init__(self, feature: str, where: str = "CUDA") -> None:
-        super().__init__(f"{feature} is not on {where} yet: run it on the CPU engine (device='cpu')")
+        fix = "run it on the CPU engine (device='cpu')" if where == "CUDA" else "the CPU engine (runner='host') has it"
+        super().__init__(f"{feature} is not on {where} yet: {fix}")
         self.feature = feature
+
+
+def not_yet_on(device_type: str) -> str:
+    """Where the device runner lacks a feature, as its errors name it."""
+    return "CUDA" if device_type == "cuda" else "the device runner"
 
 
 class SamplingError(RequestError):
