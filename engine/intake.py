@@ -6,6 +6,7 @@ One error type per fault, raised for this request only:
     an empty prompt (or one that encodes to no token)            EmptyPromptError
     a prompt that leaves no room for one new token                PromptTooLongError
     a feature this engine's runner does not have yet              UnsupportedFeatureError
+    a regex the end-of-request check cannot compile (`ab\\`)        GrammarError
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from interlock.grammars.checks import check_regexes
 from interlock.models.tokenizer import Message, Tokenizer
 from interlock.protocol.errors import (
     EmptyPromptError, InterlockError, InvalidParameterError, PromptTooLongError, UnsupportedFeatureError, not_yet_on,
@@ -41,6 +43,7 @@ class Intake:
             # Once the grammar completes, the stop token is the only one it allows: there is no going on.
             raise InvalidParameterError("ignore_eos", "cannot be combined with a grammar (a complete document "
                                                       "ends the request); use max_tokens or drop ignore_eos")
+        check_regexes(grammar)          # a regex no output could pass: refused before anything runs
         if negative_prompt is not None and sampling.guidance_scale is None:
             raise InvalidParameterError("negative_prompt", "needs classifier-free guidance: set "
                                                            "sampling.guidance_scale")

@@ -214,5 +214,9 @@ class LLGuidanceMatcher(BaseMatcher):
 
 
 def _first_line(exc: object) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:500]
+    """llguidance's message on one line. Its regex errors span several: a header ending in
+    "regex parse error:", the pattern echoed with carets under the fault, then "error: why";
+    the header alone would leave out why, so each "error:" line's reason is kept too."""
+    lines = (str(exc).strip() or type(exc).__name__).splitlines()
+    reasons = [line.strip()[len("error:"):].strip() for line in lines[1:] if line.strip().startswith("error:")]
+    return " ".join([lines[0].strip(), *reasons])[:500]

@@ -58,13 +58,23 @@ class SchemaKeywordError(GrammarError):
     """No backend can enforce this JSON schema keyword exactly (grammars/LENIENCY.md).
 
     keyword: the keyword; path: the JSON pointer of the subschema that holds it. Pass
-    `JsonSchema(..., lenient=True)` to compile loosely and rely on the end-of-request check.
+    `JsonSchema(..., lenient=True)` to compile loosely and rely on the end-of-request check: the
+    message says so, `reason` is the message without that Python-only advice (`user_message`).
     """
 
+    LENIENT = "JsonSchema(..., lenient=True) compiles it loosely and relies on the end-of-request check"
+
     def __init__(self, message: str, *, keyword: str, path: str) -> None:
-        super().__init__(message)
+        super().__init__(f"{message}. {self.LENIENT}")
+        self.reason = message
         self.keyword = keyword
         self.path = path
+
+
+def user_message(exc: InterlockError) -> str:
+    """The message for a user of the CLI or the server, where Python's options do not exist:
+    without the advice to pass `JsonSchema(..., lenient=True)`."""
+    return exc.reason if isinstance(exc, SchemaKeywordError) else str(exc)
 
 
 class UnsupportedFeatureError(RequestError):
