@@ -24,7 +24,7 @@ import torch
 from interlock.grammars import bitmask as bm
 from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
-from interlock.grammars.keywords import LLGUIDANCE_FORMATS, gaps, unknown_formats, without_formats
+from interlock.grammars.keywords import LLGUIDANCE_FORMATS, ref_siblings, unknown_formats, without_formats
 from interlock.grammars.matcher import BaseMatcher
 from interlock.grammars.native_tags import check_native, llguidance_grammar
 from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
@@ -69,12 +69,12 @@ class LLGuidanceBackend:
             raise GrammarError(f"llguidance: {_first_line(exc)}") from exc
         if template.is_error():
             raise GrammarError(f"llguidance: {_first_line(template.get_error())}")
-        # llguidance warns only when it approximates (lenient mode, coerce_one_of): each is inexact,
-        # and so is what keywords.gaps knows it applies differently from the schema's draft.
+        # llguidance warns only when it approximates (lenient mode, coerce_one_of): each is inexact.
         inexact = [f"llguidance: {w}" for w in template.get_grammar_warnings()]
         if isinstance(spec, JsonSchema):
-            gaps_found = gaps(json.loads(spec.compiled_schema), NAME)
-            inexact += [f"llguidance does not enforce exactly {g}" for g in gaps_found]
+            for where, keys in ref_siblings(json.loads(spec.compiled_schema)):
+                log.debug("grammar.ref_siblings_applied", backend=NAME, path=where or "/", keywords=keys,
+                          why="draft-07 ignores keywords beside '$ref'; applied, every output still satisfies it")
         warnings = (*ours, *inexact)
         for warning in warnings:
             log.warning("grammar.backend_warning", backend=NAME, warning=warning)
