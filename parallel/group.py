@@ -32,9 +32,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-import structlog
 import torch
 
+from interlock.logs import get_logger
 from interlock.models.batch import ForwardBatch, SeqChunk, build_batch
 from interlock.models.config import ModelConfig
 from interlock.models.loader import default_kv_dtype
@@ -51,7 +51,7 @@ from interlock.protocol.types import Dtype
 if TYPE_CHECKING:
     from interlock.models.loader import LoadedModel
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

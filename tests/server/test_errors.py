@@ -3,6 +3,7 @@ only: a concurrent streamed request finishes with exactly the output it has alon
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 
 import httpx
@@ -223,3 +224,26 @@ def test_a_keyword_no_backend_enforces_suggests_no_option_the_server_lacks(serve
     check_error(r, 400, "response_format")
     message = r.json()["error"]["message"]
     assert "'not'" in message and "lenient" not in message
+
+
+def test_the_access_log_is_one_line_per_request_when_asked(tiny):
+    """ServerConfig.access_log (`interlock serve --access-log`): uvicorn's access lines, off by default."""
+    lines: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    access = logging.getLogger("uvicorn.access")
+    for access_log in (False, True):
+        with LiveServer(tiny, SPEC, ServerConfig(model_name="tiny", access_log=access_log)) as srv:
+            access.addHandler(handler := Lines())           # after uvicorn set up its loggers
+            try:
+                check_error(post(srv, "chat", {**BASE, "temperature": -1}), 400, "temperature")
+                assert httpx.get(srv.url + "/health").status_code == 200
+            finally:
+                access.removeHandler(handler)
+        if not access_log:
+            assert lines == []
+    assert any("POST /v1/chat/completions" in line and "400" in line for line in lines), lines
+    assert any("GET /health" in line and "200" in line for line in lines), lines
