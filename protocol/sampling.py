@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from interlock.protocol.errors import InvalidParameterError
@@ -226,3 +227,13 @@ class Completion:
     stats: RequestStats
     reasoning_text: str = ""            # a Reasoning grammar's thinking; `text` is then the answer
     logprobs: tuple[TokenLogprob, ...] | None = None   # one per token id (SamplingParams.logprobs set)
+
+    @classmethod
+    def of(cls, deltas: Sequence[Delta], with_logprobs: bool) -> Completion:
+        """A whole output from its deltas, the last of which finished it (finish_reason and stats)."""
+        last = deltas[-1] if deltas else None
+        if last is None or last.finish_reason is None or last.stats is None:
+            raise ValueError("the deltas of a finished output end with its finish_reason and stats")
+        return cls("".join(d.text for d in deltas), tuple(t for d in deltas for t in d.token_ids),
+                   last.finish_reason, last.stats, "".join(d.reasoning_text for d in deltas),
+                   tuple(lp for d in deltas for lp in d.logprobs or ()) if with_logprobs else None)
