@@ -188,9 +188,12 @@ class RequestStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
-    def tokens_per_s(self) -> float:
+    def tokens_per_s(self) -> float | None:
+        """Decode speed: the tokens after the first over the time after it. None where there is no
+        such time: one token, or every token delivered with the first (a speculative step can bring
+        several); 0.0 there would say the request made no progress."""
         decode_s = self.elapsed_s - self.ttft_s
-        return (self.output_tokens - 1) / decode_s if decode_s > 0 and self.output_tokens > 1 else 0.0
+        return (self.output_tokens - 1) / decode_s if decode_s > 0 and self.output_tokens > 1 else None
 
 
 @dataclass(frozen=True)
