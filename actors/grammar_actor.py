@@ -26,6 +26,7 @@ import torch
 
 from interlock.actors.base import Actor, Handler
 from interlock.actors.step_state import StepState
+from interlock.grammars.backends import BackendRouter
 from interlock.grammars.batch import Drafted, StepMasks
 from interlock.grammars.bitmask import allocate_bitmask
 from interlock.protocol.errors import GrammarError
@@ -61,7 +62,7 @@ class MaskBuffers:
 
 
 class GrammarActor(Actor[object]):
-    def __init__(self, backend: GrammarBackend, timeline: Timeline, buffers: MaskBuffers,
+    def __init__(self, backend: GrammarBackend | BackendRouter, timeline: Timeline, buffers: MaskBuffers,
                  step: StepState, mask_threads: int | None = None, batched_masks: bool = True) -> None:
         self.backend = backend
         self.timeline = timeline

@@ -174,9 +174,12 @@ class Scheduler(Actor[object]):
     def _emit(self, req: _Request, result: SlotResult) -> FinishReason | None:
         at_limit = max(req.computed, req.guide_computed) + 1 + self.config.max_drafts >= self.config.max_position
         reason = req.out.emit(list(result.new_tokens), self.tokenizer.eos_token_ids, at_limit, result.logprobs)
-        if reason is not None:
-            log.debug("request_finished", request_id=req.spec.request_id, step=self.step, reason=reason,
-                      output_tokens=len(req.out.output))
+        stats = req.out.pending[-1].stats if reason is not None and req.out.pending else None
+        if stats is not None:       # a refused output has none: _finish logs it as request_failed
+            # One line per request at info: what `--log-level info` is for (the level is checked first).
+            log.info("request_finished", request_id=req.spec.request_id, step=self.step, reason=reason,
+                     prompt_tokens=stats.prompt_tokens, output_tokens=stats.output_tokens, steps=stats.steps,
+                     ttft_s=round(stats.ttft_s, 3), elapsed_s=round(stats.elapsed_s, 3))
         return reason
 
     # --- the loop body -----------------------------------------------------------------------

@@ -4,8 +4,9 @@ Prompts come from benchmarks/prompts.py (schema in the system message, the facts
 valid instance in prose). With `repeat_schema` (`--repeat-schema ROW`), the rows are one row's schema
 with --limit documents made from its instance (benchmarks/workloads.py): the repeated-schema job,
 where prefix caching and suffix drafts pay. Several speculative modes (comma-separated) run one after the other on
-the same rows and model in one process, so their ratios are measured side by side. Prints a
-table (tokens/s ratio to the first mode), then one JSON line with every mode's result.
+the same rows and model in one process, so their ratios are measured side by side. Progress goes
+to stderr; `report` prints the tables (tokens/s ratio to the first mode); the CLI writes the
+results as JSON only when asked (`--json` on stdout, `--out FILE`).
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from typing import TypeVar
 
 import anyio
 from rich.console import Console
+from rich.progress import Progress
 
-from interlock.benchmarks.common import percentile, print_json_last, print_table
+from interlock.benchmarks.common import percentile, print_table
 from interlock.benchmarks.prompts import Row, build_messages, dataset_arg, is_valid, load_rows
 from interlock.benchmarks.workloads import repeated_schema, row_by_id
 from interlock.engine import Engine, EngineConfig
@@ -101,11 +103,10 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
                               presence_penalty=cfg.presence_penalty, frequency_penalty=cfg.frequency_penalty,
                               repetition_penalty=cfg.repetition_penalty)
     results: list[tuple[Row, Completion | None]] = []
+    console = Console(stderr=True, highlight=False, soft_wrap=True)    # progress on stderr; stdout keeps results
     async with Engine(loaded, config) as engine:
-        from rich.progress import Progress
-
         limiter = anyio.Semaphore(cfg.concurrency)
-        with Progress(disable=not progress, transient=True) as bar:
+        with Progress(console=console, disable=not progress, transient=True) as bar:
             task = bar.add_task(f"{cfg.dataset.stem} {cfg.speculative}", total=len(rows) * cfg.repeats)
 
             async def one(row: Row) -> None:
@@ -128,6 +129,10 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
     done = [(r, c) for r, c in results if c is not None]
     reasons = Counter(c.finish_reason if c is not None else "error" for _, c in results)
     tokens = sum(len(c.token_ids) for _, c in done)
+    if progress:
+        console.print(f"{cfg.speculative}{'' if cfg.prefix_caching else ' (no prefix cache)'}: "
+                      f"{len(results)} requests, {tokens} tokens in {wall:.1f} s ({tokens / wall:.1f} tokens/s)",
+                      style="dim")
     steps = sum(c.stats.steps for _, c in done)
     step_tokens = sum(c.stats.step_tokens for _, c in done)
     return {
@@ -194,7 +199,8 @@ def same_tokens(runs: dict[str, list[dict]]) -> bool:
     return all(o == outputs[0] for o in outputs)
 
 
-def report(results: list[dict]) -> None:
+def report(results: list[dict], console: Console | None = None) -> None:
+    """The results as two tables on `console` (default: stdout)."""
     keys = ["mode", "completed", "valid", "stop/length/error", "invalid_stop", "output_tokens", "tokens_per_s",
             "ratio", "mean_acceptance_length", "exposed_grammar_frac", "ttft_p50_s", "cached_prompt_tokens"]
     runtime = ["mode", "engine_steps", "messages_per_step", "wakeups_per_step", "host_ms_per_step", "wall_s",
@@ -209,10 +215,9 @@ def report(results: list[dict]) -> None:
         runtime = [*runtime, "runs_tokens_per_s"]
     shown = [{**r, "stop/length/error": "/".join(str(r["finish_reasons"][k]) for k in ("stop", "length", "error"))}
              for r in results]
-    wide = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)   # 11 columns: 120 wraps headers
+    out = console or Console(file=sys.stdout)
+    wide = Console(file=out.file, width=None if out.is_terminal else 200)   # 11 columns: 120 wraps headers
     print_table(title, keys, [[r.get(k, "") for k in keys] for r in shown], console=wide)
     print_table("per step: actor messages, event-loop wake-ups, host time outside the lanes; the run's wall and "
                 "its requests' summed time to first token", runtime,
-                [[r.get(k, "") for k in runtime] for r in shown])
-    brief = [{k: v for k, v in r.items() if k != "outputs"} for r in results]      # token ids: --json only
-    print_json_last(brief[0] if len(brief) == 1 else {"modes": brief})
+                [[r.get(k, "") for k in runtime] for r in shown], console=wide)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from interlock.benchmarks.common import load_average, median, print_json_last, print_table
-from interlock.benchmarks.prompts import DATASETS, load_rows
+from interlock.benchmarks.prompts import full_sets, load_rows
 from interlock.grammars import make_backend
 from interlock.grammars.batch import Drafted, RowByRow, StepMasks
 from interlock.grammars.bitmask import allocate_bitmask
@@ -157,10 +157,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a smoke run: 49K ids, B = 1 and 4, 1-2 threads, 3 steps")
     p.add_argument("--steps", type=int, default=None, help="timed steps per path (default 30; --quick 3)")
     p.add_argument("--schemas", type=int, default=None, help="schemas per dataset file (default 32; --quick 2)")
-    p.add_argument("--data", type=Path, default=DATASETS, help="the JSONSchemaBench folder (default: %(default)s)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="the folder of the full JSONSchemaBench sets (default: $INTERLOCK_DATA, else "
+                        "../shared/data/jsonschemabench beside the checkout)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    data = args.data
+    data = args.data or full_sets()
     missing = [name for name in DATASET_FILES if not (data / name).is_file()]
     if missing:
         p.error(f"JSONSchemaBench files {missing} not found in {data}: set INTERLOCK_DATA to the folder "

@@ -1,6 +1,6 @@
 """JSONSchemaBench rows and the chat prompts built from them (issue 4's benchmark contract).
 
-    rows = load_rows(dataset("JME"), limit=20)        # DATASETS / "JME.jsonl", or MissingDataError
+    rows = load_rows(dataset("JME"), limit=20)        # JME.jsonl where `data_folders` finds it
     messages = build_messages(rows[0])      # [{"role": "system", ...}, {"role": "user", ...}]
 
 The system message holds the instructions and the schema as JSON. For a row with a valid test
@@ -37,30 +37,53 @@ ROOT = "the answer"
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\- ]*\Z")
 
 
-# The full JSONSchemaBench sets are not in the repository (tens of MB): a checkout finds them in
-# ../shared/data/jsonschemabench beside it, or wherever INTERLOCK_DATA names. The tests use the slice
-# vendored in tests/data/jsonschemabench (its README says which rows and where they come from).
+# Where a set named by name ("JME") or file name ("JME.jsonl") is found. The repository vendors a
+# slice of JSONSchemaBench for its tests (tests/data/jsonschemabench; its README says which rows):
+# JME and BFCL_simple whole, the other sets as 12-row samples. The full sets are tens of MB and live
+# wherever $INTERLOCK_DATA names, or in ../shared/data/jsonschemabench beside a checkout that has it.
 DATA_ENV = "INTERLOCK_DATA"
-DATASETS = Path(os.environ.get(DATA_ENV) or Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench")
+VENDORED = Path(__file__).resolve().parents[1] / "tests" / "data" / "jsonschemabench"
+VENDORED_WHOLE = ("JME", "BFCL_simple")          # the vendored sets that are the whole set
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
 
 
 class MissingDataError(FileNotFoundError):
-    """A JSONSchemaBench set that is not where the benchmarks look; the message says how to provide it."""
+    """A JSONSchemaBench set that is not where the benchmarks look; the message says where they
+    looked and how to provide it."""
+
+
+def data_folders(name: str) -> list[Path]:
+    """The folders a set's name is looked up in, in order: the vendored slice first, then
+    $INTERLOCK_DATA, then ../shared/data/jsonschemabench; a set the slice holds only a sample of
+    comes from the full sets first (so a benchmark never runs 12 rows believing it ran them all)."""
+    full = [full_sets(), SHARED] if os.environ.get(DATA_ENV) else [SHARED]
+    return [VENDORED, *full] if name in VENDORED_WHOLE else [*full, VENDORED]
+
+
+def full_sets() -> Path:
+    """The folder of the full sets: $INTERLOCK_DATA, else ../shared/data/jsonschemabench."""
+    return Path(os.environ.get(DATA_ENV) or SHARED)
 
 
 def dataset(name: str | Path) -> Path:
-    """The file of a set: a name ("JME", "BFCL_simple", ...) in DATASETS, or a path to a .jsonl file.
-
-    Raises MissingDataError when it is not there (a benchmark turns it into a usage error)."""
+    """The file of a set: a path to a .jsonl file, or a set's name ("JME", "BFCL_simple", ...) or
+    file name ("JME.jsonl") looked up in `data_folders`. MissingDataError lists where it looked
+    (a benchmark turns it into a usage error)."""
     path = Path(name)
-    if path.suffix != ".jsonl" and len(path.parts) == 1:
-        path = DATASETS / f"{name}.jsonl"
-    if not path.is_file():
-        raise MissingDataError(
-            f"{path}: no such JSONSchemaBench file. The full sets are not shipped with interlock: put them in "
-            f"../shared/data/jsonschemabench beside the checkout or set {DATA_ENV} to their folder, or pass "
-            f"a .jsonl path (tests/data/jsonschemabench holds JME and BFCL_simple in full)")
-    return path
+    if path.is_file():
+        return path
+    looked = [path.resolve()]
+    if len(path.parts) == 1:
+        stem = path.stem if path.suffix == ".jsonl" else path.name
+        for folder in data_folders(stem):
+            candidate = folder / f"{stem}.jsonl"
+            if candidate.is_file():
+                return candidate
+            looked.append(candidate)
+    raise MissingDataError(
+        f"no JSONSchemaBench file {str(name)!r}; looked in: {', '.join(map(str, looked))}. The repository "
+        f"vendors JME and BFCL_simple whole (and 12-row samples of Github_trivial, Github_easy, Glaiveai2K) "
+        f"in {VENDORED}; for the full sets set {DATA_ENV} to their folder, or pass a .jsonl path")
 
 
 def dataset_arg(text: str) -> Path:

@@ -8,7 +8,7 @@ scaled, booleans flipped — leaf by leaf, keeping a change only when the schema
 document (jsonschema). Everything is a deterministic function of (row, n, seed); prompts come from
 `prompts.build_messages`, so each document's facts are in the user message, in prose.
 
-    rows = repeated_schema(row_by_id(DATASETS / "JME.jsonl", REPEATED_ROW), 50)
+    rows = repeated_schema(row_by_id(dataset("JME"), REPEATED_ROW), 50)
 """
 from __future__ import annotations
 

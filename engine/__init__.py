@@ -2,7 +2,10 @@
 
 - engine.py   Engine: start / stop the runtime, hand requests to it, stream their deltas
 - config.py   EngineConfig: every option, validated once; the device and runner it resolves to
-- build.py    build_runtime: timeline, target forward, KV cache and step buffers for the device
+- load.py     the models it runs: the target as its runner computes it, the draft model, and what
+              the model's config alone decides, checked before any weight is read
+- build.py    build_runtime: timeline, KV cache, step buffers and actors for the device; starting
+              and stopping them (Runtime)
 - intake.py   a request's prompt encoded and its parameters checked (one error type per fault)
 """
 from __future__ import annotations

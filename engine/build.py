@@ -1,7 +1,7 @@
 """Building a runtime for a device, in one place: `build_runtime(loaded, config, ...)` picks the
-timeline, the target's forward, the KV cache's device and the step buffers, then wires the five
-actors. Everything device-specific an engine has is decided here; the actors, the step program and
-every law are the same on each.
+timeline, the KV cache's device and the step buffers for the target's forward (made by
+engine/load.py), then wires the five actors. Everything device-specific an engine has is decided
+here and there; the actors, the step program and every law are the same on each.
 
     host runner (CPU)         CpuTimeline, the int8 Transformer, host KV, VerifierActor
     device runner on the CPU  CpuTimeline, DeviceLlama in float32 with torch reference ops, host KV,
@@ -13,11 +13,14 @@ every law are the same on each.
 """
 from __future__ import annotations
 
+import gc
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import anyio
 import torch
 
 from interlock.actors.device_draft_actor import DeviceDraftActor
@@ -25,20 +28,23 @@ from interlock.actors.device_verifier import DeviceVerifier
 from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import GrammarActor, MaskBuffers
 from interlock.actors.kv_actor import KVActor
+from interlock.actors.runtime import Runtime as ActorRuntime
 from interlock.actors.scheduler import Scheduler, SchedulerConfig
 from interlock.actors.step import StepState, StepProgram
 from interlock.actors.verifier_actor import VerifierActor
-from interlock.drafters.device_draft import DeviceDraftLM, DeviceDrafter, device_draft_lm
+from interlock.drafters.device_draft import DeviceDraftLM, DeviceDrafter
 from interlock.drafters.model import DraftLM, ModelDrafter
 from interlock.engine.config import EngineConfig, Runner
+from interlock.grammars.backends import BackendRouter
 from interlock.logs import get_logger
 from interlock.models.device_llama import DeviceLlama
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import PagedKVCache, block_bytes
-from interlock.models.loader import LoadedModel, load_model
+from interlock.models.loader import LoadedModel
 from interlock.parallel.group import TensorParallelModel, TPConfig
-from interlock.protocol.errors import UnsupportedModelError
-from interlock.protocol.speculative import SpeculativeConfig
+from interlock.protocol.errors import EngineError, UnsupportedModelError
+from interlock.protocol.messages import Count, KVUsage
+from interlock.protocol.types import RequestId
 from interlock.streams.cpu_timeline import CpuTimeline
 from interlock.streams.cuda_rules import CudaRulesTimeline
 
@@ -66,73 +72,6 @@ def prefill_rows(model: object, prefill: str) -> bool:
     if not hasattr(model, "rows_prefill"):
         return False
     return {"auto": getattr(model, "rows_prefill_default", False), "rows": True, "dense": False}[prefill]
-
-
-def draft_lm_for(target: LoadedModel, speculative: SpeculativeConfig | None) -> DraftLM | DeviceDraftLM | None:
-    """The draft model a speculative config asks for: the target's first layers (self-draft), a
-    checkpoint with the target's tokenizer (draft:PATH), or a DraftLM given directly; else None.
-    For a device-runner target (a DeviceLlama) it is a DeviceDraftLM on the target's device."""
-    if speculative is None or not speculative.uses_draft_model:
-        return None
-    if isinstance(target.model, DeviceLlama):
-        return _device_draft_lm(target, speculative)
-    if "self-draft" in speculative.drafters:
-        # under tensor parallelism the ranks run the draft too, on their second KV pool
-        model = target.model.draft() if isinstance(target.model, TensorParallelModel) else target.model
-        return DraftLM(model, min(speculative.self_draft_layers, target.config.n_layers))  # type: ignore[arg-type]
-    if speculative.draft_lm is not None:
-        return speculative.draft_lm
-    assert speculative.draft_model is not None
-    draft = load_model(speculative.draft_model, weights=target.model.weights or "int8",
-                       kv_dtype=target.config.kv_dtype)         # the target's cache numerics
-    _same_tokenizer(speculative.draft_model, draft, target)
-    return DraftLM.full(draft.model)
-
-
-def _device_draft_lm(target: LoadedModel, speculative: SpeculativeConfig) -> DeviceDraftLM:
-    model = target.model
-    assert isinstance(model, DeviceLlama)
-    if "self-draft" in speculative.drafters:
-        return device_draft_lm(model, min(speculative.self_draft_layers, target.config.n_layers))
-    given = speculative.draft_lm
-    if given is None:
-        assert speculative.draft_model is not None
-        loaded = load_model(speculative.draft_model, weights="float")
-        _same_tokenizer(speculative.draft_model, loaded, target)
-        given = DraftLM.full(loaded.model)  # type: ignore[arg-type]
-    weights = given.model if isinstance(given.model, DeviceLlama) else \
-        DeviceLlama.from_transformer(given.model, model.device, model.embed.dtype)
-    head = getattr(given.head, "weight", None)
-    return device_draft_lm(weights, given.n_layers, head, given.d2t)
-
-
-def _same_tokenizer(name: str, draft: LoadedModel, target: LoadedModel) -> None:
-    if draft.tokenizer.vocab_size != target.tokenizer.vocab_size or \
-            draft.tokenizer.eos_token_ids != target.tokenizer.eos_token_ids:
-        raise UnsupportedModelError(
-            f"draft model {name!r} has another tokenizer than the target "
-            f"({draft.tokenizer.vocab_size} vs {target.tokenizer.vocab_size} ids): a draft must share it")
-
-
-def for_runner(loaded: LoadedModel, config: EngineConfig) -> tuple[LoadedModel, Runner]:
-    """The model as the runner computes it: unchanged for the host runner; the device forward
-    (bf16 on CUDA, float32 on the CPU) for the device runner, which needs float weights."""
-    device = config.torch_device()
-    runner = config.runner_for(device)
-    model = loaded.model
-    if runner == "host":
-        if isinstance(model, DeviceLlama):
-            raise UnsupportedModelError("this model was loaded for the device runner; use runner='device'")
-        return loaded, runner
-    if isinstance(model, TensorParallelModel):
-        raise UnsupportedModelError("tensor parallelism is not on CUDA yet: use one GPU, or the CPU engine")
-    if isinstance(model, DeviceLlama):
-        if model.device != device and not (device.type == model.device.type == "cuda" and device.index is None):
-            raise UnsupportedModelError(f"the model is on {model.device}, the engine asks for {device}")
-        return loaded, runner
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    target = DeviceLlama.from_transformer(model, device, dtype)
-    return replace(loaded, model=target, config=target.config), runner  # type: ignore[arg-type]
 
 
 def scheduler_config(config: EngineConfig, model: ModelConfig, max_context: int) -> SchedulerConfig:
@@ -183,6 +122,34 @@ class Runtime:
     kv: PagedKVCache
     drafter: ModelDrafter | DeviceDrafter | None
     rows_prefill: bool
+    supervisor: ActorRuntime | None = None      # the actors' one task group, once started
+
+    async def start(self, loaded: LoadedModel, sched: SchedulerConfig, draft_lm: DraftLM | None,
+                    config: EngineConfig, on_failure: Callable[[str, BaseException], None]) -> None:
+        """Start the tensor-parallel ranks (if any), then every actor in one task group."""
+        try:
+            await anyio.to_thread.run_sync(start_workers, loaded, sched, draft_lm, config)
+        except BaseException:
+            self.close()
+            raise
+        self.supervisor = ActorRuntime(list(self.actors), on_failure=on_failure)
+        await self.supervisor.__aenter__()
+        if config.freeze_gc:        # EngineConfig.freeze_gc says why
+            gc.collect(1)
+            gc.freeze()
+
+    async def stop(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        """Stop the actors (a crash was already reported to every request), the ranks, and free."""
+        assert self.supervisor is not None, "stop() follows start()"
+        try:
+            await self.supervisor.__aexit__(None, None, None)
+        except EngineError:
+            pass
+        finally:
+            if config.freeze_gc:
+                gc.unfreeze()
+            await anyio.to_thread.run_sync(stop_workers, loaded)
+            self.close()
 
     def close(self) -> None:
         try:
@@ -194,12 +161,43 @@ class Runtime:
         if self.drafter is not None:
             self.drafter.kv.release()
 
+    async def resources(self) -> dict[str, int]:
+        """What every actor holds now (Engine.resources says what each count is)."""
+        kv_actor, verifier, grammar, draft, scheduler = self.actors
+        free, total, seqs, cached = await kv_actor.ask(lambda r: KVUsage(r))
+        generators, penalties = await verifier.ask(lambda r: Count(r))
+        res = {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs, "kv_cached_blocks": cached,
+               "matchers": await grammar.ask(lambda r: Count(r)),
+               "verify_generators": generators, "penalty_entries": penalties}
+        res.update(await draft.ask(lambda r: Count(r)))
+        res.update(await scheduler.ask(lambda r: Count(r)))
+        return res
+
+
+def failure_of(actor: str, exc: BaseException) -> EngineError:
+    """The error an actor's crash gives every request: the innermost EngineError in its chain of
+    causes (a lane wraps what its function raised, a TimelineError around a WorkerError, and the
+    innermost says what failed), else an EngineError naming the actor."""
+    found, seen = None, 0
+    cause: BaseException | None = exc
+    while cause is not None and seen < 8:
+        if isinstance(cause, EngineError):
+            found = cause
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    if found is not None:
+        return found
+    failure = EngineError(f"the engine failed: actor {actor} crashed: {exc!r}")
+    failure.__cause__ = exc
+    return failure
+
 
 def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sched: SchedulerConfig,
-                  router: object, draft_lm: DraftLM | DeviceDraftLM | None, forget: Any) -> Runtime:
+                  router: BackendRouter, draft_lm: DraftLM | DeviceDraftLM | None,
+                  forget: Callable[[RequestId], None]) -> Runtime:
     """Every part of a running engine for `runner` (module docstring); nothing is started yet."""
     model = loaded.model
-    device = model.device if runner == "device" else torch.device("cpu")     # for_runner placed the model
+    # for_runner (engine/load.py) placed the device runner's forward on its device
+    device = model.device if isinstance(model, DeviceLlama) else torch.device("cpu")
     tp = isinstance(model, TensorParallelModel)
     rows = prefill_rows(model, config.prefill) if runner == "host" else False     # first: it may refuse
     timeline = _timeline(device, config, runner)
@@ -229,7 +227,7 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
     rounds = config.speculative.max_draft_len if config.speculative else 0
     drafter: ModelDrafter | DeviceDrafter | None = None
     draft: DraftActor
-    if runner == "device":
+    if isinstance(model, DeviceLlama):     # the device runner's forward (for_runner made it)
         per_seq = -(-(sched.max_position + sched.max_drafts + 1) // sched.block_size)
         if isinstance(draft_lm, DeviceDraftLM):
             assert config.speculative is not None
@@ -241,7 +239,7 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
         else:
             draft = DraftActor(config.speculative, vocab, timeline, step)
         verifier: VerifierActor = DeviceVerifier(
-            model, kv, timeline, buffers, step, vocab, eos,  # type: ignore[arg-type]
+            model, kv, timeline, buffers, step, vocab, eos,
             # a step's rows: decode rows within max_step_tokens, and a first prompt chunk may exceed it
             max_rows=max(sched.max_step_tokens, sched.prefill_chunk) + sched.max_batch_size * (sched.max_drafts + 1),
             max_drafts=sched.max_drafts, buckets=config.buckets(), max_blocks=per_seq, pad_block=sched.num_blocks,
@@ -256,7 +254,7 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
                 drafter.kv.k = drafter.kv.v = torch.empty(0)        # a self-draft's K/V live on the ranks too
         draft = DraftActor(config.speculative, vocab, timeline, step, model=drafter, bitmask=buffers.bitmask,
                            free_rows=buffers.free)
-    grammar = GrammarActor(router, timeline, buffers, step, mask_threads=config.grammar.mask_threads,  # type: ignore[arg-type]
+    grammar = GrammarActor(router, timeline, buffers, step, mask_threads=config.grammar.mask_threads,
                            batched_masks=runner == "device" if config.grammar.batched_masks is None
                            else config.grammar.batched_masks)
     program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=rounds,

@@ -112,9 +112,11 @@ class EngineConfig:
         """The runner this config asks for on `device` (see `runner`)."""
         if self.runner == "auto":
             return "device" if device.type == "cuda" else "host"
-        if self.runner == "host" and device.type != "cpu":
-            raise UnsupportedModelError("runner='host' is the CPU engine; on CUDA the runner is 'device'")
-        return self.runner  # type: ignore[return-value]
+        if self.runner == "host":
+            if device.type != "cpu":
+                raise UnsupportedModelError("runner='host' is the CPU engine; on CUDA the runner is 'device'")
+            return "host"
+        return "device"             # __post_init__ allows only RUNNERS
 
     def buckets(self) -> tuple[int, ...]:
         """The device runner's padded batch sizes, ending at max_batch_size."""

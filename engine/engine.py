@@ -9,31 +9,27 @@ engine/config.py; this file starts and stops the runtime and hands requests to i
 """
 from __future__ import annotations
 
-import gc
 import itertools
 import time
 from collections.abc import AsyncIterator
 from types import TracebackType
+from typing import Any
 
 import anyio
 
 from interlock.actors.grammar_layer import GrammarLayer
-from interlock.actors.runtime import Runtime as ActorRuntime
-from interlock.engine.build import (
-    Runtime, build_runtime, draft_lm_for, for_runner, scheduler_config, start_workers, stop_workers,
-)
+from interlock.engine.build import Runtime, build_runtime, failure_of, scheduler_config, stop_workers
 from interlock.engine.config import EngineConfig
-from interlock.engine.intake import EMPTY_CHAT, Intake, Prompt
+from interlock.engine.intake import Intake, Prompt
+from interlock.engine.load import draft_lm_for, for_runner, load_target
 from interlock.logs import get_logger
+from interlock.models.device_llama import DeviceLlama
 from interlock.models.linear import Weights
-from interlock.models.loader import LoadedModel, load_model
+from interlock.models.loader import LoadedModel
 from interlock.output.stream import OutputStream
-from interlock.parallel.group import load_tensor_parallel
 from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError
 from interlock.protocol.grammar import DEFAULT_BACKEND, BackendName, GrammarConfig, GrammarSpec
-from interlock.protocol.messages import (
-    Cancel, Count, EngineMetrics, GetMetrics, GrammarReady, KVUsage, RequestSpec, Submit, Wake,
-)
+from interlock.protocol.messages import Cancel, EngineMetrics, GetMetrics, GrammarReady, Submit, Wake
 from interlock.protocol.sampling import Completion, Delta, SamplingParams
 from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE, SpeculativeConfig
 from interlock.protocol.types import Dtype, RequestId
@@ -41,17 +37,6 @@ from interlock.streams.errors import ChannelClosedError, ChannelFullError
 from interlock.streams.timeline import HostCall
 
 log = get_logger(__name__)
-
-
-def _engine_error_in(exc: BaseException | None) -> EngineError | None:
-    """The innermost EngineError in exc's chain of causes: a lane wraps what its function raised
-    (TimelineError around a WorkerError), and the innermost one says what failed."""
-    found, seen = None, 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, EngineError):
-            found = exc
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return found
 
 
 class Engine:
@@ -63,10 +48,10 @@ class Engine:
         self.config = config
         self.tokenizer = loaded.tokenizer
         self.max_context = min(config.max_context or loaded.config.max_position, loaded.config.max_position)
-        self.intake = Intake(self.tokenizer, self.max_context, device_runner=self.runner == "device")
+        device = loaded.model.device.type if isinstance(loaded.model, DeviceLlama) else None
+        self.intake = Intake(self.tokenizer, self.max_context, device_runner=device)
         self._ids = itertools.count()
         self._streams: dict[RequestId, OutputStream[Delta]] = {}
-        self._actors_runtime: ActorRuntime | None = None
         self._rt: Runtime | None = None
         self._closed = False                # no new requests (closed, or an actor crashed)
         self.rows_prefill: bool | None = None   # at start: prompt chunks on the rows path (EngineConfig.prefill)
@@ -82,7 +67,7 @@ class Engine:
                         draft_len: int = DEFAULT_DRAFT_LEN, grammar_backend: BackendName = DEFAULT_BACKEND,
                         max_batch_size: int = 8,
                         weights: Weights = "int8", kv_dtype: Dtype | None = None, tensor_parallel: int = 1,
-                        device: str = "cpu", **options: object) -> Engine:
+                        device: str = "cpu", **options: Any) -> Engine:
         """Load a model (see models.loader.load_model) and build an engine around it.
 
         speculative: a SpeculativeConfig, a string such as "ngram+forced" / "ngram" / "forced", or
@@ -91,38 +76,28 @@ class Engine:
         forward on N worker processes, each holding 1/N of the weights (parallel/group.py); they
         start with the engine. device: "cpu" (default), "cuda", "cuda:N" or "auto" (CUDA when
         available); on CUDA the weights are loaded in bf16 (dequantized from a GGUF) and `weights`
-        and `kv_dtype` do not apply. options: the other EngineConfig fields.
+        and `kv_dtype` do not apply. options: the other EngineConfig fields (each of its own type).
+        What the config alone decides (a tensor-parallel size the model does not divide by) is
+        checked before any weight is read (engine/load.py).
         """
         if isinstance(speculative, str) or speculative is None:
             speculative = SpeculativeConfig.parse(speculative, max_draft_len=draft_len)
         config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=grammar_backend),
-                              max_batch_size=max_batch_size, device=device, **options)  # type: ignore[arg-type]
-        target = config.torch_device()
-        if config.runner_for(target) == "device":
-            # float weights for the device forward, in the dtype it computes in (for_runner moves them)
-            dtype = "bfloat16" if target.type == "cuda" else "float32"
-            return cls(load_model(name_or_path, weights="float", dtype=dtype), config)
-        if tensor_parallel > 1:
-            return cls(load_tensor_parallel(name_or_path, tensor_parallel, weights=weights, kv_dtype=kv_dtype), config)
-        return cls(load_model(name_or_path, weights=weights, kv_dtype=kv_dtype), config)
+                              max_batch_size=max_batch_size, device=device, **options)
+        return cls(load_target(name_or_path, config, weights=weights, kv_dtype=kv_dtype,
+                               tensor_parallel=tensor_parallel), config)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> Engine:
-        loaded = self.model
-        rt = self._rt = build_runtime(loaded, self.config, self.runner, self._sched_config, self.grammars.router,
+        rt = self._rt = build_runtime(self.model, self.config, self.runner, self._sched_config, self.grammars.router,
                                       self._draft_lm, self._forget)
         self.rows_prefill = rt.rows_prefill
-        try:
-            await anyio.to_thread.run_sync(start_workers, loaded, self._sched_config, self._draft_lm, self.config)
-        except BaseException:
-            rt.close()
-            raise
-        self._actors_runtime = ActorRuntime(list(rt.actors), on_failure=self._on_failure)
-        await self._actors_runtime.__aenter__()
-        if self.config.freeze_gc:
-            gc.collect(1)
-            gc.freeze()
+        await rt.start(self.model, self._sched_config, self._draft_lm, self.config, self._on_failure)
+        spec = self.config.speculative
+        log.info("engine_started", model=self.model.name, device=self.config.device, runner=self.runner,
+                 max_batch_size=self.config.max_batch_size, speculative=spec.label if spec else "none",
+                 grammar_backend=self.config.grammar.backend, kv_blocks=self._sched_config.num_blocks)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -134,35 +109,22 @@ class Engine:
         if self._shut_down:
             return
         self._shut_down = self._closed = True
-        for stream in list(self._streams.values()):
-            stream.fail(self._failure or EngineClosedError("the engine was closed"))
-        self._streams.clear()
-        if self._actors_runtime is None:
-            await anyio.to_thread.run_sync(stop_workers, self.model)
-            return                      # never entered
-        try:
-            await self._actors_runtime.__aexit__(None, None, None)
-        except EngineError:
-            pass                        # already reported to every request
-        finally:
-            if self.config.freeze_gc:
-                gc.unfreeze()
-            await anyio.to_thread.run_sync(stop_workers, self.model)
-            assert self._rt is not None
-            self._rt.close()
+        self._fail_all(self._failure or EngineClosedError("the engine was closed"))
+        if self._rt is None or self._rt.supervisor is None:
+            await anyio.to_thread.run_sync(stop_workers, self.model)        # never (or not fully) started
+            return
+        await self._rt.stop(self.model, self.config)
 
     def _on_failure(self, actor: str, exc: BaseException) -> None:
         log.error("actor_crashed", actor=actor, error=repr(exc))
-        cause = _engine_error_in(exc)
-        if cause is not None:               # e.g. a WorkerError under the timeline's error: it says what failed
-            self._failure = cause
-        else:
-            self._failure = EngineError(f"the engine failed: actor {actor} crashed: {exc!r}")
-            self._failure.__cause__ = exc
-        for stream in list(self._streams.values()):
-            stream.fail(self._failure)
-        self._streams.clear()
+        self._failure = failure_of(actor, exc)
+        self._fail_all(self._failure)
         self._closed = True
+
+    def _fail_all(self, error: EngineError) -> None:
+        for stream in list(self._streams.values()):
+            stream.fail(error)
+        self._streams.clear()
 
     def _forget(self, request_id: RequestId) -> None:
         self._streams.pop(request_id, None)
@@ -194,37 +156,23 @@ class Engine:
                        sampling: SamplingParams = SamplingParams(), negative_prompt: Prompt | None = None,
                        grammar_backend: BackendName | None = None) -> Completion:
         """The whole output at once."""
-        text, thought, ids, logprobs, last = [], [], [], [], None
-        async for delta in self.generate(prompt, grammar=grammar, sampling=sampling, negative_prompt=negative_prompt,
-                                         grammar_backend=grammar_backend):
-            text.append(delta.text)
-            thought.append(delta.reasoning_text)
-            ids.extend(delta.token_ids)
-            logprobs.extend(delta.logprobs or ())
-            last = delta
-        assert last is not None and last.finish_reason is not None and last.stats is not None
-        return Completion("".join(text), tuple(ids), last.finish_reason, last.stats, "".join(thought),
-                          tuple(logprobs) if sampling.logprobs is not None else None)
+        deltas = [d async for d in self.generate(prompt, grammar=grammar, sampling=sampling,
+                                                 negative_prompt=negative_prompt, grammar_backend=grammar_backend)]
+        return Completion.of(deltas, with_logprobs=sampling.logprobs is not None)
 
     async def _generate(self, prompt: Prompt, grammar: GrammarSpec | None, sampling: SamplingParams,
                         negative_prompt: Prompt | None, grammar_backend: BackendName | None) -> AsyncIterator[Delta]:
-        if self._closed or self._actors_runtime is None:
-            raise self._failure or EngineClosedError("the engine is not running (use `async with engine:`)")
-        self.intake.check(grammar, sampling, negative_prompt)
+        rt = self._running()
         if grammar_backend is not None:
             self.grammars.check_name(grammar_backend)
-        tokens = self.intake.encode(prompt)
-        uncond = None
-        if sampling.guidance_scale is not None:
-            uncond = self.intake.encode(negative_prompt if negative_prompt is not None else EMPTY_CHAT)
         rid = f"req-{next(self._ids)}"
-        stream: OutputStream[Delta] = OutputStream(self.config.output_buffer, on_room=self._wake,
-                                                   on_cancel=lambda: self._cancel(rid))
+        spec = self.intake.request(rid, prompt, grammar, sampling, negative_prompt)
+        stream: OutputStream[Delta] = OutputStream(self.config.output_buffer, on_room=lambda: self._post(Wake()),
+                                                   on_cancel=lambda: self._post(Cancel(rid)))
         self._streams[rid] = stream
-        spec = RequestSpec(rid, tuple(tokens), grammar, sampling, tuple(uncond) if uncond is not None else None)
         submitted = False
         try:
-            await self._rt.scheduler.send(Submit(spec, stream))
+            await rt.scheduler.send(Submit(spec, stream))
             submitted = True
             if grammar is not None:
                 await self._compile(rid, grammar, grammar_backend)
@@ -240,27 +188,28 @@ class Engine:
     async def _compile(self, rid: RequestId, spec: GrammarSpec, backend: BackendName | None) -> None:
         """Compile in this request's own task (a worker thread underneath), while its prompt prefills."""
         start = time.perf_counter()
+        scheduler = self._started().scheduler
         try:
             compiled = await self.grammars.compile(spec, backend)
         except GrammarError as exc:
-            await self._rt.scheduler.send(GrammarReady(rid, error=exc))
+            await scheduler.send(GrammarReady(rid, error=exc))
             return
-        await self._rt.scheduler.send(GrammarReady(rid, compiled, compile_ms=(time.perf_counter() - start) * 1e3))
-
-    def _wake(self) -> None:
-        self._post(Wake())
-
-    def _cancel(self, rid: RequestId) -> None:
-        self._post(Cancel(rid))
+        await scheduler.send(GrammarReady(rid, compiled, compile_ms=(time.perf_counter() - start) * 1e3))
 
     def _post(self, msg: object) -> None:
         """From the consumer's side; a full inbox is fine: the scheduler re-checks streams every step."""
-        if self._closed:
+        if self._closed or self._rt is None:
             return
         try:
             self._rt.scheduler.send_nowait(msg)
         except (ChannelFullError, ChannelClosedError):
             pass
+
+    def _running(self) -> Runtime:
+        """The runtime of an engine that takes requests; else its failure or EngineClosedError."""
+        if self._closed or self._rt is None or self._rt.supervisor is None:
+            raise self._failure or EngineClosedError("the engine is not running (use `async with engine:`)")
+        return self._rt
 
     # --- introspection (tests, metrics) ------------------------------------------------------
 
@@ -272,7 +221,7 @@ class Engine:
 
     async def metrics(self) -> EngineMetrics:
         """Step counts and times since start (exposed grammar time included)."""
-        return await self._rt.scheduler.ask(lambda r: GetMetrics(r))
+        return await self._started().scheduler.ask(lambda r: GetMetrics(r))
 
     async def resources(self) -> dict[str, int]:
         """Every per-request thing any actor holds right now (each returns to 0 / to its total when
@@ -282,13 +231,12 @@ class Engine:
         streams, requests. Kept across requests, bounded: the prefix cache's blocks (kv_cached_blocks;
         they count as free, since eviction reclaims them) and the global suffix trie (suffix_global_*).
         The KV pool's invariants (refcounts = block-table references) are checked on every call."""
-        kv_actor, verifier, grammar, draft, scheduler = self._rt.actors
-        free, total, seqs, cached = await kv_actor.ask(lambda r: KVUsage(r))
-        generators, penalties = await verifier.ask(lambda r: Count(r))
-        res = {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs, "kv_cached_blocks": cached,
-               "matchers": await grammar.ask(lambda r: Count(r)),
-               "verify_generators": generators, "penalty_entries": penalties}
-        res.update(await draft.ask(lambda r: Count(r)))
-        res.update(await scheduler.ask(lambda r: Count(r)))
+        res = await self._started().resources()
         res["engine_streams"] = len(self._streams)
         return res
+
+    def _started(self) -> Runtime:
+        """The runtime, for questions about it (it may have stopped taking requests)."""
+        if self._rt is None:
+            raise EngineClosedError("the engine was never started (use `async with engine:`)")
+        return self._rt

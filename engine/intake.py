@@ -6,19 +6,24 @@ One error type per fault, raised for this request only:
     an empty prompt (or one that encodes to no token)            EmptyPromptError
     a prompt that leaves no room for one new token                PromptTooLongError
     a feature this engine's runner does not have yet              UnsupportedFeatureError
+    a regex the end-of-request check cannot compile (`ab\\`)        GrammarError
 """
 from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
+from interlock.grammars.checks import check_regexes
 from interlock.models.tokenizer import Message, Tokenizer
 from interlock.protocol.errors import (
-    EmptyPromptError, InterlockError, InvalidParameterError, PromptTooLongError, UnsupportedFeatureError,
+    EmptyPromptError, InterlockError, InvalidParameterError, PromptTooLongError, UnsupportedFeatureError, not_yet_on,
 )
 from interlock.protocol.grammar import GrammarSpec
+from interlock.protocol.messages import RequestSpec
 from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.types import RequestId
 
 Prompt = str | Sequence[Message] | Sequence[int]   # text, chat messages, or token ids
 EMPTY_CHAT: list[Message] = [{"role": "user", "content": ""}]   # classifier-free guidance's default negative prompt
@@ -30,7 +35,8 @@ class Intake:
 
     tokenizer: Tokenizer
     max_context: int                 # prompt + at least one new token must fit
-    device_runner: bool = False      # the device runner: no CFG, penalties or logprobs yet
+    device_runner: str | None = None   # the device runner's device type ("cuda", "cpu"): no CFG, penalties
+                                       # or logprobs there yet; None: the host runner
 
     def check(self, grammar: GrammarSpec | None, sampling: SamplingParams, negative_prompt: Prompt | None) -> None:
         """The request's parameters (the prompt is `encode`'s)."""
@@ -40,28 +46,38 @@ class Intake:
             # Once the grammar completes, the stop token is the only one it allows: there is no going on.
             raise InvalidParameterError("ignore_eos", "cannot be combined with a grammar (a complete document "
                                                       "ends the request); use max_tokens or drop ignore_eos")
+        check_regexes(grammar)          # a regex no output could pass: refused before anything runs
         if negative_prompt is not None and sampling.guidance_scale is None:
             raise InvalidParameterError("negative_prompt", "needs classifier-free guidance: set "
                                                            "sampling.guidance_scale")
-        if self.device_runner:
+        if self.device_runner is not None:
             for feature, used in (("classifier-free guidance (guidance_scale)", sampling.guidance_scale is not None),
                                   ("repetition penalties", sampling.penalized),
                                   ("logprobs", sampling.logprobs is not None)):
                 if used:
-                    raise UnsupportedFeatureError(feature)
+                    raise UnsupportedFeatureError(feature, not_yet_on(self.device_runner))
+
+    def request(self, rid: RequestId, prompt: Prompt, grammar: GrammarSpec | None, sampling: SamplingParams,
+                negative_prompt: Prompt | None) -> RequestSpec:
+        """A request checked and encoded (classifier-free guidance's negative prompt too)."""
+        self.check(grammar, sampling, negative_prompt)
+        tokens = self.encode(prompt)
+        uncond = None
+        if sampling.guidance_scale is not None:
+            uncond = tuple(self.encode(negative_prompt if negative_prompt is not None else EMPTY_CHAT))
+        return RequestSpec(rid, tuple(tokens), grammar, sampling, uncond)
 
     def encode(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids: text as is, chat messages through the chat template, ids checked."""
         if _is_ids(prompt):
-            return self._fits(self._ids(prompt))                                      # type: ignore[arg-type]
-        if not isinstance(prompt, str) and not (isinstance(prompt, Sequence) and
-                                                all(isinstance(m, Mapping) for m in prompt)):
+            return self._fits(self._ids(prompt))
+        if not isinstance(prompt, str) and not _is_messages(prompt):
             raise InvalidParameterError("prompt", f"must be a str, a list of chat messages (dicts) or a list of "
                                                   f"token ids (ints), got {type(prompt).__name__}")
         if len(prompt) == 0:
             raise EmptyPromptError("the prompt is empty (an empty string or message list): give at least one token")
         try:
-            tokens = self.tokenizer.encode_prompt(prompt)  # type: ignore[arg-type]
+            tokens = self.tokenizer.encode_prompt(prompt)
         except InterlockError:
             raise
         except Exception as exc:        # jinja2 / transformers errors: how a chat template refuses bad messages
@@ -86,6 +102,12 @@ class Intake:
         return tokens
 
 
-def _is_ids(prompt: object) -> bool:
+def _is_ids(prompt: object) -> TypeGuard[Sequence[int]]:
+    """A non-empty sequence of integers (bools are not token ids)."""
     return (isinstance(prompt, Sequence) and not isinstance(prompt, str) and len(prompt) > 0
             and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt))
+
+
+def _is_messages(prompt: object) -> TypeGuard[Sequence[Message]]:
+    """A sequence of mappings: chat messages, whose keys the chat template checks."""
+    return isinstance(prompt, Sequence) and not isinstance(prompt, str) and all(isinstance(m, Mapping) for m in prompt)

@@ -13,7 +13,8 @@ the backends' own structural tags / Lark).
 
 A step's grammar work for the whole batch (draft check, K+1 mask rows, commit), one batch call
 per backend and draft position: batch.py (`StepMasks`), with batch_xgrammar.py and
-batch_llguidance.py; bit-identical to the matchers' per-row path.
+batch_llguidance.py, which share batch_parts.py (a request's part, a backend's batch interface);
+bit-identical to the matchers' per-row path.
 
 Entry points: `make_backend(name, tokenizer, vocab_size, config)` and `BackendRouter` (a matcher
 for a compiled grammar of whichever backend compiled it), in backends.py.

@@ -22,12 +22,13 @@ from typing import Any
 import torch
 
 from interlock.grammars import bitmask as bm
+from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.keywords import Gap, gaps, keywords_in, subschemas
 from interlock.grammars.matcher import BaseMatcher
 from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
 from interlock.protocol.errors import GrammarError, SchemaKeywordError
-from interlock.protocol.grammar import GrammarBackend, GrammarSpec, JsonSchema
+from interlock.protocol.grammar import GrammarBackend, GrammarConfig, GrammarSpec, JsonSchema
 
 
 class AutoBackend:
@@ -50,6 +51,9 @@ class AutoBackend:
         if is_switch(spec) and not spec.native:  # type: ignore[union-attr]
             # Each inner spec goes through auto on its own (exactness policy and fallback per tag).
             return compile_switch(self, self.backends[0].tokenizer, spec)  # type: ignore[arg-type, attr-defined]
+        # The shared checks fail the spec itself (a schema its meta-schema refuses, a cap): said
+        # as such, not as a keyword each backend would then be said to lack.
+        check_spec(spec, getattr(self.backends[0], "config", None) or GrammarConfig())
         exact = isinstance(spec, JsonSchema) and not spec.lenient
         schema = json.loads(spec.compiled_schema) if exact else None      # type: ignore[union-attr]
         reasons: list[str] = []
@@ -75,9 +79,7 @@ class AutoBackend:
             first = named[0]
             raise SchemaKeywordError(
                 f"no backend enforces JSON schema keyword '{first.keyword}' at {first.path or '/'}: "
-                + "; ".join(reasons)
-                + ". JsonSchema(..., lenient=True) compiles it loosely and relies on the end-of-request check",
-                keyword=first.keyword, path=first.path)
+                + "; ".join(reasons), keyword=first.keyword, path=first.path)
         raise GrammarError("no backend could compile this grammar: " + "; ".join(reasons))
 
     def matcher(self, compiled: CompiledGrammar) -> BaseMatcher | SwitchMatcher:

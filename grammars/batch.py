@@ -14,46 +14,24 @@ count excepted, which no reader reads), the same counts, the same free flags, th
 states (tests/grammars/test_batch.py checks it against the per-row path over random batches).
 
 Terms: a request's row j (at start_row + j) is the mask after drafts[:j]; n is how many of its
-drafts the grammar allows (the check cuts the rest); it has 1 + n valid rows.
+drafts the grammar allows (the check cuts the rest); it has 1 + n valid rows. What a request's part
+of the pass is and what a backend's batch path offers (`Drafted`, `Group`) are batch_parts.py's,
+which the backends' files import, so that this file imports them and not the other way round.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
+from interlock.grammars.batch_llguidance import LLGuidanceBatch
+from interlock.grammars.batch_parts import Drafted, Group
+from interlock.grammars.batch_xgrammar import XGrammarBatch
 from interlock.protocol.grammar import GrammarMatcher, default_mask_threads
 from interlock.protocol.types import TokenId
 
-
-@dataclass(frozen=True)
-class Drafted:
-    """One constrained request's part of a step: its matcher, drafts and first mask row.
-
-    skip: offsets j whose rows already hold their mask (filled while a draft model drafted).
-    """
-
-    matcher: GrammarMatcher
-    drafts: tuple[TokenId, ...]
-    start_row: int
-    skip: frozenset[int] = frozenset()
-
-
-class Group(Protocol):
-    """One backend's batch path; every method takes only matchers that `StepMasks` routed to it
-    (those `takes` says yes to). What a group remembers between the calls of one step, `reset` drops."""
-
-    def takes(self, matcher: Any) -> bool: ...
-
-    def reset(self) -> None: ...
-
-    def validate(self, requests: Sequence[Drafted], bitmask: torch.Tensor) -> list[int]: ...
-
-    def fill(self, requests: Sequence[Drafted], bitmask: torch.Tensor, free: Any) -> list[int]: ...
-
-    def accept(self, matchers: Sequence[Any], tokens: Sequence[Sequence[TokenId]]) -> list[bool]: ...
+__all__ = ["Drafted", "Group", "RowByRow", "StepMasks"]     # Drafted and Group: batch_parts.py's
 
 
 class RowByRow:
@@ -84,9 +62,6 @@ class StepMasks:
     """
 
     def __init__(self, threads: int | None = None, batched: bool = True) -> None:
-        from interlock.grammars.batch_llguidance import LLGuidanceBatch
-        from interlock.grammars.batch_xgrammar import XGrammarBatch
-
         self.threads = threads or default_mask_threads()
         self.rows = RowByRow()
         self._groups: dict[type, Group] = {}
@@ -136,14 +111,3 @@ class StepMasks:
         if group is None or not group.takes(matcher):
             return self.rows
         return group
-
-
-def mark_filled(free: Any, rows: Sequence[int]) -> None:
-    """free[row] = False for each row (a bool tensor or a list; None: nothing to mark)."""
-    if free is None or not rows:
-        return
-    if isinstance(free, torch.Tensor):
-        free[torch.tensor(rows, dtype=torch.long)] = False
-    else:
-        for row in rows:
-            free[row] = False

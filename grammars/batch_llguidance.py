@@ -18,7 +18,7 @@ import llguidance.torch
 import torch
 
 from interlock.grammars import bitmask as bm
-from interlock.grammars.batch import Drafted, mark_filled
+from interlock.grammars.batch_parts import Drafted, mark_filled
 from interlock.grammars.llguidance_backend import LLGuidanceMatcher
 from interlock.protocol.types import TokenId
 

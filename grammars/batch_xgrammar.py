@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
-from interlock.grammars.batch import Drafted, mark_filled
+from interlock.grammars.batch_parts import Drafted, mark_filled
 from interlock.grammars.xgrammar_backend import XGrammarMatcher
 from interlock.protocol.types import TokenId
 

@@ -1,4 +1,6 @@
-"""Input checks that run before any backend sees a spec: caps on size and depth, empty choices.
+"""Input checks that run before any backend sees a spec: caps on size and depth, schemas that their
+meta-schema refuses, empty choices; and, at a request's intake, regexes that the end-of-request
+check could never pass.
 
 The caps bound compile time and memory for hostile or accidental giant schemas; they come from
 `GrammarConfig` so a deployment can raise them.
@@ -7,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from interlock.grammars.validate import python_regex, schema_validator
 from interlock.protocol.errors import GrammarError
-from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark, Regex
+from interlock.protocol.grammar import (Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark,
+                                        Reasoning, Regex, StructuralTag)
 
 
 def check_spec(spec: GrammarSpec, config: GrammarConfig) -> None:
@@ -26,6 +30,21 @@ def check_spec(spec: GrammarSpec, config: GrammarConfig) -> None:
         raise GrammarError(f"unknown grammar spec type {type(spec).__name__}")
 
 
+def check_regexes(spec: GrammarSpec | None) -> None:
+    """GrammarError for a Regex anywhere in `spec` (inside switching grammars too) that the
+    end-of-request check cannot compile: the engine's intake calls it before a request is queued.
+    Not part of check_spec: a backend used on its own reports its own (richer) regex errors."""
+    if isinstance(spec, Regex):
+        if not isinstance(spec.pattern, str) or not spec.pattern:
+            raise GrammarError("Regex: the grammar text is empty")
+        python_regex(spec.pattern)
+    elif isinstance(spec, Reasoning):
+        check_regexes(spec.then)
+    elif isinstance(spec, StructuralTag):
+        for tag in spec.tags:
+            check_regexes(tag.spec)
+
+
 def _check_schema(spec: JsonSchema, config: GrammarConfig) -> None:
     _check_size("JSON schema", len(spec.schema.encode()), config)
     schema = spec.schema_dict
@@ -35,6 +54,7 @@ def _check_schema(spec: JsonSchema, config: GrammarConfig) -> None:
     if depth > config.max_schema_depth:
         raise GrammarError(f"JSON schema nests {depth} levels deep, over the cap of "
                            f"{config.max_schema_depth} (GrammarConfig.max_schema_depth)")
+    schema_validator(schema)        # a typo ("type": "objekt") is named as one, not as a keyword no backend has
 
 
 def _check_choice(spec: Choice, config: GrammarConfig) -> None:

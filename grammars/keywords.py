@@ -91,8 +91,8 @@ def subschemas(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any
 
 def gaps(schema: Any, backend: str, *, compact: bool = True) -> tuple[Gap, ...]:
     """The keywords of `schema` that `backend` ("xgrammar" or "llguidance") would not enforce
-    exactly (compact: the grammar allows no optional whitespace). llguidance refuses most of its
-    own at compile time; this lists the rest."""
+    exactly (compact: the grammar allows no optional whitespace). llguidance refuses at compile
+    time the keywords it cannot enforce: none are listed for it."""
     if backend == "xgrammar":
         ref_replaces = _old_draft(schema)
         found = [g for where, node in subschemas(schema) for g in _xgrammar_node(where, node, ref_replaces)]
@@ -101,9 +101,7 @@ def gaps(schema: Any, backend: str, *, compact: bool = True) -> tuple[Gap, ...]:
             if schema is True or schema == {}:
                 found.append(Gap("type", "", ANY_VALUE))
         return tuple(found)
-    if backend == "llguidance":
-        return _llguidance_gaps(schema)
-    return ()
+    return ()       # llguidance refuses at compile time what it cannot enforce (but see ref_siblings)
 
 
 def assertion_keys(node: dict[str, Any]) -> list[str]:
@@ -186,14 +184,16 @@ def _anchored(pattern: Any) -> bool:
     return backslashes % 2 == 0
 
 
-def _llguidance_gaps(schema: Any) -> tuple[Gap, ...]:
-    """Draft-07 and earlier ignore keywords beside $ref; llguidance applies them (refusing valid
-    instances)."""
+def ref_siblings(schema: Any) -> list[tuple[str, list[str]]]:
+    """(JSON pointer, keywords) of each `$ref` with sibling assertions in a draft-07 (or older)
+    schema. Those drafts ignore the siblings; llguidance applies them. That is no gap: every
+    output still satisfies the `$ref`, so it is valid under the schema's own draft, and the
+    siblings are what the schema's author meant. It refuses some instances the draft allows."""
     if not _old_draft(schema):
-        return ()
-    return tuple(Gap(k, where, "draft-07 ignores keywords beside '$ref', llguidance applies them")
-                 for where, node in subschemas(schema) if "$ref" in node
-                 for k in assertion_keys(node) if k != "$ref")
+        return []
+    found = [(where, [k for k in assertion_keys(node) if k != "$ref"]) for where, node in subschemas(schema)
+             if "$ref" in node]
+    return [(where, keys) for where, keys in found if keys]
 
 
 def _old_draft(schema: Any) -> bool:

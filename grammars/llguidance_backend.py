@@ -24,7 +24,7 @@ import torch
 from interlock.grammars import bitmask as bm
 from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
-from interlock.grammars.keywords import LLGUIDANCE_FORMATS, gaps, unknown_formats, without_formats
+from interlock.grammars.keywords import LLGUIDANCE_FORMATS, ref_siblings, unknown_formats, without_formats
 from interlock.grammars.matcher import BaseMatcher
 from interlock.grammars.native_tags import check_native, llguidance_grammar
 from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
@@ -69,12 +69,12 @@ class LLGuidanceBackend:
             raise GrammarError(f"llguidance: {_first_line(exc)}") from exc
         if template.is_error():
             raise GrammarError(f"llguidance: {_first_line(template.get_error())}")
-        # llguidance warns only when it approximates (lenient mode, coerce_one_of): each is inexact,
-        # and so is what keywords.gaps knows it applies differently from the schema's draft.
+        # llguidance warns only when it approximates (lenient mode, coerce_one_of): each is inexact.
         inexact = [f"llguidance: {w}" for w in template.get_grammar_warnings()]
         if isinstance(spec, JsonSchema):
-            gaps_found = gaps(json.loads(spec.compiled_schema), NAME)
-            inexact += [f"llguidance does not enforce exactly {g}" for g in gaps_found]
+            for where, keys in ref_siblings(json.loads(spec.compiled_schema)):
+                log.debug("grammar.ref_siblings_applied", backend=NAME, path=where or "/", keywords=keys,
+                          why="draft-07 ignores keywords beside '$ref'; applied, every output still satisfies it")
         warnings = (*ours, *inexact)
         for warning in warnings:
             log.warning("grammar.backend_warning", backend=NAME, warning=warning)
@@ -214,5 +214,9 @@ class LLGuidanceMatcher(BaseMatcher):
 
 
 def _first_line(exc: object) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:500]
+    """llguidance's message on one line. Its regex errors span several: a header ending in
+    "regex parse error:", the pattern echoed with carets under the fault, then "error: why";
+    the header alone would leave out why, so each "error:" line's reason is kept too."""
+    lines = (str(exc).strip() or type(exc).__name__).splitlines()
+    reasons = [line.strip()[len("error:"):].strip() for line in lines[1:] if line.strip().startswith("error:")]
+    return " ".join([lines[0].strip(), *reasons])[:500]

@@ -42,7 +42,7 @@ def validate_output(spec: GrammarSpec, text: str) -> None:
         if not isinstance(parse_json(text), dict):
             raise GrammarError(f"output is JSON but not an object: {_shown(text)}")
     elif isinstance(spec, Regex):
-        if _regex(spec.pattern).fullmatch(text) is None:
+        if python_regex(spec.pattern).fullmatch(text) is None:
             raise GrammarError(f"output does not match the regex {spec.pattern!r}: {_shown(text)}")
     elif isinstance(spec, Choice):
         if text not in spec.options:
@@ -133,24 +133,34 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _validator(schema_text: str) -> Any:
-    """A jsonschema validator (built per call: once per request, no module-level cache) for the schema's own
-    dialect ($schema; 2020-12 when absent)."""
+    return schema_validator(json.loads(schema_text))
+
+
+def schema_validator(schema: Any) -> Any:
+    """A jsonschema validator (built per call: once per request, no module-level cache) for the
+    schema's own dialect ($schema; 2020-12 when absent). GrammarError, saying where, for a schema
+    its dialect's meta-schema refuses (`"type": "objekt"`): grammars/checks.py calls it before
+    any backend compiles, since no output could pass this check under such a schema."""
     import jsonschema
 
-    schema = json.loads(schema_text)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
-        raise GrammarError(f"the JSON schema is not a valid schema: {exc.message[:MAX_SHOWN]}") from exc
+        where = "/" + "/".join(str(p) for p in exc.absolute_path)
+        raise GrammarError(f"the JSON schema is not a valid schema at {where}: {exc.message[:MAX_SHOWN]}") from exc
     return cls(schema)
 
 
-def _regex(pattern: str) -> re.Pattern[str]:
+def python_regex(pattern: str) -> re.Pattern[str]:
+    """The pattern as this check reads it; GrammarError when Python cannot compile it. The engine's
+    intake calls it too (grammars/checks.py `check_regexes`), so a pattern that no output could pass
+    (`ab\\`, which both backends compile) is refused before anything is generated."""
     try:
         return re.compile(pattern)
     except re.error as exc:
-        raise GrammarError(f"the regex {pattern!r} does not compile in Python: {exc}") from exc
+        raise GrammarError(f"the regex {pattern!r} does not compile in Python, whose `re` checks every "
+                           f"output: {exc}") from exc
 
 
 def _shown(text: str) -> str:

@@ -37,8 +37,9 @@ import shutil
 import sys
 from pathlib import Path
 
-import structlog
 import torch
+
+from interlock.logs import get_logger
 
 _CSRC = Path(__file__).parent / "csrc"
 BACKENDS = ("auto", "native", "torch", "reference")
@@ -57,7 +58,7 @@ def available() -> bool:
     """Build (or load the cached build of) the native kernels; False, logged once, if it cannot."""
     if os.environ.get("INTERLOCK_NATIVE_KERNELS", "1") == "0":
         return False
-    log = structlog.get_logger("interlock.kernels")
+    log = get_logger("interlock.kernels")
     try:
         from torch.utils.cpp_extension import load
 

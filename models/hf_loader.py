@@ -49,14 +49,19 @@ def config_from_hf(cfg: dict, dtype: Dtype) -> ModelConfig:
     )
 
 
-def load_hf_dir(path: Path, dtype: Dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
-
+def hf_config(path: Path, dtype: Dtype) -> ModelConfig:
+    """The config of an HF checkpoint folder (its config.json)."""
     try:
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"cannot read {path / 'config.json'}: {exc}") from exc
-    config = config_from_hf(cfg, dtype)
+    return config_from_hf(cfg, dtype)
+
+
+def load_hf_dir(path: Path, dtype: Dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    config = hf_config(path, dtype)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"no *.safetensors files in {path} (pytorch .bin checkpoints are not supported)")

@@ -15,14 +15,15 @@ from pathlib import Path
 
 from interlock.kernels import native
 from interlock.models.config import ModelConfig, tiny_config
-from interlock.models.gguf_loader import load_gguf
-from interlock.models.hf_loader import load_hf_dir
+from interlock.models.device_llama import DeviceLlama
+from interlock.models.gguf_loader import load_gguf, read_config
+from interlock.models.hf_loader import hf_config, load_hf_dir
 from interlock.models.hub import hub_snapshot, is_hub_id
 from interlock.models.linear import Weights
 from interlock.models.llama import Transformer, random_transformer
-from interlock.models.weight_cache import load_cached, save_cached
+from interlock.models.weight_cache import cached_config, load_cached, save_cached
 from interlock.models.tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer, truncated_tokenizer
-from interlock.protocol.errors import ModelNotFoundError
+from interlock.protocol.errors import ModelLoadError, ModelNotFoundError
 from interlock.protocol.types import Dtype
 
 EMBEDDED = "smollm2-135m-instruct"
@@ -37,7 +38,9 @@ TINY_PADDED_VOCAB = 1088            # model vocabulary > tokenizer's, as in many
 class LoadedModel:
     name: str
     config: ModelConfig
-    model: Transformer
+    # load_model's Transformer; the engine's device runner puts the device forward made from it here
+    # (engine/load.py for_runner)
+    model: Transformer | DeviceLlama
     tokenizer: Tokenizer
     load_s: float
 
@@ -70,6 +73,28 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
         return truncated_tokenizer(embedded_tokenizer(), TINY_TOKENIZER_VOCAB)
     path = _resolve(name_or_path)
     return load_gguf_tokenizer(path) if path.suffix == ".gguf" else load_hf_tokenizer(path)
+
+
+def model_config(name_or_path: str, dtype: Dtype = "float32") -> ModelConfig:
+    """A model's config as load_model gives it (the KV cache's dtype aside), without its weights:
+    what checks made before loading read. A GGUF's comes from the weight cache when it was
+    converted before, else from the file's metadata; no tensor is read."""
+    if name_or_path == TINY:
+        eos = load_tokenizer(TINY).eos_token_ids[0]
+        return tiny_config(TINY_PADDED_VOCAB, dtype=dtype).replace(eos_token_id=eos)
+    path = _resolve(name_or_path)
+    if path.suffix != ".gguf":
+        return hf_config(path, dtype)
+    cached = cached_config(path)
+    if cached is not None:
+        return cached.replace(dtype=dtype)
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, OSError) as exc:
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
+    return read_config(reader, dtype)[0]
 
 
 def default_kv_dtype(weights: Weights, dtype: Dtype) -> Dtype:

@@ -27,16 +27,25 @@ def _entry(source: Path) -> Path:
 
 def load_cached(source: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], torch.Tensor | None] | None:
     """(fp32 config, fused state dict, inv_freq or None) if `source` was converted before, else None."""
-    entry = _entry(source)
-    if not (entry / "model.safetensors").is_file():
+    config = cached_config(source)
+    if config is None:
         return None
     from safetensors.torch import load_file
 
+    sd = load_file(str(_entry(source) / "model.safetensors"))
+    return config, sd, sd.pop(_INV_FREQ, None)
+
+
+def cached_config(source: Path) -> ModelConfig | None:
+    """The fp32 config of `source` if it was converted before (milliseconds, against seconds of
+    parsing the GGUF's metadata), else None."""
+    entry = _entry(source)
+    if not (entry / "model.safetensors").is_file():
+        return None
     raw = json.loads((entry / "config.json").read_text())
     if raw.get("rope_scaling"):
         raw["rope_scaling"] = RopeScaling(**raw["rope_scaling"])
-    sd = load_file(str(entry / "model.safetensors"))
-    return ModelConfig(**raw), sd, sd.pop(_INV_FREQ, None)
+    return ModelConfig(**raw)
 
 
 def save_cached(source: Path, config: ModelConfig, state: dict[str, torch.Tensor],

@@ -32,15 +32,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-import structlog
 import torch
 
+from interlock.logs import get_logger
 from interlock.models.batch import ForwardBatch, SeqChunk, build_batch
 from interlock.models.config import ModelConfig
-from interlock.models.loader import default_kv_dtype
+from interlock.models.loader import default_kv_dtype, model_config
 from interlock.models.linear import Weights
 from interlock.parallel.sharded import Shard
-from interlock.parallel.shard_sources import open_source
 from interlock.parallel.process import RankProcess, start_rank
 from interlock.parallel.worker import SharedLogits, Start, Step, Stop, WorkerSpec
 from interlock.parallel.wire import to_wire
@@ -51,7 +50,7 @@ from interlock.protocol.types import Dtype
 if TYPE_CHECKING:
     from interlock.models.loader import LoadedModel
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ class TensorParallelGroup:
     def __init__(self, model: str, config: TPConfig, *, weights: Weights = "int8", dtype: Dtype = "float32",
                  kv_dtype: Dtype | None = None, seed: int = 0) -> None:
         self.config = config
-        self.model_config = _model_config(model, weights, dtype, kv_dtype, seed)
+        self.model_config = _model_config(model, weights, dtype, kv_dtype)
         Shard(0, config.world).check(self.model_config)
         self._store_dir: Path | None = None
         self._spec = WorkerSpec(model, self.model_config, config.world, "", weights, dtype, seed,
@@ -268,7 +267,7 @@ class TensorParallelModel:
     def __init__(self, model: str, world: int, *, weights: Weights = "int8", dtype: Dtype = "float32",
                  kv_dtype: Dtype | None = None, seed: int = 0) -> None:
         self.name, self.world, self.weights, self.dtype, self.seed = model, world, weights, dtype, seed
-        self.config = _model_config(model, weights, dtype, kv_dtype, seed)
+        self.config = _model_config(model, weights, dtype, kv_dtype)
         Shard(0, world).check(self.config)
         self.cache = 0
         self._slot: list[TensorParallelGroup] = []      # shared with draft(): the one running group
@@ -317,9 +316,9 @@ def _shm_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
-def _model_config(model: str, weights: Weights, dtype: Dtype, kv_dtype: Dtype | None, seed: int) -> ModelConfig:
-    """The whole model's config as load_model would give it, KV cache type included (metadata only)."""
-    return open_source(model, dtype, seed)[0].replace(kv_dtype=kv_dtype or default_kv_dtype(weights, dtype))
+def _model_config(model: str, weights: Weights, dtype: Dtype, kv_dtype: Dtype | None) -> ModelConfig:
+    """The whole model's config as load_model would give it, KV cache type included (no weights read)."""
+    return model_config(model, dtype).replace(kv_dtype=kv_dtype or default_kv_dtype(weights, dtype))
 
 
 def load_tensor_parallel(name_or_path: str, world: int, *, weights: Weights = "int8", dtype: Dtype = "float32",

@@ -79,10 +79,8 @@ def start_rank(rank: int, hello: object) -> tuple[RankProcess, Connection]:
 def child_env() -> dict[str, str]:
     """This environment, with the folder this process imported interlock from first on PYTHONPATH,
     so that the rank imports the same interlock (a checkout on sys.path, not only an installed one)."""
-    import interlock
-
     env = dict(os.environ)
-    package = Path(interlock.__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]       # the package's folder: parallel/ sits in it
     if package.name == "interlock":         # else an editable install's finder maps the name
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package.parent), env.get("PYTHONPATH")) if p)
     return env

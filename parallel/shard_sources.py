@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import torch
 
 from interlock.models.config import ModelConfig, tiny_config
 from interlock.models.gguf_loader import _LAYER_NAMES, _NAMES, _PERMUTED_ARCHS, _field, read_config, unpermute
-from interlock.models.hf_loader import config_from_hf
+from interlock.models.hf_loader import hf_config
 from interlock.models.llama import Transformer, random_transformer
 from interlock.parallel.sharded import TensorSource
 from interlock.protocol.errors import ModelLoadError, UnsupportedModelError
@@ -161,8 +160,4 @@ def open_source(name_or_path: str, dtype: Dtype = "float32", seed: int = 0, conf
             raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
         config, inv_freq = read_config(reader, dtype)
         return config, GGUFSource(reader, config.n_heads, config.n_kv_heads), inv_freq
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {path / 'config.json'}: {exc}") from exc
-    return config_from_hf(cfg, dtype), SafetensorsSource(path), None
+    return hf_config(path, dtype), SafetensorsSource(path), None

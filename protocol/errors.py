@@ -58,21 +58,38 @@ class SchemaKeywordError(GrammarError):
     """No backend can enforce this JSON schema keyword exactly (grammars/LENIENCY.md).
 
     keyword: the keyword; path: the JSON pointer of the subschema that holds it. Pass
-    `JsonSchema(..., lenient=True)` to compile loosely and rely on the end-of-request check.
+    `JsonSchema(..., lenient=True)` to compile loosely and rely on the end-of-request check: the
+    message says so, `reason` is the message without that Python-only advice (`user_message`).
     """
 
+    LENIENT = "JsonSchema(..., lenient=True) compiles it loosely and relies on the end-of-request check"
+
     def __init__(self, message: str, *, keyword: str, path: str) -> None:
-        super().__init__(message)
+        super().__init__(f"{message}. {self.LENIENT}")
+        self.reason = message
         self.keyword = keyword
         self.path = path
 
 
+def user_message(exc: InterlockError) -> str:
+    """The message for a user of the CLI or the server, where Python's options do not exist:
+    without the advice to pass `JsonSchema(..., lenient=True)`."""
+    return exc.reason if isinstance(exc, SchemaKeywordError) else str(exc)
+
+
 class UnsupportedFeatureError(RequestError):
-    """This engine's device does not run a feature yet; the message names it ("... not on CUDA yet")."""
+    """The device runner does not run a feature yet; the message names it and where it runs:
+    "... not on CUDA yet" on a GPU, "... not on the device runner yet" where that runner runs on the CPU."""
 
     def __init__(self, feature: str, where: str = "CUDA") -> None:
-        super().__init__(f"{feature} is not on {where} yet: run it on the CPU engine (device='cpu')")
+        fix = "run it on the CPU engine (device='cpu')" if where == "CUDA" else "the CPU engine (runner='host') has it"
+        super().__init__(f"{feature} is not on {where} yet: {fix}")
         self.feature = feature
+
+
+def not_yet_on(device_type: str) -> str:
+    """Where the device runner lacks a feature, as its errors name it."""
+    return "CUDA" if device_type == "cuda" else "the device runner"
 
 
 class SamplingError(RequestError):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from interlock.protocol.errors import InvalidParameterError
@@ -187,9 +188,12 @@ class RequestStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
-    def tokens_per_s(self) -> float:
+    def tokens_per_s(self) -> float | None:
+        """Decode speed: the tokens after the first over the time after it. None where there is no
+        such time: one token, or every token delivered with the first (a speculative step can bring
+        several); 0.0 there would say the request made no progress."""
         decode_s = self.elapsed_s - self.ttft_s
-        return (self.output_tokens - 1) / decode_s if decode_s > 0 and self.output_tokens > 1 else 0.0
+        return (self.output_tokens - 1) / decode_s if decode_s > 0 and self.output_tokens > 1 else None
 
 
 @dataclass(frozen=True)
@@ -226,3 +230,13 @@ class Completion:
     stats: RequestStats
     reasoning_text: str = ""            # a Reasoning grammar's thinking; `text` is then the answer
     logprobs: tuple[TokenLogprob, ...] | None = None   # one per token id (SamplingParams.logprobs set)
+
+    @classmethod
+    def of(cls, deltas: Sequence[Delta], with_logprobs: bool) -> Completion:
+        """A whole output from its deltas, the last of which finished it (finish_reason and stats)."""
+        last = deltas[-1] if deltas else None
+        if last is None or last.finish_reason is None or last.stats is None:
+            raise ValueError("the deltas of a finished output end with its finish_reason and stats")
+        return cls("".join(d.text for d in deltas), tuple(t for d in deltas for t in d.token_ids),
+                   last.finish_reason, last.stats, "".join(d.reasoning_text for d in deltas),
+                   tuple(lp for d in deltas for lp in d.logprobs or ()) if with_logprobs else None)

@@ -23,7 +23,7 @@ from interlock.engine import Engine
 from interlock.protocol.sampling import Delta
 from interlock.server.admission import Admission
 from interlock.server.config import ServerConfig
-from interlock.server.errors import APIError
+from interlock.server.errors import APIError, body_error
 from interlock.server.logprobs import TokenTexts
 from interlock.server.generation import (
     ClientGone, ShuttingDown, check_finished, collect_all, open_runs, unless_stopped, wait_disconnect,
@@ -56,18 +56,27 @@ class Server:
         self.texts = TokenTexts(engine.tokenizer)             # token strings and bytes, for logprobs
         self.loop: asyncio.AbstractEventLoop | None = None    # the engine's loop (tests call into it)
         self._stopping: anyio.Event | None = None
+        self.clock: Callable[[], float] = time.monotonic
+        self._stop_at: float | None = None      # the drain deadline, on `clock`
 
     def begin_shutdown(self) -> None:
         """Stop admitting; requests in flight get `shutdown_timeout_s` to finish (see drain_deadline)."""
         self.admission.draining = True
+        if self._stop_at is None:           # a second signal keeps the first deadline
+            self._stop_at = self.clock() + self.config.shutdown_timeout_s
         if self._stopping is not None:
             self._stopping.set()
 
+    def drain_left(self) -> float | None:
+        """Seconds until the drain deadline (0 once it passed); None before shutdown began."""
+        return None if self._stop_at is None else max(0.0, self._stop_at - self.clock())
+
     async def drain_deadline(self) -> None:
-        """Returns `shutdown_timeout_s` after shutdown began: in-flight requests are then cut off."""
+        """Returns `shutdown_timeout_s` after shutdown began, counted from the signal: a request that
+        starts during the drain gets what is left, not a timeout of its own. Then it is cut off."""
         assert self._stopping is not None
         await self._stopping.wait()
-        await anyio.sleep(self.config.shutdown_timeout_s)
+        await anyio.sleep(self.drain_left() or 0.0)
 
     def check_model(self, model: str) -> None:
         if model != self.config.model_name:
@@ -144,10 +153,7 @@ def full_body(chat: bool, rid: str, model: str, shapers: list[ChoiceShaper], res
 
 
 def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    return APIError(400, f"{param or 'body'}: {first.get('msg')}", param=param, code="invalid_value").response()
+    return body_error(exc.errors()).response()
 
 
 def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -216,6 +222,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI
             server.metrics.engine_state(resources, server.admission.in_flight, engine.config.max_batch_size)
         return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    # The last added is the outermost: Outcomes counts every answer, BodyLimit's 413s included.
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)    # before anything reads the body
     app.add_middleware(Outcomes, metrics=server.metrics)
-    app.add_middleware(BodyLimit, limit=config.max_body_bytes)    # outermost: before anything reads the body
     return app

@@ -26,6 +26,9 @@ class ServerConfig:
     # Chat outputs think first: every chat grammar G becomes Reasoning(then=G) (free thinking up to
     # </think>, then G), and the thinking is returned as message.reasoning_content.
     reasoning: bool = False
+    # uvicorn's access log, one line per HTTP request at info on the "uvicorn.access" logger (on
+    # whatever the process's log level; off by default: a busy server's lines are its operator's call).
+    access_log: bool = False
 
     def __post_init__(self) -> None:
         if self.max_queue < 0 or self.max_body_bytes < 1 or self.max_n < 1 or self.default_max_tokens < 1:

@@ -19,14 +19,14 @@ Every response carries `x-interlock-replica` (the replica id) and `x-interlock-p
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
+from interlock.logs import get_logger
 from interlock.server.config import ServerConfig
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 DEPLOYMENT = "interlock"
 
 
@@ -147,10 +147,12 @@ def app_builder(args: dict[str, str]) -> Any:
                      replicas)
 
 
-def run_replicas(model: str, server: ServerConfig, replicas: ReplicaConfig, num_cpus: int | None = None) -> None:
+def run_replicas(model: str, server: ServerConfig, replicas: ReplicaConfig, num_cpus: int | None = None,
+                 on_ready: Callable[[], None] | None = None) -> None:
     """`interlock serve --replicas N`: start (or join, when RAY_ADDRESS is set) Ray, run the
     deployment with Serve's proxy on server.host:port, block until SIGINT / SIGTERM, then drain
-    (Ray waits `graceful_shutdown_timeout_s` for requests in flight) and shut Serve and Ray down."""
+    (Ray waits `graceful_shutdown_timeout_s` for requests in flight) and shut Serve and Ray down.
+    `on_ready` runs once every replica is running (serve.run waits for that)."""
     import signal
     import threading
 
@@ -166,6 +168,8 @@ def run_replicas(model: str, server: ServerConfig, replicas: ReplicaConfig, num_
         serve.run(build_app(model, server, replicas), name=DEPLOYMENT, route_prefix="/", blocking=False)
         log.info("replicas_ready", model=model, url=f"http://{server.host}:{server.port}/v1",
                  min_replicas=replicas.min_replicas, max_replicas=replicas.max_replicas)
+        if on_ready is not None:
+            on_ready()
         stop.wait()
     finally:
         serve.shutdown()

@@ -8,9 +8,11 @@ forces the exit.
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 import signal
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 import uvicorn
 
@@ -26,9 +28,15 @@ class GracefulServer(uvicorn.Server):
     deadline, before uvicorn would cancel tasks) and does not re-raise the signal afterwards (so
     a SIGTERM'd server exits 0 instead of dying of the signal)."""
 
-    def __init__(self, config: uvicorn.Config, app_server: Server) -> None:
+    def __init__(self, config: uvicorn.Config, app_server: Server, on_ready: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.app_server = app_server
+        self.on_ready = on_ready
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_ready is not None:      # the engine is up and the socket listens
+            self.on_ready()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -47,13 +55,24 @@ class GracefulServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def build_server(engine: Engine, config: ServerConfig, log_level: str = "warning") -> GracefulServer:
+def build_server(engine: Engine, config: ServerConfig, log_level: str = "warning",
+                 on_ready: Callable[[], None] | None = None) -> GracefulServer:
+    """uvicorn over the app; `on_ready` runs once the engine has started and the socket listens."""
     app = create_app(engine, config)
-    uv = uvicorn.Config(app, host=config.host, port=config.port, lifespan="on", access_log=False,
-                        log_level=log_level, timeout_graceful_shutdown=config.shutdown_timeout_s + 5.0)
-    return GracefulServer(uv, app.state.server)
+    # uvicorn's own logging set-up, with its access lines on stderr beside every other log line:
+    # stdout is for results, and a server has none to print.
+    log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    log_config["handlers"]["access"]["stream"] = "ext://sys.stderr"
+    uv = uvicorn.Config(app, host=config.host, port=config.port, lifespan="on", access_log=config.access_log,
+                        log_level=log_level, log_config=log_config,
+                        timeout_graceful_shutdown=config.shutdown_timeout_s + 5.0)
+    if config.access_log:       # uvicorn set its loggers to log_level; access lines are info, asked for here
+        level = logging.getLevelNamesMapping().get(log_level.upper(), logging.WARNING)
+        logging.getLogger("uvicorn.access").setLevel(min(logging.INFO, level))
+    return GracefulServer(uv, app.state.server, on_ready)
 
 
-async def serve(engine: Engine, config: ServerConfig, log_level: str = "warning") -> None:
+async def serve(engine: Engine, config: ServerConfig, log_level: str = "warning",
+                on_ready: Callable[[], None] | None = None) -> None:
     """Serve until a signal arrives (or the server is told to exit), then shut down gracefully."""
-    await build_server(engine, config, log_level).serve()
+    await build_server(engine, config, log_level, on_ready).serve()

@@ -108,5 +108,8 @@ class SSEResponse(Response):
             await run.aclose()
 
     async def _emit(self, tx: MemoryObjectSendStream[bytes], choices: list[Any]) -> None:
-        if choices:
-            await tx.send(self.chunk(choices, None))
+        # One chunk per choice delta: a shaper may return several deltas of its one choice (a
+        # tool call's header and its first argument piece, thinking then answer), and OpenAI never
+        # sends one index twice in a chunk, so clients that read `chunk.choices[0]` miss the rest.
+        for choice in choices:
+            await tx.send(self.chunk([choice], None))

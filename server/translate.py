@@ -68,7 +68,13 @@ def message_text(m: ChatMessage) -> str:
     return m.content or ""
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[Message]:
+def chat_messages(messages: list[ChatMessage], param: str = "messages") -> list[Message]:
+    for i, m in enumerate(messages):
+        # As OpenAI: only an assistant turn that calls a tool may leave out its content.
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            need = "content or tool_calls" if m.role == "assistant" else "content (a string or text parts)"
+            raise APIError(400, f"{param}.{i}.content: a {m.role} message needs {need}, got null",
+                           param=f"{param}.{i}.content", code="invalid_value")
     # "developer" is OpenAI's newer name for the system role; chat templates know "system".
     return [{"role": "system" if m.role == "developer" else m.role, "content": message_text(m)} for m in messages]
 
@@ -208,7 +214,7 @@ def plan_chat(req: ChatCompletionRequest, facts: EngineFacts, config: ServerConf
     if isinstance(req.negative_prompt, str):
         negative = [{"role": "user", "content": req.negative_prompt}]
     elif req.negative_prompt is not None:
-        negative = chat_messages(req.negative_prompt)
+        negative = chat_messages(req.negative_prompt, "negative_prompt")
     if config.reasoning:
         grammar = Reasoning(then=grammar, max_reasoning_tokens=req.max_reasoning_tokens)
     elif req.max_reasoning_tokens is not None:

@@ -13,6 +13,13 @@ DATASET = __file__          # --dataset must name a file that exists
     ["generate", "--speculative", "ngram:0+forced", "hi"],
     ["bench", "--dataset", DATASET, "--speculative", "none,ngram:x"],
     ["bench", "--dataset", "/nonexistent/x.jsonl"],
+    ["bench", "--dataset", "NoSuchSet"],
+    ["bench", "--dataset", DATASET, "--limit", "0"],
+    ["serve", "--port", "70000"],
+    ["serve", "--max-queue", "-1"],
+    ["serve", "--replicas", "0"],
+    ["serve", "--cpus-per-replica", "0"],
+    ["--log-level", "loud", "generate", "hi"],
     ["bench", "--dataset", DATASET, "--repeats", "0"],
     ["bench", "--dataset", DATASET, "--rounds", "0"],
     ["serve", "--speculative", "self-draft:x"],
@@ -39,9 +46,9 @@ def test_good_values_pass_through_unchanged() -> None:
 @pytest.mark.parametrize(("flag", "kv_dtype"), [([], None), (["--kv-cache-dtype", "auto"], None),
                                                 (["--kv-cache-dtype", "float32"], "float32")])
 def test_kv_cache_dtype_reaches_the_loader_as_kv_dtype(flag: list[str], kv_dtype: str | None) -> None:
-    from interlock.cli import _kv_dtype
+    from interlock.cli.commands import kv_dtype as of
 
-    assert _kv_dtype(build_parser().parse_args([*flag, "generate", "hi"])) == kv_dtype
+    assert of(build_parser().parse_args([*flag, "generate", "hi"])) == kv_dtype
 
 
 def test_a_repeat_schema_row_that_is_not_there_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,7 +95,7 @@ def test_serve_and_serve_replicas_build_the_same_engine_options(monkeypatch: pyt
         raise Built
 
     def run_replicas(model: str, server: object, replicas: ray_serve.ReplicaConfig,
-                     num_cpus: int | None = None) -> None:
+                     num_cpus: int | None = None, on_ready: object = None) -> None:
         built["replicas"] = model, replicas.engine_options
         raise Built
 
@@ -136,7 +143,7 @@ def test_the_demo_gets_every_field_of_its_text_right() -> None:
     import subprocess
     import sys
 
-    from interlock.cli import DEMO_SCHEMA, DEMO_TEXT
+    from interlock.cli.commands import DEMO_SCHEMA, DEMO_TEXT
     from interlock.parallel.process import child_env
 
     done = subprocess.run([sys.executable, "-m", "interlock.cli", "run"], env=child_env(), capture_output=True,
@@ -171,3 +178,24 @@ def test_cuda_without_a_gpu_is_a_clear_error_not_a_traceback(capsys, monkeypatch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["--device", "cuda", "generate", "--model", "tiny", "hi"]) == 2
     assert "DeviceUnavailableError" in capsys.readouterr().err
+
+
+def test_the_readme_and_usage_cli_commands_parse_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `interlock ...` line of the README's and docs/usage.md's shell blocks is a valid command
+    from the root of a clone: its files exist (examples/user.json) and its dataset is found."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    commands = []
+    for page in ("README.md", "docs/usage.md"):
+        for block in re.findall(r"```sh\n(.*?)```", (root / page).read_text(), re.S):
+            commands += [line.split("  #")[0] for line in block.splitlines() if line.startswith("interlock ")]
+    assert len(commands) >= 8
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        if any(part.startswith("[") or part in ("PROMPT", "...") for part in argv):
+            continue                                     # a usage synopsis, not a command
+        build_parser().parse_args(argv)                  # a usage error exits 2: the test fails

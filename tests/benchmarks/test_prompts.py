@@ -164,22 +164,47 @@ def test_prose_holds_every_scalar_is_not_json_and_is_deterministic(value: Any) -
     assert build_messages(row_of(json.loads(json.dumps(value))))[1]["content"] == user
 
 
-# --- where the full sets are -----------------------------------------------------------------------
+# --- where the sets are found -------------------------------------------------------------------------
 
-def test_a_missing_set_is_a_usage_error_naming_the_way_to_provide_it(tmp_path: Path, monkeypatch,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_set_resolves_against_the_vendored_slice_first(tmp_path: Path, monkeypatch) -> None:
+    """`interlock bench --dataset JME.jsonl` works on a fresh clone, from any folder: a name or file
+    name is looked up in the vendored slice, then $INTERLOCK_DATA, then ../shared; a set vendored only
+    as a sample comes from the full sets when they are there."""
+    from interlock.benchmarks import prompts
+
+    full = tmp_path / "full"
+    full.mkdir()
+    for name in ("JME", "Github_easy"):
+        (full / f"{name}.jsonl").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(prompts.DATA_ENV, str(full))
+    monkeypatch.setattr(prompts, "SHARED", tmp_path / "no-shared")
+    assert prompts.dataset("JME") == prompts.dataset("JME.jsonl") == DATA / "JME.jsonl" == prompts.VENDORED / "JME.jsonl"
+    assert prompts.dataset("Github_easy") == full / "Github_easy.jsonl"
+    monkeypatch.delenv(prompts.DATA_ENV)
+    assert prompts.dataset("Github_easy.jsonl") == DATA / "Github_easy.jsonl"       # the sample, as a last resort
+    local = tmp_path / "mine.jsonl"
+    local.write_text("")
+    assert prompts.dataset("mine.jsonl").resolve() == local and prompts.dataset(str(local)) == local   # as given
+
+
+def test_a_missing_set_is_a_usage_error_listing_where_it_looked(tmp_path: Path, monkeypatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
     from interlock.benchmarks import prompts
 
-    monkeypatch.setattr(prompts, "DATASETS", tmp_path)
-    with pytest.raises(prompts.MissingDataError, match="INTERLOCK_DATA"):
-        prompts.dataset("JME")
+    monkeypatch.setenv(prompts.DATA_ENV, str(tmp_path / "full"))
+    monkeypatch.setattr(prompts, "SHARED", tmp_path / "shared")
+    with pytest.raises(prompts.MissingDataError) as info:
+        prompts.dataset("Nope.jsonl")
+    message = str(info.value)
+    for place in (prompts.VENDORED / "Nope.jsonl", tmp_path / "full" / "Nope.jsonl", tmp_path / "shared" / "Nope.jsonl"):
+        assert str(place) in message
+    assert "INTERLOCK_DATA" in message
     p = argparse.ArgumentParser()
-    p.add_argument("--dataset", type=prompts.dataset_arg, default="JME")
+    p.add_argument("--dataset", type=prompts.dataset_arg, default="Nope")
     with pytest.raises(SystemExit) as exit_info:      # the default is checked too: argparse converts it
         p.parse_args([])
-    assert exit_info.value.code == 2 and "INTERLOCK_DATA" in capsys.readouterr().err
-    (tmp_path / "JME.jsonl").write_text("")
-    assert p.parse_args([]).dataset == tmp_path / "JME.jsonl"
+    assert exit_info.value.code == 2 and "looked in" in capsys.readouterr().err
     assert p.parse_args(["--dataset", str(DATA / "BFCL_simple.jsonl")]).dataset == DATA / "BFCL_simple.jsonl"

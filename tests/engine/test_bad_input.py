@@ -15,7 +15,7 @@ from interlock.engine import Engine, EngineConfig
 from interlock.protocol.errors import (
     EmptyPromptError, GrammarError, InvalidParameterError, PromptTooLongError, RequestError,
 )
-from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, JsonSchema, Regex
+from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, JsonSchema, Regex, StructuralTag, Tag
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
@@ -139,6 +139,8 @@ CATALOGUE: dict[str, Bad] = {
     "schema: compile fails while the prompt prefills": Bad(GrammarError, _fails_while_prefilling,
                                                            {"prefill_chunk": 16}),
     "regex: invalid": Bad(GrammarError, lambda e: _complete(e, grammar=Regex("("))),
+    "regex: ends in a backslash (both backends compile it)": Bad(GrammarError, lambda e: _complete(
+        e, grammar=Regex("ab\\"))),
     "ebnf: invalid": Bad(GrammarError, lambda e: _complete(e, grammar=Ebnf("root ::= ( \"a\""))),
     "ebnf: undefined rule": Bad(GrammarError, lambda e: _complete(e, grammar=Ebnf("root ::= missing"))),
     "choice: empty list": Bad(GrammarError, lambda e: _complete(e, grammar=Choice([]))),
@@ -244,3 +246,16 @@ async def test_bad_input_gets_its_typed_error_and_the_neighbour_its_solo_output(
     else:
         assert isinstance(got, want), f"{name}: expected {want.__name__}, got {got!r}"
         assert str(got)                                      # the message says what to do
+
+
+@pytest.mark.parametrize("spec", [Regex("ab\\"), Regex("\\"),
+                                  StructuralTag(["<r>"], [Tag("<r>", Regex("x\\"), "</r>")])],
+                         ids=["ab-backslash", "backslash", "inside-a-tag"])
+async def test_a_regex_no_output_could_pass_is_refused_before_anything_runs(tiny, spec) -> None:
+    """The end-of-request check reads regexes with Python's `re`, which refuses a trailing backslash
+    that both backends compile: the intake runs the same check, so nothing is queued or generated."""
+    async with Engine(tiny, _config()) as engine:
+        with pytest.raises(GrammarError, match="does not compile in Python"):
+            await engine.complete("hi", grammar=spec)
+        assert (await engine.metrics()).steps == 0
+        await assert_all_free(engine)

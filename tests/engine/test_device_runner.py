@@ -185,11 +185,12 @@ async def test_prefix_caching_is_exact(tiny_float, device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 async def test_what_it_does_not_run_yet_is_refused_by_name(tiny_float, device: str) -> None:
+    where = "CUDA" if device == "cuda" else "the device runner"       # the device in use, named right
     async with Engine(tiny_float, device_config(device, max_batch_size=2)) as engine:
         for sampling, name in ((SamplingParams(guidance_scale=1.5), "guidance"),
                                (SamplingParams(repetition_penalty=1.2), "penalties"),
                                (SamplingParams(logprobs=2), "logprobs")):
-            with pytest.raises(UnsupportedFeatureError, match=f"{name}.* not on CUDA yet"):
+            with pytest.raises(UnsupportedFeatureError, match=f"{name}.* not on {where} yet"):
                 await engine.complete("Hello", sampling=sampling)
         done = await engine.complete("Hello", sampling=SamplingParams(max_tokens=4))
         assert done.stats.output_tokens > 0

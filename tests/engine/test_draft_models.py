@@ -138,7 +138,7 @@ async def test_cancelled_requests_free_the_draft_cache(tiny) -> None:
 def test_a_draft_with_another_tokenizer_is_refused(tiny, monkeypatch) -> None:
     from dataclasses import replace
 
-    from interlock.engine import build as engine_module      # where draft_lm_for loads a draft
+    from interlock.engine import load as engine_module      # where draft_lm_for loads a draft
     from interlock.protocol.errors import UnsupportedModelError
 
     stranger = replace(tiny, tokenizer=replace(tiny.tokenizer, eos_token_ids=(12345,)))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-# Requests that log on every path: a constrained one (steps, finish), a failing grammar (info), a
+# Requests that log on every path: a constrained one (steps, finish), a grammar that fails to compile (info), a
 # cancel (release), with speculation. The program prints nothing itself.
 PROGRAM = """
 import logging, sys
@@ -18,7 +18,7 @@ SETUP
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import load_model
 from interlock.protocol.errors import GrammarError
-from interlock.protocol.grammar import JsonSchema, Regex
+from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
@@ -28,7 +28,8 @@ async def main():
         schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
         await engine.complete("JSON please", grammar=JsonSchema(schema), sampling=SamplingParams(max_tokens=16))
         try:
-            await engine.complete("x", grammar=Regex("("), sampling=SamplingParams(max_tokens=4))
+            await engine.complete("x", grammar=JsonSchema({"type": "string", "not": {"const": "a"}}),
+                                  sampling=SamplingParams(max_tokens=4))
         except GrammarError:
             pass
         async for _ in engine.generate("Once upon a time", sampling=SamplingParams(max_tokens=30)):

@@ -29,7 +29,28 @@ def test_invalid_json_schema_text():
 def test_malformed_specs_name_the_backend(name, spec, tiny_backends):
     with pytest.raises(GrammarError) as info:
         tiny_backends[name].compile(spec)
-    assert name in str(info.value) or isinstance(spec, Choice)
+    # an empty choice and a schema that its meta-schema refuses fail the shared checks, before any backend
+    assert name in str(info.value) or isinstance(spec, (Choice, JsonSchema))
+
+
+@pytest.mark.parametrize("schema, where", [({"type": "objekt"}, "/type"),
+                                           ({"properties": {"a": {"type": "strin"}}}, "/properties/a/type"),
+                                           ({"type": "object", "required": "a"}, "/required")])
+def test_a_schema_typo_is_named_as_one_without_suggesting_lenient(schema, where, tiny_backends):
+    """lenient=True would not help: the meta-schema refuses the schema, so no output could validate."""
+    with pytest.raises(GrammarError) as info:
+        tiny_backends["auto"].compile(JsonSchema(schema))
+    message = str(info.value)
+    assert f"not a valid schema at {where}:" in message and "lenient" not in message
+
+
+@pytest.mark.parametrize("pattern, why", [("a(b", "unclosed group"), ("[z-a]", "invalid character class range")])
+def test_llguidance_regex_errors_say_why_on_one_line(pattern, why, tiny_backends):
+    """Its message spans lines (the pattern echoed, a caret line, then the reason): kept whole, on one line."""
+    with pytest.raises(GrammarError) as info:
+        tiny_backends["llguidance"].compile(Regex(pattern))
+    message = str(info.value)
+    assert "regex parse error: " + why in message and "\n" not in message
 
 
 def test_auto_names_both_reasons_only_when_both_fail(tiny_backends):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -130,6 +132,16 @@ def test_int8_tp_is_batch_invariant() -> None:
 def test_a_model_that_does_not_split_is_refused_before_any_process_starts() -> None:
     with pytest.raises(UnsupportedModelError, match="tensor_parallel=4"):
         TensorParallelGroup("tiny", TPConfig(world=4, num_blocks=8))
+
+
+def test_a_group_is_silent_until_logging_is_configured() -> None:
+    """The library's promise holds for its ranks too: `tp_started` is an info event, not a print."""
+    program = ("from interlock.parallel.group import TensorParallelGroup, TPConfig\n"
+               "with TensorParallelGroup('tiny', TPConfig(world=2, num_blocks=8)):\n    pass\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and done.stderr == ""
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])

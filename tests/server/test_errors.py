@@ -3,6 +3,7 @@ only: a concurrent streamed request finishes with exactly the output it has alon
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 
 import httpx
@@ -40,6 +41,18 @@ BAD = [
      "chat", 400, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "chat", 400, "response_format"),
     ({"response_format": {"type": "yaml"}}, "chat", 400, "response_format.type"),
+    # a union field names the field, not the member pydantic tried ("...schema.dict[str,any]")
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "nope"}}}, "chat", 400,
+     "response_format.json_schema.schema"),
+    ({"messages": [{"role": "user", "content": 5}]}, "chat", 400, "messages.0.content"),
+    ({"tool_choice": "sometimes", "tools": [WEATHER]}, "chat", 400, "tool_choice"),
+    # OpenAI refuses a null content but for an assistant turn that calls a tool
+    ({"messages": [{"role": "user", "content": None}]}, "chat", 400, "messages.0.content"),
+    ({"messages": [{"role": "system", "content": "be brief"}, {"role": "assistant", "content": None}]}, "chat", 400,
+     "messages.1.content"),
+    # a regex that only the end-of-request check would refuse: refused before anything is generated
+    ({"structured_outputs": {"regex": "ab\\"}}, "chat", 400, "structured_outputs"),
+    ({"structured_outputs": {"regex": "\\"}, "stream": True}, "chat", 400, "structured_outputs"),
     ({"messages": []}, "chat", 400, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "chat", 400,
      None),
@@ -109,11 +122,16 @@ def test_bad_inputs_while_a_good_request_streams(server):
 
 
 def test_malformed_and_oversized_bodies(server):
-    r = httpx.post(server.url + "/v1/chat/completions", content=b"{not json", timeout=30,
+    r = httpx.post(server.url + "/v1/chat/completions", content=b'{"model": "tiny", not json', timeout=30,
                    headers={"content-type": "application/json"})
     check_error(r, 400, None)
+    err = r.json()["error"]          # no field to name: the byte offset belongs in the message
+    assert err["param"] is None and "at character 18" in err["message"] and "not valid JSON" in err["message"]
+    refused = 'endpoint="chat",outcome="bad_request"'
+    before = server.metric("interlock_requests_total", refused)
     big = {**BASE, "messages": [{"role": "user", "content": "x" * (server.config.max_body_bytes + 10)}]}
-    check_error(post(server, "chat", big), 413, None)
+    check_error(post(server, "chat", big), 413, None)           # refused by its Content-Length, and counted
+    assert server.metric("interlock_requests_total", refused) == before + 1
 
     def chunks():                                      # no Content-Length: the bytes are counted
         yield b'{"model": "tiny", "messages": [{"role": "user", "content": "'
@@ -195,3 +213,37 @@ def test_health_is_503_once_the_engine_failed(tiny):
         assert post(srv, "chat", BASE).status_code in (500, 503)
         assert httpx.get(srv.url + "/metrics").status_code == 200
         assert srv.metric("interlock_requests_total", 'endpoint="chat",outcome="error"') >= 2
+
+
+def test_a_keyword_no_backend_enforces_suggests_no_option_the_server_lacks(server):
+    """The library's SchemaKeywordError advises `JsonSchema(..., lenient=True)`; the server has no such
+    option, so its 400 names the keyword and leaves the advice out."""
+    schema = {"type": "string", "not": {"const": "a"}}
+    r = post(server, "chat", {**BASE, "response_format": {"type": "json_schema",
+                                                         "json_schema": {"name": "x", "schema": schema}}})
+    check_error(r, 400, "response_format")
+    message = r.json()["error"]["message"]
+    assert "'not'" in message and "lenient" not in message
+
+
+def test_the_access_log_is_one_line_per_request_when_asked(tiny):
+    """ServerConfig.access_log (`interlock serve --access-log`): uvicorn's access lines, off by default."""
+    lines: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    access = logging.getLogger("uvicorn.access")
+    for access_log in (False, True):
+        with LiveServer(tiny, SPEC, ServerConfig(model_name="tiny", access_log=access_log)) as srv:
+            access.addHandler(handler := Lines())           # after uvicorn set up its loggers
+            try:
+                check_error(post(srv, "chat", {**BASE, "temperature": -1}), 400, "temperature")
+                assert httpx.get(srv.url + "/health").status_code == 200
+            finally:
+                access.removeHandler(handler)
+        if not access_log:
+            assert lines == []
+    assert any("POST /v1/chat/completions" in line and "400" in line for line in lines), lines
+    assert any("GET /health" in line and "200" in line for line in lines), lines

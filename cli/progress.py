@@ -1,0 +1,23 @@
+"""Progress where a person waits, on stderr (stdout keeps the results): a spinner while a long step
+runs on a terminal, then one line saying what it took, which a log or a pipe gets too."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+
+
+def stderr_console() -> Console:
+    """rich on stderr: live displays on a terminal, plain lines elsewhere."""
+    return Console(stderr=True, highlight=False, soft_wrap=True)     # lines whole in a log, not cut at 80
+
+
+@contextmanager
+def step(console: Console, what: str) -> Iterator[None]:
+    """`with step(console, "loading tiny"):` a spinner (on a terminal), then "loading tiny: 1.2 s"."""
+    start = time.perf_counter()
+    with console.status(f"{what} ..."):
+        yield
+    console.print(f"{what}: {time.perf_counter() - start:.1f} s", style="dim")
