@@ -71,7 +71,7 @@ def verify_step(logits: torch.Tensor, v: VerifyInputs, m: MaskInputs, tokenizer_
     skip = ~v.constrained.unsqueeze(1) | (j >= filled.unsqueeze(1)) | m.free.view(b, k1)
     apply_token_bitmask_(x, m.bitmask, skip=skip.reshape(-1), mask_vocab_size=tokenizer_vocab,
                          backend="capturable")
-    valid = torch.where(v.constrained, torch.minimum(v.num_drafts, (filled - 1).clamp(min=0)), v.num_drafts)
+    valid = valid_drafts(v, m)
     x = x.view(b, k1, vocab)
     peaks = x.amax(-1)                                                            # [B, K+1]
     if mode == "greedy":
@@ -83,3 +83,10 @@ def verify_step(logits: torch.Tensor, v: VerifyInputs, m: MaskInputs, tokenizer_
                                   v.top_p.repeat_interleave(k1) if filtered else None)
         result = rejection_sample(probs.view(b, k1, vocab), v.drafts, None, valid, v.uniforms)
     return VerifyOutputs(result.tokens, result.num_accepted, valid, peaks)
+
+
+def valid_drafts(v: VerifyInputs, m: MaskInputs) -> torch.Tensor:
+    """[B] int64: the drafts that are verified: a constrained request's past the grammar's filled
+    rows (after a refused draft) are moot."""
+    filled = m.rows_filled.long()
+    return torch.where(v.constrained, torch.minimum(v.num_drafts, (filled - 1).clamp(min=0)), v.num_drafts)
