@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from interlock.actors.feature_staging import FeatureShape
 from interlock.actors.step_state import SlotState, StepState
 from interlock.actors.watchdog import StepWatchdog
 from interlock.protocol.messages import SlotResult, StepPlan, TokenEvent
@@ -66,6 +67,7 @@ class StepShape:
     mode: str               # kernels.verify.Mode
     graph: bool             # a bucket shape: captured and replayed
     updates: int = 0        # block-table entries the step writes on the device
+    features: FeatureShape = FeatureShape()     # guidance, penalties, logprobs: only those used
 
 
 @dataclass(frozen=True)

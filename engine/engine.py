@@ -63,7 +63,7 @@ class Engine:
         self.config = config
         self.tokenizer = loaded.tokenizer
         self.max_context = min(config.max_context or loaded.config.max_position, loaded.config.max_position)
-        self.intake = Intake(self.tokenizer, self.max_context, device_runner=self.runner == "device")
+        self.intake = Intake(self.tokenizer, self.max_context)
         self._ids = itertools.count()
         self._streams: dict[RequestId, OutputStream[Delta]] = {}
         self._actors_runtime: ActorRuntime | None = None

@@ -5,7 +5,6 @@ One error type per fault, raised for this request only:
     a chat template that refuses the messages, a bad parameter   InvalidParameterError (field named)
     an empty prompt (or one that encodes to no token)            EmptyPromptError
     a prompt that leaves no room for one new token                PromptTooLongError
-    a feature this engine's runner does not have yet              UnsupportedFeatureError
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 
 from interlock.models.tokenizer import Message, Tokenizer
 from interlock.protocol.errors import (
-    EmptyPromptError, InterlockError, InvalidParameterError, PromptTooLongError, UnsupportedFeatureError,
+    EmptyPromptError, InterlockError, InvalidParameterError, PromptTooLongError,
 )
 from interlock.protocol.grammar import GrammarSpec
 from interlock.protocol.sampling import SamplingParams
@@ -26,11 +25,10 @@ EMPTY_CHAT: list[Message] = [{"role": "user", "content": ""}]   # classifier-fre
 
 @dataclass(frozen=True)
 class Intake:
-    """What a request is checked against: the tokenizer, the engine's context, its runner."""
+    """What a request is checked against: the tokenizer and the engine's context."""
 
     tokenizer: Tokenizer
     max_context: int                 # prompt + at least one new token must fit
-    device_runner: bool = False      # the device runner: no CFG, penalties or logprobs yet
 
     def check(self, grammar: GrammarSpec | None, sampling: SamplingParams, negative_prompt: Prompt | None) -> None:
         """The request's parameters (the prompt is `encode`'s)."""
@@ -43,12 +41,6 @@ class Intake:
         if negative_prompt is not None and sampling.guidance_scale is None:
             raise InvalidParameterError("negative_prompt", "needs classifier-free guidance: set "
                                                            "sampling.guidance_scale")
-        if self.device_runner:
-            for feature, used in (("classifier-free guidance (guidance_scale)", sampling.guidance_scale is not None),
-                                  ("repetition penalties", sampling.penalized),
-                                  ("logprobs", sampling.logprobs is not None)):
-                if used:
-                    raise UnsupportedFeatureError(feature)
 
     def encode(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids: text as is, chat messages through the chat template, ids checked."""
