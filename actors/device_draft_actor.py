@@ -77,7 +77,9 @@ class DeviceDraftActor(DraftActor):
                 b.fail(s.slot, answer.error)
                 continue
             lane = b[s.slot].lane
-            if answer.model:
+            # a guided request's companion rows would need the rounds' drafts too: its drafts are
+            # the lookups' and the forced tokens (the law is the same, its drafts only shorter)
+            if answer.model and s.guide is None:
                 head = self.chain.forced(b[s.slot].forced)[: answer.k]
                 heads[lane] = len(head)
                 asks.append(LaneAsk(lane, s.request_id, s.slot, s.start, head, answer.k, s.sampling,

@@ -19,8 +19,14 @@ shape step after step, which the StepProgram captures. Other steps (prompt chunk
 updates) are laid out densely and run eagerly.
 
 Verified request b is the step's lane b (`SlotState.lane`), so its grammar rows are the masks'
-leading rows. Not on this runner yet (refused at intake or at start, never silently):
-classifier-free guidance, repetition penalties, log-probabilities and draft models.
+leading rows. Per-request features (actors/feature_staging.py) change the shape only where a step
+uses them: a guided request's companion sequence is fed in the same forward, its K+1 rows after
+all the requests' (companion g of a bucket at rows (B+g)*(K+1)), with its own block-table row
+(slot S + s); penalties and logprobs add device work to `verify` (kernels/verify_features.py).
+A draft model's rounds (actors/device_draft_actor.py) draw the drafts on the device: `forward`
+copies them into the lanes' draft rows and `verify` reads them, their count and their law from the
+drafter. A guided request drafts without the model (lookups and forced tokens only), since its
+companion's rows would need the rounds' drafts too.
 """
 from __future__ import annotations
 
@@ -29,13 +35,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from interlock.actors.feature_staging import DevicePenalties, FeatureStaging, feature_shape
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.actors.staging import StepStaging
 from interlock.actors.step import StepShape
 from interlock.actors.step_state import StepState
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.drafters.device_draft import DeviceDrafter
-from interlock.kernels.verify import Mode, verify_step
+from interlock.kernels.verify import Mode
+from interlock.kernels.verify_features import verify_features
 from interlock.models.device_llama import DeviceLlama
 from interlock.models.kv_cache import PagedKVCache, slots_of
 from interlock.protocol.messages import RequestSnapshot, StepPlan
@@ -53,20 +61,28 @@ def sampling_mode(snaps: list[RequestSnapshot]) -> Mode:
 
 def step_shape(plan: StepPlan, buckets: tuple[int, ...], updates: int, state: StepState | None = None) -> StepShape:
     """The step's shape: a bucket when every request decodes one token (plus drafts) and its table
-    updates fit the bucket's room, else dense rows; with the draft rounds the prologue staged."""
+    updates fit the bucket's room (its companions' included), else dense rows; with the draft
+    rounds the prologue staged (`state`)."""
+    rounds = {} if state is None or not state.draft_rounds else \
+        {"rounds": state.draft_rounds, "draft_q": state.draft_q, "draft_rows": state.draft_rows}
     snaps = plan.snapshots
     k = plan.max_drafts
     sampled = [s for s in snaps if s.sample]
     mode = sampling_mode(sampled)
-    rounds = {} if state is None or not state.draft_rounds else \
-        {"rounds": state.draft_rounds, "draft_q": state.draft_q, "draft_rows": state.draft_rows}
+
+    def bucket(n: int) -> int:
+        return next(b for b in buckets if b >= n)
+
     if snaps and len(snaps) <= buckets[-1] and all(s.sample and len(s.chunk) == 1 for s in snaps):
-        bucket = next(b for b in buckets if b >= len(snaps))
-        if updates <= bucket * UPDATES_PER_REQUEST:
-            return StepShape(bucket * (k + 1), bucket, mode, graph=True, updates=bucket * UPDATES_PER_REQUEST,
-                             **rounds)
-    rows = sum(len(s.chunk) + (k if s.sample else 0) for s in snaps)
-    return StepShape(rows, len(sampled), mode, graph=False, updates=updates, **rounds)
+        features = feature_shape(sampled, bucket)
+        sets = bucket(len(snaps)) + features.guides          # row sets: requests, then companions
+        if updates <= sets * UPDATES_PER_REQUEST:
+            return StepShape(sets * (k + 1), bucket(len(snaps)), mode, graph=True,
+                             updates=sets * UPDATES_PER_REQUEST, features=features, **rounds)
+    rows = sum(len(s.chunk) + (len(s.guide.chunk) if s.guide is not None else 0)
+               + (k * (1 + (s.guide is not None)) if s.sample else 0) for s in snaps)
+    return StepShape(rows, len(sampled), mode, graph=False, updates=updates, features=feature_shape(sampled, None),
+                     **rounds)
 
 
 @dataclass
@@ -74,6 +90,7 @@ class _Work:
     plan: StepPlan
     shape: StepShape
     verified: list[tuple[int, RequestSnapshot]]       # (lane, request) of the requests verified
+    companions: dict[int, int]                          # guided lane -> its companion's row set
 
 
 class DeviceVerifier(VerifierActor):
@@ -87,13 +104,17 @@ class DeviceVerifier(VerifierActor):
         self.k = max_drafts
         self.pad_slot = pad_block * kv.block_size       # padding rows write K/V there (a block outside the pool)
         slots = len(step)
-        rows = max(max_rows, buckets[-1] * (max_drafts + 1))
-        # a step writes at most every slot's whole table (a prefix-cache hit), or 2 entries per request
-        updates = max(slots * max_blocks, buckets[-1] * UPDATES_PER_REQUEST)
-        self.staging = StepStaging(rows=rows, batch=max(slots, buckets[-1]), k=max_drafts, slots=slots,
-                                   max_blocks=max_blocks, updates=updates, pad_block=pad_block,
-                                   device=model.device, bitmask=buffers.bitmask, rows_filled=buffers.rows,
-                                   free=buffers.free)
+        tables = 2 * slots                  # a table row per slot, and one per slot's CFG companion
+        rows = max(max_rows, 2 * buckets[-1] * (max_drafts + 1))
+        # a step writes at most every table whole (a prefix-cache hit), or 2 entries per row set
+        updates = max(tables * max_blocks, 2 * buckets[-1] * UPDATES_PER_REQUEST)
+        batch = max(slots, buckets[-1])
+        self.staging = StepStaging(rows=rows, batch=batch, k=max_drafts, slots=tables, max_blocks=max_blocks,
+                                   updates=updates, pad_block=pad_block, device=model.device,
+                                   bitmask=buffers.bitmask, rows_filled=buffers.rows, free=buffers.free,
+                                   companions=batch)
+        self.penalties = DevicePenalties(slots, model.config.vocab_size, model.device, timeline)  # type: ignore[assignment]
+        self.features = FeatureStaging(batch=batch, k=max_drafts, device=model.device, penalties=self.penalties)
         self.drafter = drafter            # a draft model's rounds write the lanes' drafts on the device
         self._logits: torch.Tensor | None = None
         self._dwork: _Work | None = None
@@ -111,50 +132,68 @@ class DeviceVerifier(VerifierActor):
         assert plan is not None and plan.kv is not None
         b, st = self.step, self.staging
         updates: list[tuple[int, int]] = []
-        tables = {s.slot: plan.kv.block_table(s.seq) for s in plan.snapshots}
+        tables: dict[int, tuple[int, ...]] = {}         # table row -> its sequence's blocks
         for s in plan.snapshots:
             b[s.slot].result = None
-            st.mirror.updates(s.slot, s.seq, tables[s.slot], updates)
+            for row, seq in ((s.slot, s.seq), (len(b) + s.slot, s.guide.seq if s.guide is not None else None)):
+                if seq is not None:
+                    tables[row] = plan.kv.block_table(seq)
+                    st.mirror.updates(row, seq, tables[row], updates)
         shape = step_shape(plan, self.buckets, len(updates), b)
         verified = [(b[s.slot].lane, s) for s in plan.snapshots if s.sample and b[s.slot].error is None]
-        self._stage_rows(plan, shape, tables)
+        guided = sorted(b[s.slot].lane for s in plan.snapshots if s.sample and s.guide is not None)
+        companions = {lane: g for g, lane in enumerate(guided)}
+        self._stage_rows(plan, shape, tables, companions)
         self._stage_updates(updates, shape.updates)
         self._stage_verify(plan, shape.batch)
-        self._dwork = _Work(plan, shape, verified)
+        self.features.stage(shape.features, shape.batch, verified, companions)
+        self._dwork = _Work(plan, shape, verified, companions)
 
-    def _stage_rows(self, plan: StepPlan, shape: StepShape, tables: dict[int, tuple[int, ...]]) -> None:
+    def _stage_rows(self, plan: StepPlan, shape: StepShape, tables: dict[int, tuple[int, ...]],
+                    companions: dict[int, int]) -> None:
         """Each request's rows (its chunk, then K draft rows if it samples, unused ones fed token 0
-        at their reserved positions, which later steps overwrite); padding rows decode token 0 at
-        position 0 into the pad block. A sampling request's K+1 rows are its lane's logits rows."""
-        h, k, bs = self.staging.np, self.k, self.kv.block_size
-        at = 0
+        at their reserved positions, which later steps overwrite), and its CFG companion's (the
+        companion's chunk and the same drafts, at its own positions: right after the request's
+        rows in a dense step, in row set B + g of a bucket); padding rows decode token 0 at
+        position 0 into the pad block. A sampling request's K+1 rows are its lane's logits rows;
+        its companion's K+1 rows are logits rows (B + g)(K+1) + j."""
+        h, k1, bs, slots = self.staging.np, self.k + 1, self.kv.block_size, len(self.step)
         logits = h["logit_rows"]
-        for s in plan.snapshots:
-            slot = self.step[s.slot]
-            if shape.graph:
-                at = slot.lane * (k + 1)             # a bucket: request b's rows at b*(K+1)
-            tokens = list(s.chunk)
-            if s.sample:
-                drafts = slot.drafts if slot.error is None else ()
-                tokens += list(drafts) + [0] * (k - len(drafts))
-                logits[slot.lane * (k + 1): (slot.lane + 1) * (k + 1)] = np.arange(at, at + k + 1)
+        at = 0
+
+        def put(at: int, tokens: list[int], start: int, table: int, logits_at: int | None) -> int:
             n = len(tokens)
             h["input_ids"][at: at + n] = tokens
-            h["positions"][at: at + n] = np.arange(s.start, s.start + n)
-            h["write_slots"][at: at + n] = slots_of(tables[s.slot], bs, s.start, n)
-            h["row_table"][at: at + n] = s.slot
-            at += n
-        used = len(plan.snapshots) if shape.graph else at
-        filled = sum(1 for s in plan.snapshots if s.sample)
-        if shape.graph:                                    # a bucket's unused requests are padding rows
-            for name, value in (("input_ids", 0), ("positions", 0), ("write_slots", self.pad_slot),
-                                ("row_table", self.staging.pad_table)):
-                h[name][used * (k + 1): shape.rows] = value
-            logits[filled * (k + 1): shape.batch * (k + 1)] = 0
+            h["positions"][at: at + n] = np.arange(start, start + n)
+            h["write_slots"][at: at + n] = slots_of(tables[table], bs, start, n)
+            h["row_table"][at: at + n] = table
+            if logits_at is not None:
+                logits[logits_at: logits_at + k1] = np.arange(at, at + k1)
+            return at + n
+
+        for s in plan.snapshots:
+            slot = self.step[s.slot]
+            pad: list[int] = []
+            if s.sample:
+                drafts = slot.drafts if slot.error is None else ()
+                pad = list(drafts) + [0] * (k1 - 1 - len(drafts))
+            own = slot.lane * k1 if s.sample else None
+            at = put(slot.lane * k1 if shape.graph else at, list(s.chunk) + pad, s.start, s.slot, own)
+            if s.guide is not None:
+                g = (shape.batch + companions[slot.lane]) * k1 if s.sample else None
+                at = put(g if shape.graph else at, list(s.guide.chunk) + pad, s.guide.start, slots + s.slot, g)
+        if shape.graph:                          # a bucket's unused row sets are padding rows
+            used = len(plan.snapshots)
+            sets = [(used, shape.batch), (shape.batch + len(companions), shape.batch + shape.features.guides)]
+            spans = [(a * k1, b * k1) for a, b in sets]
         else:
+            spans = [(at, shape.rows)]
+        for lo, hi in spans:
             for name, value in (("input_ids", 0), ("positions", 0), ("write_slots", self.pad_slot),
                                 ("row_table", self.staging.pad_table)):
-                h[name][at: shape.rows] = value
+                h[name][lo: hi] = value
+            if shape.graph:
+                logits[lo: hi] = 0
 
     def _stage_updates(self, updates: list[tuple[int, int]], room: int) -> None:
         h = self.staging.np
@@ -195,28 +234,39 @@ class DeviceVerifier(VerifierActor):
     def forward(self, shape: StepShape | None = None) -> None:
         """Device work: upload the rows and table updates, run the target forward for the logits rows."""
         assert shape is not None
-        lanes = shape.batch * (self.k + 1)
-        inputs = self.staging.upload_rows(shape.rows, lanes, shape.updates)
-        if shape.rounds:                  # the lanes' rows are their tokens [t, d1..dD] (lanes lead the rows)
-            assert self.drafter is not None
-            inputs.input_ids[:lanes].view(shape.batch, self.k + 1).copy_(self.drafter.dev.tokens[: shape.batch])
+        inputs = self.staging.upload_rows(shape.rows, (shape.batch + shape.features.guides) * (self.k + 1),
+                                          shape.updates)
+        if shape.rounds:
+            self._drafts_into_rows(inputs.input_ids, inputs.logit_rows, shape.batch)
         self._logits = self.model(inputs, self.kv)
+
+    def _drafts_into_rows(self, input_ids: torch.Tensor, logit_rows: torch.Tensor, batch: int) -> None:
+        """Device work: each lane's draft rows (its verify rows after the first) take the drafts the
+        rounds drew, wherever the layout put them. A padding lane's logits rows are all row 0, which is
+        never a draft row: it is written its own value."""
+        assert self.drafter is not None
+        k1 = self.k + 1
+        rows = logit_rows[: batch * k1].view(batch, k1)[:, 1:].reshape(-1)
+        drafts = self.drafter.dev.tokens[:batch, 1:].reshape(-1).to(input_ids.dtype)
+        input_ids.index_copy_(0, rows, torch.where(rows == 0, input_ids[:1], drafts))
 
     @torch.inference_mode()
     def verify(self, shape: StepShape | None = None) -> None:
         """Device work, after the mask event: mask, verify, copy the results back."""
         assert shape is not None and self._logits is not None
-        if not shape.batch:
-            return
-        v, m = self.staging.upload_verify(shape.batch)
-        q = None
-        if shape.rounds:                  # the drafts, their count and law come from the draft rounds
-            assert self.drafter is not None
-            dv = self.drafter.dev
-            v = replace(v, drafts=dv.tokens[: shape.batch, 1:], num_drafts=dv.num[: shape.batch])
-            q = self.drafter.q[: shape.batch] if shape.draft_q else None
-        out = verify_step(self._logits, v, m, self.tokenizer_vocab, shape.mode, draft_probs=q)
-        self.staging.download(out, shape.batch)
+        if shape.batch:
+            v, m = self.staging.upload_verify(shape.batch)
+            f = self.features.upload(shape.features, shape.batch)
+            q = None
+            if shape.rounds:              # the drafts, their count and law come from the draft rounds
+                assert self.drafter is not None
+                dv = self.drafter.dev
+                v = replace(v, drafts=dv.tokens[: shape.batch, 1:], num_drafts=dv.num[: shape.batch])
+                q = self.drafter.q[: shape.batch] if shape.draft_q else None
+            out, lp = verify_features(self._logits, v, m, self.tokenizer_vocab, shape.mode, f, q)
+            self.staging.download(out, shape.batch)
+            if lp is not None:
+                self.features.download(lp, shape.batch, lp.top.shape[2])
 
     # --- the step's tail (a host function) ---------------------------------------------------------
 
@@ -228,4 +278,7 @@ class DeviceVerifier(VerifierActor):
         for lane, s in work.verified:
             accepted = int(out["accepted"][lane])
             tokens = out["tokens"][lane, : accepted + 1].tolist()
-            self._settle(s, tokens, out["peaks"][lane].tolist(), int(out["valid_drafts"][lane]), accepted)
+            result = self._settle(s, tokens, out["peaks"][lane].tolist(), int(out["valid_drafts"][lane]), accepted)
+            if result is not None and s.sampling.logprobs is not None:
+                self.step[s.slot].result = replace(result, logprobs=self.features.logprobs(
+                    lane, result.new_tokens, s.sampling.logprobs))

@@ -2,8 +2,9 @@
 copies are asynchronous and capturable) and a device copy that the step's kernels read.
 
 Terms: R rows (capacity: the largest step), B verified requests (capacity: the max batch), K
-draft length, N = B * (K+1) logits rows, S slots, MB blocks per sequence (the block-table width),
-U block-table entries a step writes.
+draft length, N = (B + G) * (K+1) logits rows (G: classifier-free guidance's companions, up to
+`companions`), S block-table rows (one per sequence a step may feed), MB blocks per sequence
+(the block-table width), U block-table entries a step writes.
 
 Every buffer is allocated once, at full capacity, and a step copies only what it uses: the
 leading R rows, N logits rows and B requests, the masks of its B lanes. The views a step takes
@@ -11,7 +12,8 @@ are the same tensors at the same addresses whenever the shape is the same, which
 captured CUDA graph replay over them. The host side is written through numpy views of the same
 memory: a step builds no tensor.
 
-Block tables live on the device, one row per slot (`tables`, [S + 2, MB]: row S holds the padding
+Block tables live on the device, one row per table row the runner assigns (its slots', then their
+CFG companions': `tables`, [S + 2, MB]: row S holds the padding
 rows' block, row S + 1 takes the writes a step does not need), and change only where a
 sequence's table changed: `TableMirror` keeps the host's view of them and turns a step's tables
 into (flat index, block) updates, which the step scatters into `tables` on the device.
@@ -89,11 +91,11 @@ class StepStaging:
 
     def __init__(self, *, rows: int, batch: int, k: int, slots: int, max_blocks: int, updates: int,
                  pad_block: int, device: torch.device, bitmask: torch.Tensor, rows_filled: torch.Tensor,
-                 free: torch.Tensor) -> None:
+                 free: torch.Tensor, companions: int = 0) -> None:
         pin = device.type == "cuda"
         cpu = torch.device("cpu")
         self.device, self.k, self.slots = device, k, slots
-        logits = batch * (k + 1)
+        logits = (batch + companions) * (k + 1)          # the requests' verify rows, then CFG companions'
         self.host = Rows.allocate(rows, logits, updates, cpu, pin)
         self.dev = Rows.allocate(rows, logits, updates, device, False)
         self.host_verify = allocate_verify(batch, k, cpu, pin)

@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from interlock.actors.feature_staging import FeatureShape
 from interlock.actors.step_state import SlotState, StepState
 from interlock.actors.watchdog import StepWatchdog
 from interlock.protocol.messages import SlotResult, StepPlan, TokenEvent
@@ -69,6 +70,7 @@ class StepShape:
     rounds: int = 0         # draft-model rounds inside the step (drafters/device_draft.py); 0: none
     draft_q: bool = False   # some lane samples its model drafts: verification reads their law
     draft_rows: bool = False    # some model lane draws under the grammar: a host function per round
+    features: FeatureShape = FeatureShape()     # guidance, penalties, logprobs: only those used
 
 
 @dataclass(frozen=True)

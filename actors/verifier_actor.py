@@ -293,12 +293,11 @@ class VerifierActor(Actor[object]):
         token, ids, top = out.token.tolist(), out.top_ids.tolist(), out.top.tolist()
         results, i = [], 0
         for (_, r), p in zip(asked, params):
-            entries = []
-            for t in r.new_tokens:
-                alts = tuple((a, lp) for a, lp in zip(ids[i][: p.logprobs], top[i][: p.logprobs]) if lp > float("-inf"))
-                entries.append(TokenLogprob(t, token[i], alts))
-                i += 1
+            used = len(r.new_tokens)
+            entries = map(TokenLogprob.from_row, r.new_tokens, token[i: i + used], ids[i: i + used],
+                          top[i: i + used], [p.logprobs or 0] * used)
             results.append(replace(r, logprobs=tuple(entries)))
+            i += used
         return results
 
     def _valid_drafts(self, s: RequestSnapshot, n: int) -> int:

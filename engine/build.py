@@ -240,8 +240,10 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
             draft = DraftActor(config.speculative, vocab, timeline, step)
         verifier: VerifierActor = DeviceVerifier(
             model, kv, timeline, buffers, step, vocab, eos,
-            # a step's rows: decode rows within max_step_tokens, and a first prompt chunk may exceed it
-            max_rows=max(sched.max_step_tokens, sched.prefill_chunk) + sched.max_batch_size * (sched.max_drafts + 1),
+            # a step's rows: decode rows within max_step_tokens, and a first prompt chunk (with its CFG
+            # companion's) may exceed it; guided decode rows count twice
+            max_rows=max(sched.max_step_tokens, 2 * sched.prefill_chunk)
+            + 2 * sched.max_batch_size * (sched.max_drafts + 1),
             max_drafts=sched.max_drafts, buckets=config.buckets(), max_blocks=per_seq, pad_block=sched.num_blocks,
             drafter=drafter if isinstance(drafter, DeviceDrafter) else None)
     else:

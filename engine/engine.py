@@ -23,7 +23,6 @@ from interlock.engine.config import EngineConfig
 from interlock.engine.intake import Intake, Prompt
 from interlock.engine.load import draft_lm_for, for_runner, load_target
 from interlock.logs import get_logger
-from interlock.models.device_llama import DeviceLlama
 from interlock.models.linear import Weights
 from interlock.models.loader import LoadedModel
 from interlock.output.stream import OutputStream
@@ -48,8 +47,7 @@ class Engine:
         self.config = config
         self.tokenizer = loaded.tokenizer
         self.max_context = min(config.max_context or loaded.config.max_position, loaded.config.max_position)
-        device = loaded.model.device.type if isinstance(loaded.model, DeviceLlama) else None
-        self.intake = Intake(self.tokenizer, self.max_context, device_runner=device)
+        self.intake = Intake(self.tokenizer, self.max_context)
         self._ids = itertools.count()
         self._streams: dict[RequestId, OutputStream[Delta]] = {}
         self._rt: Runtime | None = None

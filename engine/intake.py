@@ -5,7 +5,6 @@ One error type per fault, raised for this request only:
     a chat template that refuses the messages, a bad parameter   InvalidParameterError (field named)
     an empty prompt (or one that encodes to no token)            EmptyPromptError
     a prompt that leaves no room for one new token                PromptTooLongError
-    a feature this engine's runner does not have yet              UnsupportedFeatureError
     a regex the end-of-request check cannot compile (`ab\\`)        GrammarError
 """
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import TypeGuard
 from interlock.grammars.checks import check_regexes
 from interlock.models.tokenizer import Message, Tokenizer
 from interlock.protocol.errors import (
-    EmptyPromptError, InterlockError, InvalidParameterError, PromptTooLongError, UnsupportedFeatureError, not_yet_on,
+    EmptyPromptError, InterlockError, InvalidParameterError, PromptTooLongError,
 )
 from interlock.protocol.grammar import GrammarSpec
 from interlock.protocol.messages import RequestSpec
@@ -31,12 +30,10 @@ EMPTY_CHAT: list[Message] = [{"role": "user", "content": ""}]   # classifier-fre
 
 @dataclass(frozen=True)
 class Intake:
-    """What a request is checked against: the tokenizer, the engine's context, its runner."""
+    """What a request is checked against: the tokenizer and the engine's context."""
 
     tokenizer: Tokenizer
     max_context: int                 # prompt + at least one new token must fit
-    device_runner: str | None = None   # the device runner's device type ("cuda", "cpu"): no CFG, penalties
-                                       # or logprobs there yet; None: the host runner
 
     def check(self, grammar: GrammarSpec | None, sampling: SamplingParams, negative_prompt: Prompt | None) -> None:
         """The request's parameters (the prompt is `encode`'s)."""
@@ -50,12 +47,6 @@ class Intake:
         if negative_prompt is not None and sampling.guidance_scale is None:
             raise InvalidParameterError("negative_prompt", "needs classifier-free guidance: set "
                                                            "sampling.guidance_scale")
-        if self.device_runner is not None:
-            for feature, used in (("classifier-free guidance (guidance_scale)", sampling.guidance_scale is not None),
-                                  ("repetition penalties", sampling.penalized),
-                                  ("logprobs", sampling.logprobs is not None)):
-                if used:
-                    raise UnsupportedFeatureError(feature, not_yet_on(self.device_runner))
 
     def request(self, rid: RequestId, prompt: Prompt, grammar: GrammarSpec | None, sampling: SamplingParams,
                 negative_prompt: Prompt | None) -> RequestSpec:

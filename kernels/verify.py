@@ -72,7 +72,7 @@ def verify_step(logits: torch.Tensor, v: VerifyInputs, m: MaskInputs, tokenizer_
     skip = ~v.constrained.unsqueeze(1) | (j >= filled.unsqueeze(1)) | m.free.view(b, k1)
     apply_token_bitmask_(x, m.bitmask, skip=skip.reshape(-1), mask_vocab_size=tokenizer_vocab,
                          backend="capturable")
-    valid = torch.where(v.constrained, torch.minimum(v.num_drafts, (filled - 1).clamp(min=0)), v.num_drafts)
+    valid = valid_drafts(v, m)
     x = x.view(b, k1, vocab)
     peaks = x.amax(-1)                                                            # [B, K+1]
     if mode == "greedy":
@@ -92,3 +92,10 @@ def _widen(q: torch.Tensor, vocab: int) -> torch.Tensor:
     if q.shape[-1] == vocab:
         return q
     return torch.cat([q, q.new_zeros(*q.shape[:-1], vocab - q.shape[-1])], dim=-1)
+
+
+def valid_drafts(v: VerifyInputs, m: MaskInputs) -> torch.Tensor:
+    """[B] int64: the drafts that are verified: a constrained request's past the grammar's filled
+    rows (after a refused draft) are moot."""
+    filled = m.rows_filled.long()
+    return torch.where(v.constrained, torch.minimum(v.num_drafts, (filled - 1).clamp(min=0)), v.num_drafts)

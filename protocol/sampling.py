@@ -206,6 +206,13 @@ class TokenLogprob:
     logprob: float
     top: tuple[tuple[TokenId, float], ...] = ()
 
+    @classmethod
+    def from_row(cls, token_id: TokenId, logprob: float, ids: Sequence[TokenId], values: Sequence[float],
+                 n: int) -> TokenLogprob:
+        """The token and its row's first n alternatives (most likely first), leaving out ids the
+        row does not allow (-inf: the grammar allows fewer than n)."""
+        return cls(token_id, logprob, tuple((a, lp) for a, lp in zip(ids[:n], values[:n]) if lp > float("-inf")))
+
 
 @dataclass(frozen=True)
 class Delta:

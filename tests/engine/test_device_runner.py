@@ -7,12 +7,14 @@ timeline, and again on CUDA when a GPU is present (bf16, Triton, CUDA graphs):
 - constrained outputs validate; switching grammars keep the law across the switch;
 - captured programs are replayed for steady decode at batch 1 and 8, and give the eager output;
 - a NaN row fails its request alone, cancels and failures leak nothing, prefix caching is exact;
-- what it does not run yet is refused with a typed error naming it.
-The stochastic law on this runner is tests/engine/test_point_mass_stats.py's chi-square.
+- what it does not run yet (draft models) is refused with a typed error naming it.
+The stochastic law on this runner is tests/engine/test_point_mass_stats.py's chi-square; guidance,
+penalties and logprobs on it are tests/engine/test_device_features.py.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import anyio
 import jsonschema
@@ -20,7 +22,8 @@ import pytest
 import torch
 
 from interlock.engine import Engine, EngineConfig
-from interlock.protocol.errors import SamplingError, UnsupportedFeatureError
+from interlock.parallel.group import TensorParallelModel
+from interlock.protocol.errors import SamplingError, UnsupportedModelError
 from interlock.protocol.grammar import JsonSchema, Reasoning
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
@@ -185,16 +188,12 @@ async def test_prefix_caching_is_exact(tiny_float, device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 async def test_what_it_does_not_run_yet_is_refused_by_name(tiny_float, device: str) -> None:
-    where = "CUDA" if device == "cuda" else "the device runner"       # the device in use, named right
-    async with Engine(tiny_float, device_config(device, max_batch_size=2)) as engine:
-        for sampling, name in ((SamplingParams(guidance_scale=1.5), "guidance"),
-                               (SamplingParams(repetition_penalty=1.2), "penalties"),
-                               (SamplingParams(logprobs=2), "logprobs")):
-            with pytest.raises(UnsupportedFeatureError, match=f"{name}.* not on {where} yet"):
-                await engine.complete("Hello", sampling=sampling)
-        done = await engine.complete("Hello", sampling=SamplingParams(max_tokens=4))
-        assert done.stats.output_tokens > 0
-        await assert_all_free(engine)
+    """Tensor parallelism is the one thing this runner refuses (docs/scaling.md): by name, at start,
+    naming the device in use."""
+    where = "CUDA" if device == "cuda" else "the device runner"
+    ranks = replace(tiny_float, model=object.__new__(TensorParallelModel))     # the type is what decides
+    with pytest.raises(UnsupportedModelError, match=f"tensor parallelism is not on {where} yet"):
+        Engine(ranks, device_config(device))
 
 
 async def test_the_captured_step_keeps_the_fill_off_the_forwards_path(tiny_float) -> None:
