@@ -8,7 +8,8 @@ import torch
 from interlock.models.llama import random_transformer
 from interlock.models.loader import load_model
 from interlock.parallel.sharded import Shard, load_shard, local_config
-from interlock.parallel.shard_sources import StateDictSource, hf_state_of, open_source
+from interlock.models.checkpoint import CheckpointReader, Layout, StateDictSource
+from interlock.parallel.shard_sources import hf_state_of, open_source
 from interlock.protocol.errors import UnsupportedModelError
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
@@ -56,7 +57,7 @@ def test_a_padded_vocabulary_gets_zero_rows() -> None:
     config, _, _ = open_source("tiny")
     config = config.replace(vocab_size=1087)                 # not divisible by 2
     full = random_transformer(config, seed=1)
-    source = StateDictSource(hf_state_of(full))
+    source = CheckpointReader(StateDictSource(hf_state_of(full)), Layout(config))
     last = load_shard(source, config, Shard(1, 2), weights="float")
     assert last.tok_embeddings.shape[0] == 544
     check_shard(full, last, Shard(1, 2))
