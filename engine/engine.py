@@ -212,10 +212,10 @@ class Engine:
         self.intake.check(grammar, sampling, negative_prompt)
         if grammar_backend is not None:
             self.grammars.check_name(grammar_backend)
-        tokens = self.intake.encode(prompt)
+        tokens = self.intake.encode(prompt, grammar)
         uncond = None
         if sampling.guidance_scale is not None:
-            uncond = self.intake.encode(negative_prompt if negative_prompt is not None else EMPTY_CHAT)
+            uncond = self.intake.encode(negative_prompt if negative_prompt is not None else EMPTY_CHAT, grammar)
         rid = f"req-{next(self._ids)}"
         stream: OutputStream[Delta] = OutputStream(self.config.output_buffer, on_room=self._wake,
                                                    on_cancel=lambda: self._cancel(rid))

@@ -50,8 +50,9 @@ class Intake:
                 if used:
                     raise UnsupportedFeatureError(feature)
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """The prompt's token ids: text as is, chat messages through the chat template, ids checked."""
+    def encode(self, prompt: Prompt, grammar: GrammarSpec | None = None) -> list[int]:
+        """The prompt's token ids: text as is, chat messages through the chat template (which thinks or
+        not by the request's grammar, models/tokenizer.py), ids checked."""
         if _is_ids(prompt):
             return self._fits(self._ids(prompt))                                      # type: ignore[arg-type]
         if not isinstance(prompt, str) and not (isinstance(prompt, Sequence) and
@@ -61,7 +62,7 @@ class Intake:
         if len(prompt) == 0:
             raise EmptyPromptError("the prompt is empty (an empty string or message list): give at least one token")
         try:
-            tokens = self.tokenizer.encode_prompt(prompt)  # type: ignore[arg-type]
+            tokens = self.tokenizer.encode_prompt(prompt, grammar)  # type: ignore[arg-type]
         except InterlockError:
             raise
         except Exception as exc:        # jinja2 / transformers errors: how a chat template refuses bad messages

@@ -137,6 +137,10 @@ class ModelConfig:
     def replace(self, **changes: object) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
+    def first_layers(self, n: int) -> ModelConfig:
+        """The config of this model's first n layers (a layer-skip self-draft's, and its KV cache's)."""
+        return self.replace(n_layers=n, sliding_layers=tuple(i for i in self.sliding_layers if i < n))
+
 
 def tiny_config(vocab_size: int, *, dtype: Dtype = "float32") -> ModelConfig:
     """A 2-layer, hidden-64 decoder: fast enough for thousands of steps in a CPU test."""

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from interlock.protocol.errors import ModelLoadError
+from interlock.protocol.grammar import GrammarSpec, Reasoning
 from interlock.protocol.types import TokenId
 
 Message = dict[str, str]
+THINK_MARKERS = ("<think>", "</think>")      # Qwen3's (and the R1 distills') thinking markers
 
 
 def cache_dir(*parts: str) -> Path:
@@ -52,16 +54,34 @@ class Tokenizer:
     def decode(self, ids: Sequence[TokenId], skip_special_tokens: bool = False) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        if not getattr(self.hf, "chat_template", None):
-            raise ModelLoadError("this tokenizer has no chat template; pass a plain string prompt instead")
-        return self.hf.apply_chat_template(list(messages), tokenize=False,
-                                           add_generation_prompt=add_generation_prompt)
+    @property
+    def reasoning_markers(self) -> tuple[str, str] | None:
+        """The thinking markers where this vocabulary has each as a single token (Qwen3's <think> and
+        </think>): what a Reasoning grammar should use for this model. None: the model has none."""
+        return THINK_MARKERS if all(len(self.encode(m)) == 1 for m in THINK_MARKERS) else None
 
-    def encode_prompt(self, prompt: str | Sequence[Message]) -> list[TokenId]:
-        """A plain string is encoded as is; a list of chat messages goes through the chat template."""
-        text = prompt if isinstance(prompt, str) else self.render_chat(prompt)
-        return self.encode(text)
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                    enable_thinking: bool | None = None) -> str:
+        """The chat template's text. enable_thinking reaches templates that have that switch (Qwen3's);
+        None leaves the template's default."""
+        template = getattr(self.hf, "chat_template", None)
+        if not template:
+            raise ModelLoadError("this tokenizer has no chat template; pass a plain string prompt instead")
+        switch = enable_thinking is not None and "enable_thinking" in template
+        extra = {"enable_thinking": enable_thinking} if switch else {}
+        return self.hf.apply_chat_template(list(messages), tokenize=False,
+                                           add_generation_prompt=add_generation_prompt, **extra)
+
+    def encode_prompt(self, prompt: str | Sequence[Message], grammar: GrammarSpec | None = None) -> list[TokenId]:
+        """A plain string is encoded as is; a list of chat messages goes through the chat template.
+
+        grammar: the request's. A template with a thinking switch thinks for a Reasoning grammar and
+        answers at once for any other grammar (which constrains the answer from its first token);
+        with no grammar the template decides."""
+        if isinstance(prompt, str):
+            return self.encode(prompt)
+        thinking = None if grammar is None else isinstance(grammar, Reasoning)
+        return self.encode(self.render_chat(prompt, enable_thinking=thinking))
 
 
 def _wrap(hf: Any, key: str) -> Tokenizer:
