@@ -110,3 +110,19 @@ def test_enable_thinking_follows_the_request(loaded) -> None:
     assert free == thinking
     other = loaded["gemma3"].tokenizer                  # no switch in its template: the grammar changes nothing
     assert other.encode_prompt(messages, grammar=JsonSchema(SCHEMA)) == other.encode_prompt(messages)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi4-mini"])
+async def test_tensor_parallel_speculative_equals_plain(name: str, checkpoints) -> None:
+    """Two gloo ranks, each holding half the heads (Phi-4-mini's fused projections cut by heads, Gemma's
+    sliding layers and norms): greedy JSON output with a self-draft equals plain decoding."""
+    got = {}
+    for mode in ("none", "self-draft:1+forced"):
+        engine = Engine.from_pretrained(str(checkpoints[name]), speculative=mode, draft_len=3, tensor_parallel=2,
+                                        max_batch_size=2, tp_step_timeout_s=60.0)
+        async with engine:
+            with anyio.fail_after(300):
+                got[mode] = [(await engine.complete(p, grammar=JsonSchema(SCHEMA),
+                                                    sampling=SamplingParams(temperature=0.0, max_tokens=24))).token_ids
+                             for p in PROMPTS]
+    assert got["none"] == got["self-draft:1+forced"] and all(got["none"])

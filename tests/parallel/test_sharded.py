@@ -97,3 +97,21 @@ def test_a_batch_survives_the_wire() -> None:
         assert torch.equal(a.blocks, b.blocks)
         assert (a.mask is None and b.mask is None) or torch.equal(a.mask, b.mask)
     assert batch.seqs[0].mask is not None and batch.seqs[1].mask is None
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi4-mini"])
+def test_family_shards_are_slices_of_the_whole(name: str, tmp_path) -> None:
+    """From an HF directory of each family: Phi-3's fused qkv_proj / gate_up_proj cut by heads and MLP
+    rows, Gemma 3's norms read as 1 + w, q/k norms and post-norms whole on every rank."""
+    from interlock.testing.families import hf_model, save_dir
+
+    path = save_dir(hf_model(name), tmp_path / name)
+    full = load_model(str(path), weights="float").model
+    config, source, inv_freq = open_source(str(path))
+    for rank in range(2):
+        shard = Shard(rank, 2)
+        part = load_shard(source, config, shard, inv_freq, "float")
+        check_shard(full, part, shard)
+        for norm in ("attention_norm", "ffn_norm", "q_norm", "k_norm", "post_attention_norm", "post_ffn_norm"):
+            want, got = getattr(full.layers[-1], norm), getattr(part.layers[-1], norm)
+            assert (want is None) == (got is None) and (want is None or torch.equal(want.data, got.data)), norm
