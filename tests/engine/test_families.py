@@ -126,3 +126,14 @@ async def test_tensor_parallel_speculative_equals_plain(name: str, checkpoints) 
                                                     sampling=SamplingParams(temperature=0.0, max_tokens=24))).token_ids
                              for p in PROMPTS]
     assert got["none"] == got["self-draft:1+forced"] and all(got["none"])
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi4-mini", "qwen3"])
+async def test_device_runner_speculative_equals_plain(name: str, checkpoints) -> None:
+    """The device runner (float32 reference ops and the CPU timeline: the CUDA engine's path) keeps the law."""
+    lm = load_model(str(checkpoints[name]), weights="float")
+    got = {}
+    for mode in ("none", "ngram+forced", "suffix+forced"):
+        spec = SpeculativeConfig.parse(mode, max_draft_len=3)
+        got[mode] = (await outputs(lm, spec, PROMPTS, runner="device", device="cpu"))[0]
+    assert got["ngram+forced"] == got["none"] == got["suffix+forced"]

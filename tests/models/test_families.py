@@ -150,3 +150,59 @@ def test_unsupported_variants_are_refused_by_name() -> None:
         config_from_hf({**base, "architectures": ["PhiMoEForCausalLM"]}, "float32")
     with pytest.raises(UnsupportedModelError, match="final_logit_softcapping"):
         config_from_hf({**base, "architectures": ["Gemma3ForCausalLM"], "final_logit_softcapping": 30.0}, "float32")
+
+
+def device_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding on the device forward (models/device_llama.py): the prompt in one step, then
+    one row per step, every step's inputs as fixed-shape StepInputs with padding rows."""
+    from interlock.models.device_llama import step_inputs
+
+    kv = PagedKVCache(model.config, num_blocks=32, block_size=4, device=model.device)
+    kv.add_sequence(999)
+    kv.reserve(999, 4)                                   # block 0: the padding rows' slot
+    kv.add_sequence(0)
+
+    def step(tokens: list[int]) -> torch.Tensor:
+        start = kv.reserve(0, len(tokens))
+        rows = -(-len(tokens) // 8) * 8
+        inputs = step_inputs([SeqChunk(0, tuple(tokens), start, ())], kv, rows=rows, max_blocks=16, pad_slot=0,
+                             device=model.device)
+        return model(inputs, kv)[len(tokens) - 1]
+
+    out = [int(step(prompt).argmax())]
+    while len(out) < n:
+        out.append(int(step([out[-1]]).argmax()))
+    return out
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_device_runner_float32_greedy_matches_transformers(name: str, built) -> None:
+    """The device runner's forward on the CPU (float32, the torch reference ops the CUDA engine's
+    Triton kernels follow): transformers' greedy tokens, token for token, across the windows."""
+    from interlock.models.device_llama import DeviceLlama
+
+    model, path = built[name]
+    expected, _ = hf_greedy(model, PROMPT, NEW)
+    device = DeviceLlama.from_transformer(load_model(str(path), weights="float").model, "cpu", torch.float32,
+                                          gemm_rows=8)
+    assert device_greedy(device, PROMPT, NEW) == expected
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@CUDA
+@pytest.mark.parametrize("window", [0, 5, 40])
+def test_triton_paged_attention_window_and_scale_follow_the_reference(window: int) -> None:
+    from interlock.models import reference_ops, triton_ops
+
+    gen = torch.Generator().manual_seed(0)
+    t, hkv, g, d, bs = 6, 2, 3, 32, 4
+    k, v = torch.randn(64, hkv, d, generator=gen), torch.randn(64, hkv, d, generator=gen)
+    q = torch.randn(t, hkv * g * d, generator=gen)
+    tables = torch.randperm(16, generator=gen)[None].repeat(t, 1).int()
+    positions = torch.tensor([3, 9, 17, 30, 41, 60])
+    want = reference_ops.paged_attention(q, k, v, tables, positions, hkv, bs, 0.3, window)
+    got = triton_ops.paged_attention(*(x.cuda().to(torch.bfloat16) for x in (q, k, v)), tables.cuda(),
+                                     positions.cuda(), hkv, bs, 0.3, window)
+    assert (got.float().cpu() - want).abs().max().item() < 0.05
