@@ -89,10 +89,12 @@ def _wrap(hf: Any, key: str) -> Tokenizer:
     return Tokenizer(hf=hf, key=key, eos_token_ids=tuple(eos))
 
 
-def _save(hf: Any, target: Path) -> None:
+def _save(hf: Any, target: Path, generation: dict[str, Any] | None = None) -> None:
     """Write to a temporary folder, then rename: a concurrent loader never sees half a tokenizer."""
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
     hf.save_pretrained(str(tmp))
+    if generation is not None:
+        (tmp / "generation_config.json").write_text(json.dumps(generation))
     try:
         os.replace(tmp, target)
     except OSError:                      # another process got there first; theirs is as good
@@ -106,21 +108,36 @@ def _load_dir(path: Path) -> Any:
 
 
 def load_gguf_tokenizer(path: Path) -> Tokenizer:
-    """The tokenizer stored in a GGUF file's metadata, converted once and cached."""
+    """The tokenizer stored in a GGUF file's metadata, converted once and cached (as an HF tokenizer
+    directory, with generation_config.json listing the file's end-of-turn id, `tokenizer.ggml.eot_token_id`:
+    Gemma 3's <end_of_turn>, which load_hf_tokenizer then stops at too)."""
     key = "gguf-" + file_key(path)
     cached = cache_dir("tokenizers", key)
-    if (cached / "tokenizer.json").exists():
-        return _wrap(_load_dir(cached), key)
-    from transformers import AutoTokenizer
+    if not (cached / "tokenizer.json").exists():
+        import gguf
+        from transformers import AutoTokenizer
 
-    hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    _save(hf, cached)
-    return _wrap(hf, key)
+        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        field = gguf.GGUFReader(str(path)).fields.get("tokenizer.ggml.eot_token_id")
+        stops = [] if field is None else [int(field.contents())]
+        _save(hf, cached, {"eos_token_id": stops})
+    tok = load_hf_tokenizer(cached)
+    return Tokenizer(hf=tok.hf, key=key, eos_token_ids=tok.eos_token_ids)
 
 
 def load_hf_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer of an HF checkpoint directory. Its stop ids are the tokenizer's eos and every id
+    generation_config.json lists: chat models end a turn with a token of their own (Gemma 3's
+    <end_of_turn>, Phi-3's <|end|>) that the tokenizer's eos is not."""
     keyed = path / "tokenizer.json" if (path / "tokenizer.json").exists() else path
-    return _wrap(_load_dir(path), "hf-" + file_key(keyed))
+    tok = _wrap(_load_dir(path), "hf-" + file_key(keyed))
+    try:
+        listed = json.loads((path / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, json.JSONDecodeError):
+        return tok
+    listed = [listed] if isinstance(listed, int) else list(listed or [])
+    extra = tuple(int(i) for i in listed if int(i) not in tok.eos_token_ids and 0 <= int(i) < tok.vocab_size)
+    return Tokenizer(hf=tok.hf, key=tok.key, eos_token_ids=tok.eos_token_ids + extra)
 
 
 def truncated_tokenizer(base: Tokenizer, n_vocab: int) -> Tokenizer:

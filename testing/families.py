@@ -23,6 +23,7 @@ import torch
 
 VOCAB = 1088                 # the tiny preset's padded vocabulary (models/loader.py)
 THINK = ("<think>", "</think>")
+GEMMA3_EOT = 7               # the end-of-turn id the Gemma 3 GGUF names (tokenizer.ggml.eot_token_id)
 # A ChatML template with Qwen3's thinking switch: enable_thinking=false closes an empty thought in the prompt.
 QWEN3_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -168,6 +169,8 @@ def write_gguf(model: torch.nn.Module, path: Path) -> Path:
     w.add_token_types([1] * VOCAB)
     w.add_token_scores([0.0] * VOCAB)
     w.add_eos_token_id(2)
+    if arch == "gemma3":
+        w.add_eot_token_id(GEMMA3_EOT)              # <end_of_turn>'s role
     shift = 1.0 if arch == "gemma3" else 0.0         # llama.cpp stores Gemma's norms as 1 + w
     for name, t in model.state_dict().items():
         data = t.float().numpy()

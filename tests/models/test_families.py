@@ -24,7 +24,7 @@ from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.hf_loader import config_from_hf
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.loader import LoadedModel, load_model
-from interlock.testing.families import FAMILIES, hf_model, save_dir, write_gguf
+from interlock.testing.families import FAMILIES, GEMMA3_EOT, hf_model, save_dir, write_gguf
 from interlock.testing.greedy import greedy_generate
 
 FLOAT_TOL = 1e-4            # fp32 against fp32: only the order of operations differs
@@ -109,6 +109,7 @@ def test_gguf_gives_the_directory_logits(name: str, built, tmp_path: Path) -> No
     gguf_path = write_gguf(model, tmp_path / f"{name}.gguf")
     direct, from_gguf = load_model(str(path), weights="float"), load_model(str(gguf_path), weights="float")
     assert from_gguf.config.family == direct.config.family
+    assert (GEMMA3_EOT in from_gguf.tokenizer.eos_token_ids) == name.startswith("gemma3")     # end of turn stops
     assert (logits_of(from_gguf, PROMPT) - logits_of(direct, PROMPT)).abs().max().item() <= 1e-5
 
 
@@ -206,3 +207,13 @@ def test_triton_paged_attention_window_and_scale_follow_the_reference(window: in
     got = triton_ops.paged_attention(*(x.cuda().to(torch.bfloat16) for x in (q, k, v)), tables.cuda(),
                                      positions.cuda(), hkv, bs, 0.3, window)
     assert (got.float().cpu() - want).abs().max().item() < 0.05
+
+
+def test_stop_ids_include_the_generation_configs(built, tmp_path: Path) -> None:
+    """Gemma 3 ends a chat turn with <end_of_turn> and Phi-3 with <|end|>: generation_config.json lists
+    them beside the tokenizer's eos, and generation stops at any of them."""
+    from interlock.models.tokenizer import load_hf_tokenizer
+
+    path = save_dir(built["gemma3"][0], tmp_path / "gemma3")
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7, 2, 5000]}))
+    assert load_hf_tokenizer(path).eos_token_ids == (2, 7)            # 5000: outside the tokenizer
