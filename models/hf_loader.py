@@ -103,8 +103,8 @@ def config_from_hf(cfg: dict[str, Any], dtype: Dtype) -> ModelConfig:
             f"architecture {archs} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
     family = ARCHITECTURES[arch]
     if arch == "Gemma3ForConditionalGeneration":        # the text model of a multimodal checkpoint
-        cfg = {**cfg.get("text_config", {}), "eos_token_id": cfg.get("eos_token_id"),
-               "bos_token_id": cfg.get("bos_token_id")}
+        cfg = {**cfg.get("text_config", {}),
+               **{k: cfg[k] for k in ("eos_token_id", "bos_token_id") if cfg.get(k) is not None}}
     if family == "gemma3":
         cfg = {**GEMMA3_DEFAULTS, **{k: v for k, v in cfg.items() if v is not None}}
     act = cfg.get("hidden_act", "silu")

@@ -217,3 +217,30 @@ def test_stop_ids_include_the_generation_configs(built, tmp_path: Path) -> None:
     path = save_dir(built["gemma3"][0], tmp_path / "gemma3")
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7, 2, 5000]}))
     assert load_hf_tokenizer(path).eos_token_ids == (2, 7)            # 5000: outside the tokenizer
+
+
+@pytest.mark.parametrize("prefix", ["model.language_model.", "language_model.model."])
+def test_a_multimodal_gemma3_checkpoint_loads_its_text_model(prefix: str, built, tmp_path: Path) -> None:
+    """Gemma 3 4B-27B ship as Gemma3ForConditionalGeneration: the text model's config under text_config
+    (leaving out what equals Gemma3TextConfig's defaults) and its tensors under a prefix (transformers 5's,
+    or the hub's older one), beside a vision tower that is not read."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    text_dir = built["gemma3"][1]
+    shutil.copytree(text_dir, tmp_path / "mm")
+    state = load_file(str(text_dir / "model.safetensors"))
+    renamed = {prefix + k.removeprefix("model."): v for k, v in state.items()}
+    renamed["vision_tower.vision_model.post_layernorm.weight"] = torch.zeros(8)
+    (tmp_path / "mm" / "model.safetensors").unlink()
+    save_file(renamed, str(tmp_path / "mm" / "model.safetensors"))
+    text = json.loads((text_dir / "config.json").read_text())
+    text.pop("architectures")
+    text["rms_norm_eps"] = text.pop("rms_norm_eps")          # kept: it is not the default
+    text.pop("tie_word_embeddings")                          # left out: it equals the default
+    (tmp_path / "mm" / "config.json").write_text(json.dumps(
+        {"architectures": ["Gemma3ForConditionalGeneration"], "text_config": text, "eos_token_id": 2}))
+    direct, multimodal = load_model(str(text_dir), weights="float"), load_model(str(tmp_path / "mm"), weights="float")
+    assert multimodal.config == direct.config
+    assert torch.equal(logits_of(multimodal, PROMPT), logits_of(direct, PROMPT))
