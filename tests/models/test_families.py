@@ -244,3 +244,33 @@ def test_a_multimodal_gemma3_checkpoint_loads_its_text_model(prefix: str, built,
     direct, multimodal = load_model(str(text_dir), weights="float"), load_model(str(tmp_path / "mm"), weights="float")
     assert multimodal.config == direct.config
     assert torch.equal(logits_of(multimodal, PROMPT), logits_of(direct, PROMPT))
+
+
+HUB_LOAD = """\
+import sys, torch
+from interlock.models.loader import load_model
+a, b = load_model("test-org/tiny-qwen3", weights="float"), load_model(sys.argv[1], weights="float")
+print(a.config.family, all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values())))
+"""
+
+
+def test_a_hub_id_of_a_new_family_loads_from_the_cache_offline(built, tmp_path: Path) -> None:
+    """A Qwen3 checkpoint in the hub cache's layout (models--owner--name/refs, snapshots), read by its
+    hub id with HF_HUB_OFFLINE=1: the same model as its directory."""
+    import shutil
+    import subprocess
+    import sys
+
+    from interlock.parallel.process import child_env
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--test-org--tiny-qwen3"
+    shutil.copytree(built["qwen3"][1], repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    env = {**child_env(), "HF_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(tmp_path / "hub"),
+           "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", HUB_LOAD, str(built["qwen3"][1])], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["qwen3", "True"]
