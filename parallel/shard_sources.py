@@ -90,6 +90,8 @@ class GGUFSource:
         from gguf import GGML_QUANT_SIZES
 
         t = self._tensors[name]
+        if t.data.dtype != np.uint8:          # F32 / F16 / BF16: the reader gives the values themselves
+            return self._dequantize(t, t.data[:, lo:hi])
         block, nbytes = GGML_QUANT_SIZES[t.tensor_type]
         if lo % block or hi % block:
             raise UnsupportedModelError(f"{name}: columns {lo}..{hi} are not aligned to its {block}-wide blocks")

@@ -99,13 +99,16 @@ def test_a_batch_survives_the_wire() -> None:
     assert batch.seqs[0].mask is not None and batch.seqs[1].mask is None
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi4-mini"])
-def test_family_shards_are_slices_of_the_whole(name: str, tmp_path) -> None:
-    """From an HF directory of each family: Phi-3's fused qkv_proj / gate_up_proj cut by heads and MLP
-    rows, Gemma 3's norms read as 1 + w, q/k norms and post-norms whole on every rank."""
-    from interlock.testing.families import hf_model, save_dir
+@pytest.mark.parametrize(("name", "kind"), [("qwen3", "dir"), ("gemma3", "dir"), ("phi4-mini", "dir"),
+                                            ("gemma3-gguf", "gguf"), ("phi4-mini", "gguf")])
+def test_family_shards_are_slices_of_the_whole(name: str, kind: str, tmp_path) -> None:
+    """From an HF directory or a GGUF of each family: Phi-3's fused qkv_proj / gate_up_proj (GGUF:
+    attn_qkv, ffn_up) cut by heads and MLP rows, Gemma 3's norms read as 1 + w, q/k norms and
+    post-norms whole on every rank."""
+    from interlock.testing.families import hf_model, save_dir, write_gguf
 
-    path = save_dir(hf_model(name), tmp_path / name)
+    model = hf_model(name)
+    path = save_dir(model, tmp_path / name) if kind == "dir" else write_gguf(model, tmp_path / f"{name}.gguf")
     full = load_model(str(path), weights="float").model
     config, source, inv_freq = open_source(str(path))
     for rank in range(2):
