@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     if theirs:
         result["decode_ratio_interlock_over_llama_cpp"] = statistics.median(ours) / statistics.median(theirs)
     out = Path(args.json) if args.json else RESULTS / f"family-qwen3-{datetime.date.today()}.json"
+    out.write_text(json.dumps(result, indent=1))           # the decode figures, kept if the end-to-end run fails
     if args.limit:
         from interlock.benchmarks import peers
 

@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def save() -> None:         # after every system: a peer that crashes the process loses only itself
         out.write_text(json.dumps({"args": vars(args), "load": load_average(), "results": results,
-                                   "failures": failures}))
+                                   "failures": failures}, default=str))       # default: the dataset's Path
 
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
     for mode in filter(None, args.modes.split(",")):
