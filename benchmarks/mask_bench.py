@@ -160,6 +160,9 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=None,
                    help="the folder of the full JSONSchemaBench sets (default: $INTERLOCK_DATA, else "
                         "../shared/data/jsonschemabench beside the checkout)")
+    p.add_argument("--vocab", type=int, default=None,
+                   help="only this vocabulary size, the embedded tokenizer widened to it (262144: Gemma 3's)")
+    p.add_argument("--batches", default=None, help="batch sizes, comma-separated (default 1,8,32,64; --quick 1,4)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     data = args.data or full_sets()
@@ -171,10 +174,12 @@ def main() -> None:
     torch.set_num_threads(1)
     quick = args.quick
     steps = args.steps or (3 if quick else 30)
-    batches = (1, 4) if quick else (1, 8, 32, 64)
+    batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else (1, 4) if quick else (1, 8, 32, 64)
     threads = (1, 2) if quick else (1, 2, 4, 8, 16)
     base = load_tokenizer(EMBEDDED)
     vocabularies = {"49K": base} if quick else {"49K": base, "128K": wide_tokenizer(base)}
+    if args.vocab:
+        vocabularies = {f"{args.vocab // 1024}K": wide_tokenizer(base, args.vocab)}
     load_before = load_average()
     records: list[dict[str, Any]] = []
     table = []

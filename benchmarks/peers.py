@@ -169,7 +169,8 @@ def hf_runner(max_tokens: int, lookup: int) -> Runner:
 
 # --- llama.cpp ------------------------------------------------------------------------------------
 
-def llama_cpp_runner(max_tokens: int, lookup: int, threads: int) -> Runner | None:
+def llama_cpp_runner(max_tokens: int, lookup: int, threads: int, model: str | None = None) -> Runner | None:
+    """model: a GGUF path (None: the embedded SmolLM2)."""
     try:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -178,7 +179,7 @@ def llama_cpp_runner(max_tokens: int, lookup: int, threads: int) -> Runner | Non
     from interlock.models.loader import embedded_gguf_path
 
     draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup) if lookup else None
-    llm = Llama(model_path=str(embedded_gguf_path()), n_ctx=4096, n_threads=threads, verbose=False,
+    llm = Llama(model_path=model or str(embedded_gguf_path()), n_ctx=4096, n_threads=threads, verbose=False,
                 draft_model=draft)
 
     def run(row: Row) -> Sample:
@@ -201,7 +202,8 @@ def llama_cpp_runner(max_tokens: int, lookup: int, threads: int) -> Runner | Non
 # --- interlock -----------------------------------------------------------------------------------
 
 def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: int,
-                      prefix_caching: bool = True, threads: int = 1, prefill: str = "auto") -> dict[str, Any]:
+                      prefix_caching: bool = True, threads: int = 1, prefill: str = "auto",
+                      model: str = "smollm2-135m-instruct") -> dict[str, Any]:
     """Like `measure`, inside one event loop: an engine is entered and left by one task."""
     import anyio
 
@@ -225,7 +227,7 @@ def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: 
                       stats.steps if stats else 0, stats.step_tokens if stats else 0)
 
     async def collect() -> list[list[Sample]]:
-        async with Engine.from_pretrained("smollm2-135m-instruct", speculative=mode,
+        async with Engine.from_pretrained(model, speculative=mode,
                                           prefix_caching=prefix_caching, threads=threads, prefill=prefill) as engine:
             await one(engine, rows[0])                  # warm-up
             return [[await one(engine, row) for _ in range(repeats)] for row in rows]
@@ -278,6 +280,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="interlock's prefix cache; both: each mode with, then without")
     p.add_argument("--prefill", default="auto", help="interlock's prompt path, comma-separated to run each: "
                    "auto, rows, dense (EngineConfig.prefill)")
+    p.add_argument("--model", default=None, help="a GGUF both interlock and llama.cpp run (default: the embedded "
+                   "SmolLM2; the hf peers always run SmolLM2)")
     p.add_argument("--json", help="where to save the raw results (default benchmarks/results/peers-...)")
     args = p.parse_args(argv)
     configure_logging(level="warning")
@@ -291,19 +295,20 @@ def main(argv: list[str] | None = None) -> None:
 
     def save() -> None:         # after every system: a peer that crashes the process loses only itself
         out.write_text(json.dumps({"args": vars(args), "load": load_average(), "results": results,
-                                   "failures": failures}))
+                                   "failures": failures}, default=str))       # default: the dataset's Path
 
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
     for mode in filter(None, args.modes.split(",")):
         for on in caching:
             for prefill in filter(None, args.prefill.split(",")):
-                results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens, on, args.threads, prefill))
+                results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens, on, args.threads, prefill,
+                                                 args.model or "smollm2-135m-instruct"))
                 save()
     torch.set_num_threads(args.threads)
     for peer in filter(None, args.peers.split(",")):
         lookup = 3 if peer.endswith("+lookup") else 0
         runner = (hf_runner(args.max_tokens, lookup) if peer.startswith("hf") else
-                  llama_cpp_runner(args.max_tokens, lookup, args.threads))
+                  llama_cpp_runner(args.max_tokens, lookup, args.threads, args.model))
         if runner is None:
             print(f"{peer}: llama-cpp-python is not importable (pip install 'interlock[peers]'); skipped")
             continue

@@ -69,7 +69,7 @@ class DraftLM:
         return self.model.config.vocab_size if self.d2t is None else len(self.d2t)
 
     def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        return PagedKVCache(replace(self.model.config, n_layers=self.n_layers), num_blocks, block_size)
+        return PagedKVCache(self.model.config.first_layers(self.n_layers), num_blocks, block_size)
 
     def __call__(self, chunks: list[SeqChunk], kv: PagedKVCache) -> torch.Tensor:
         return self.model(build_batch(chunks, kv, all_rows=self.all_rows), kv, n_layers=self.n_layers, head=self.head)

@@ -52,14 +52,15 @@ class Intake:
                 negative_prompt: Prompt | None) -> RequestSpec:
         """A request checked and encoded (classifier-free guidance's negative prompt too)."""
         self.check(grammar, sampling, negative_prompt)
-        tokens = self.encode(prompt)
+        tokens = self.encode(prompt, grammar)
         uncond = None
         if sampling.guidance_scale is not None:
-            uncond = tuple(self.encode(negative_prompt if negative_prompt is not None else EMPTY_CHAT))
+            uncond = tuple(self.encode(negative_prompt if negative_prompt is not None else EMPTY_CHAT, grammar))
         return RequestSpec(rid, tuple(tokens), grammar, sampling, uncond)
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """The prompt's token ids: text as is, chat messages through the chat template, ids checked."""
+    def encode(self, prompt: Prompt, grammar: GrammarSpec | None = None) -> list[int]:
+        """The prompt's token ids: text as is, chat messages through the chat template (which thinks or
+        not by the request's grammar, models/tokenizer.py), ids checked."""
         if _is_ids(prompt):
             return self._fits(self._ids(prompt))
         if not isinstance(prompt, str) and not _is_messages(prompt):
@@ -68,7 +69,7 @@ class Intake:
         if len(prompt) == 0:
             raise EmptyPromptError("the prompt is empty (an empty string or message list): give at least one token")
         try:
-            tokens = self.tokenizer.encode_prompt(prompt)
+            tokens = self.tokenizer.encode_prompt(prompt, grammar)
         except InterlockError:
             raise
         except Exception as exc:        # jinja2 / transformers errors: how a chat template refuses bad messages

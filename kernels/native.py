@@ -7,8 +7,9 @@ add argument checks and the slow obvious versions the tests compare against.
 
 - int8_linear(x, q, scale): y = (x @ q^T) * scale, per-row int8 weights; the native kernel
   quantizes the activations to int8 in blocks of 32 first (`quantize_activations`).
-- row_attention(q, k_cache, v_cache, blocks, block_size, start, scale): decode / verify rows of
-  one sequence over its paged context (row r sees positions 0 .. start + r).
+- row_attention(q, k_cache, v_cache, blocks, block_size, start, scale, window): decode / verify rows
+  of one sequence over its paged context (row r sees positions 0 .. start + r, or with a sliding
+  window W > 0 only start + r - W + 1 .. start + r).
 - rms_norm(x, weight, eps): row-wise RMSNorm.
 - masked_argmax(logits, bitmask, mask_rows, vocab): per row, the largest logit its grammar row
   allows and its id (greedy verification's only read of the logits).
@@ -136,23 +137,24 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def row_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
-                  block_size: int, start: int, scale: float, backend: str = "native") -> torch.Tensor:
+                  block_size: int, start: int, scale: float, window: int = 0, backend: str = "native") -> torch.Tensor:
     """q: [n, H, D]; caches: [slots, Hkv, D]; blocks: the sequence's block table -> [n, H * D]."""
     if backend == "reference":
-        return row_attention_reference(q, k_cache, v_cache, blocks, block_size, start, scale)
+        return row_attention_reference(q, k_cache, v_cache, blocks, block_size, start, scale, window)
     if backend != "native" or not available():
         raise ValueError(f"row_attention backends: 'native' (built: {available()}) and 'reference'")
     return torch.ops.interlock_cpu.row_attention(q.contiguous(), k_cache, v_cache, blocks.contiguous(),
-                                                 block_size, start, scale)
+                                                 block_size, start, scale, window)
 
 
 def row_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
-                            block_size: int, start: int, scale: float) -> torch.Tensor:
+                            block_size: int, start: int, scale: float, window: int = 0) -> torch.Tensor:
     n, h, d = q.shape
     g = h // k_cache.shape[1]
     out = torch.empty(n, h * d)
     for r in range(n):
-        positions = torch.arange(start + r + 1)
+        end = start + r + 1
+        positions = torch.arange(max(0, end - window) if window else 0, end)
         slots = blocks[positions // block_size] * block_size + positions % block_size
         keys = k_cache[slots].double().repeat_interleave(g, dim=1)              # [L, H, D]
         values = v_cache[slots].double().repeat_interleave(g, dim=1)

@@ -1,4 +1,4 @@
-"""The device forward: the Llama decoder over `StepInputs` tensors and the paged KV cache,
+"""The device forward: the decoder of every family (config.py's data) over `StepInputs` tensors and the paged KV cache,
 batch-invariant and graph-capturable. bf16 on CUDA; on the CPU (float32, torch reference ops)
 it is what CI runs the CUDA engine's path with.
 
@@ -18,7 +18,8 @@ greedy plain, as on the CPU):
   (measured in benchmarks/gpu_bench.py: `invariant_cost`).
 - RMSNorm and attention: Triton kernels with one program per row (models/triton_ops.py); on
   the CPU their torch references (models/reference_ops.py), row by row as well.
-- everything else (embedding, RoPE, SiLU, residual adds, KV writes) is elementwise.
+- everything else (embedding, RoPE, SiLU / tanh-GELU, residual adds, KV writes) is elementwise;
+  per-head q/k norms are the same row RMSNorm over [T * heads, D].
 `invariant=False` uses plain unpadded GEMMs and torch's RMSNorm, for measuring that cost.
 """
 from __future__ import annotations
@@ -32,8 +33,8 @@ import torch.nn.functional as F
 from interlock.models.batch import SeqChunk
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import PagedKVCache, slots_of
-from interlock.models.llama import Transformer
-from interlock.models.rope import apply_rope, cos_sin_table
+from interlock.models.llama import ACTIVATIONS, Transformer
+from interlock.models.rope import apply_rope, cos_sin_table, local_cos_sin_table
 from interlock.protocol.errors import UnsupportedModelError
 
 
@@ -101,6 +102,10 @@ class _Layer:
     ffn_norm: torch.Tensor
     w13: torch.Tensor
     w2: torch.Tensor
+    q_norm: torch.Tensor | None = None              # [D] (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None = None
+    post_attention_norm: torch.Tensor | None = None  # [E] (Gemma 3)
+    post_ffn_norm: torch.Tensor | None = None
 
 
 class DeviceLlama:
@@ -111,7 +116,8 @@ class DeviceLlama:
 
     def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[_Layer], norm: torch.Tensor,
                  head: torch.Tensor, *, gemm_rows: int = 128, invariant: bool = True,
-                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 rope_local: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         if gemm_rows < 1:
             raise ValueError(f"gemm_rows must be >= 1, got {gemm_rows}")
         dtype = str(embed.dtype).removeprefix("torch.")
@@ -120,9 +126,10 @@ class DeviceLlama:
         self.embed, self.layers, self.norm, self.head = embed, layers, norm, head
         self.gemm_rows = gemm_rows
         self.invariant = invariant
-        cos, sin = rope if rope is not None else cos_sin_table(config)
-        self.rope_cos = cos.to(embed.device, embed.dtype)
-        self.rope_sin = sin.to(embed.device, embed.dtype)
+        rope_local = rope_local if rope_local is not None else local_cos_sin_table(config)
+        # [P, R] each: the global table, then the sliding layers' own where the family has one
+        tables = (rope if rope is not None else cos_sin_table(config), rope_local)
+        self.ropes = [tuple(t.to(embed.device, embed.dtype) for t in table) for table in tables if table is not None]
 
     @classmethod
     def from_transformer(cls, model: Transformer, device: torch.device | str = "cuda",
@@ -138,10 +145,12 @@ class DeviceLlama:
             return None if t is None else t.detach().to(device, dtype).contiguous()
 
         layers = [_Layer(to(x.attention_norm), to(x.wqkv), to(x.bqkv), to(x.wo), to(x.ffn_norm), to(x.w13),
-                         to(x.w2)) for x in model.layers]
+                         to(x.w2), to(x.q_norm), to(x.k_norm), to(x.post_attention_norm), to(x.post_ffn_norm))
+                  for x in model.layers]
         head = model.tok_embeddings if model.output is None else model.output
+        local = None if model.rope_cos_local is None else (model.rope_cos_local, model.rope_sin_local)
         return cls(model.config, to(model.tok_embeddings), layers, to(model.norm), to(head),
-                   rope=(model.rope_cos, model.rope_sin), **kwargs)
+                   rope=(model.rope_cos, model.rope_sin), rope_local=local, **kwargs)
 
     @classmethod
     def random(cls, config: ModelConfig, device: torch.device | str = "cuda", seed: int = 0,
@@ -157,8 +166,11 @@ class DeviceLlama:
         c = config
         e, i, qkv = c.hidden_size, c.intermediate_size, c.q_size + 2 * c.kv_size
         ones = torch.ones(e, device=device, dtype=dtype)
+        qk = torch.ones(c.head_dim, device=device, dtype=dtype) if c.qk_norm else None
+        post = ones if c.post_norms else None
         layers = [_Layer(ones, mat(qkv, e, e ** -0.5), None, mat(e, c.q_size, c.q_size ** -0.5), ones,
-                         mat(2 * i, e, e ** -0.5), mat(e, i, i ** -0.5)) for _ in range(c.n_layers)]
+                         mat(2 * i, e, e ** -0.5), mat(e, i, i ** -0.5), qk, qk, post, post)
+                  for _ in range(c.n_layers)]
         embed = mat(c.vocab_size, e, 1.0)
         head = embed if c.tie_embeddings else mat(c.vocab_size, e, 1.0)
         return cls(config, embed, layers, ones, head, **kwargs)
@@ -184,31 +196,37 @@ class DeviceLlama:
         c = self.config
         ops = self.ops()
         norm = ops.rms_norm if self.invariant else _torch_rms_norm
-        x = self.embed[inputs.input_ids]                                           # [T, E]
-        cos, sin = self.rope_cos[inputs.positions], self.rope_sin[inputs.positions]   # [T, D]
+        x = self.embed[inputs.input_ids] * c.embed_scale                          # [T, E]
+        ropes = [(cos[inputs.positions], sin[inputs.positions]) for cos, sin in self.ropes]   # [T, R] each
+        act = ACTIVATIONS[c.activation]
         for index, layer in enumerate(self.layers[:n_layers]):
             qkv = self._linear(norm(x, layer.attention_norm, c.rms_eps), layer.wqkv, layer.bqkv)
-            attn = self._attention(qkv, cos, sin, inputs, kv, index, ops)
-            x = x + self._linear(attn, layer.wo)
+            attn = self._attention(qkv, layer, *ropes[int(c.local_rope(index))], inputs, kv, index, ops, norm)
+            x = x + _maybe(norm, self._linear(attn, layer.wo), layer.post_attention_norm, c.rms_eps)
             gate, up = self._linear(norm(x, layer.ffn_norm, c.rms_eps), layer.w13).chunk(2, dim=-1)
-            x = x + self._linear(F.silu(gate) * up, layer.w2)
+            x = x + _maybe(norm, self._linear(act(gate) * up, layer.w2), layer.post_ffn_norm, c.rms_eps)
         x = x.index_select(0, inputs.logit_rows)                                   # [N, E]
         w = self.head if head is None else head
         return self._linear(norm(x, self.norm, c.rms_eps), w).float()           # [N, V]
 
     __call__ = forward
 
-    def _attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inputs: StepInputs,
-                   kv: PagedKVCache, index: int, ops: ModuleType) -> torch.Tensor:
+    def _attention(self, qkv: torch.Tensor, layer: _Layer, cos: torch.Tensor, sin: torch.Tensor, inputs: StepInputs,
+                   kv: PagedKVCache, index: int, ops: ModuleType, norm: object) -> torch.Tensor:
         c = self.config
-        t = qkv.shape[0]
-        qk = apply_rope(qkv[:, : c.q_size + c.kv_size].reshape(t, c.n_heads + c.n_kv_heads, c.head_dim), cos, sin)
+        t, heads = qkv.shape[0], c.n_heads + c.n_kv_heads
+        qk = qkv[:, : c.q_size + c.kv_size].reshape(t, heads, c.head_dim)
+        if layer.q_norm is not None:        # per head: a row norm over [T * heads, D]
+            q_part = norm(qk[:, : c.n_heads].reshape(-1, c.head_dim).contiguous(), layer.q_norm, c.rms_eps)
+            k_part = norm(qk[:, c.n_heads:].reshape(-1, c.head_dim).contiguous(), layer.k_norm, c.rms_eps)
+            qk = torch.cat([q_part.view(t, c.n_heads, -1), k_part.view(t, c.n_kv_heads, -1)], dim=1)
+        qk = apply_rope(qk, cos, sin)
         q = qk[:, : c.n_heads].reshape(t, c.q_size).contiguous()                     # [T, H D]
         kv.k[index].index_copy_(0, inputs.write_slots, qk[:, c.n_heads:].to(kv.k.dtype))
         kv.v[index].index_copy_(0, inputs.write_slots,
                                 qkv[:, c.q_size + c.kv_size:].reshape(t, c.n_kv_heads, c.head_dim).to(kv.v.dtype))
         return ops.paged_attention(q, kv.k[index], kv.v[index], inputs.tables, inputs.row_table, inputs.positions,
-                                   c.n_kv_heads, kv.block_size)
+                                   c.n_kv_heads, kv.block_size, c.attn_scale, c.window(index))
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, in] @ w.T: one GEMM per M rows, padded to exactly M (see the module docstring)."""
@@ -220,6 +238,11 @@ class DeviceLlama:
             x = torch.cat([x, x.new_zeros(padded - t, x.shape[1])])
         out = torch.cat([F.linear(x[i: i + m], w, b) for i in range(0, padded, m)]) if padded > m else F.linear(x, w, b)
         return out[:t]
+
+
+def _maybe(norm, y: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Gemma 3's norm on a sublayer's output; y itself where the family has none."""
+    return y if weight is None else norm(y.contiguous(), weight, eps)
 
 
 def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

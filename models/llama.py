@@ -1,7 +1,9 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2) over a paged KV cache.
+"""The decoder of every supported family (Llama 2/3, SmolLM2, Mistral, Qwen2/3, Gemma 3, Phi-3) over a
+paged KV cache; what differs between the families is data in ModelConfig (config.py says what).
 
 Terms: T = packed new tokens, R = logit rows, H = query heads, Hkv = KV heads, G = H / Hkv,
-D = head dim, E = hidden size, I = MLP size, V = vocabulary, L = one sequence's context length.
+D = head dim, E = hidden size, I = MLP size, V = vocabulary, L = one sequence's context length,
+W = a sliding layer's window (keys a query sees, itself included).
 
 Weights are held as fused float matrices (q/k/v in one, gate/up in one) — the form the weight
 cache stores — and turned into Linear modules (float or int8, see linear.py) by `build`.
@@ -16,12 +18,15 @@ from torch import nn
 
 from interlock.kernels import native
 from interlock.models.batch import ForwardBatch, SeqView, split_rows
+from interlock.models.checkpoint import CheckpointReader, Layout, StateDictSource, fill
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import _DTYPES, PagedKVCache
 from interlock.models.linear import Weights, make_linear
-from interlock.models.rope import apply_rope, cos_sin_table
+from interlock.models.rope import apply_rope, cos_sin_table, local_cos_sin_table
 
 NATIVE_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)      # the KV caches the native kernels read
+# The gated MLP's gate functions (ModelConfig.activation): SwiGLU's SiLU, GeGLU's tanh-approximated GELU.
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, use_native: bool = False) -> torch.Tensor:
@@ -56,18 +61,25 @@ def _project(linear: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> torch.T
     return out
 
 
+def _ones(n: int, present: bool = True) -> nn.Parameter | None:
+    return nn.Parameter(torch.ones(n), requires_grad=False) if present else None
+
+
 class Layer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        e, i = config.hidden_size, config.intermediate_size
+        e, i, d = config.hidden_size, config.intermediate_size, config.head_dim
         qkv = config.q_size + 2 * config.kv_size
-        self.attention_norm = nn.Parameter(torch.ones(e), requires_grad=False)
+        self.attention_norm = _ones(e)
         self.wqkv = _param(qkv, e)
         self.bqkv = nn.Parameter(torch.zeros(qkv), requires_grad=False) if config.qkv_bias else None
+        self.q_norm, self.k_norm = _ones(d, config.qk_norm), _ones(d, config.qk_norm)   # [D]: one per head dim
         self.wo = _param(e, config.q_size)
-        self.ffn_norm = nn.Parameter(torch.ones(e), requires_grad=False)
+        self.post_attention_norm = _ones(e, config.post_norms)
+        self.ffn_norm = _ones(e)
         self.w13 = _param(2 * i, e)          # gate rows, then up rows
         self.w2 = _param(e, i)
+        self.post_ffn_norm = _ones(e, config.post_norms)
 
 
 class Transformer(nn.Module):
@@ -81,8 +93,11 @@ class Transformer(nn.Module):
         self.norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
         self.output = None if config.tie_embeddings else _param(config.vocab_size, config.hidden_size)
         cos, sin = cos_sin_table(config, inv_freq)
-        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_cos", cos, persistent=False)      # [P, R]: the global layers'
         self.register_buffer("rope_sin", sin, persistent=False)
+        local = local_cos_sin_table(config)
+        self.register_buffer("rope_cos_local", None if local is None else local[0], persistent=False)
+        self.register_buffer("rope_sin_local", None if local is None else local[1], persistent=False)
         self.weights: Weights | None = None
         self.native = False             # the native CPU kernels for norms and row attention (build)
         self.fused_rows: dict[str, list[torch.Tensor]] | None = None     # rows_forward's weights (build)
@@ -142,14 +157,19 @@ class Transformer(nn.Module):
         lin = self._linears
         if any(not l[name].native for l in lin for name in ("wqkv", "wo", "w13", "w2")):
             return None
+
+        def norms(name: str) -> list[torch.Tensor]:      # empty where the family has no such norm
+            return [getattr(x, name).float().contiguous() for x in self.layers if getattr(x, name) is not None]
+
         return {
-            "attn_norms": [layer.attention_norm.float().contiguous() for layer in self.layers],
-            "ffn_norms": [layer.ffn_norm.float().contiguous() for layer in self.layers],
+            "attn_norms": norms("attention_norm"), "ffn_norms": norms("ffn_norm"),
             "qkv_q": [l["wqkv"].qweight for l in lin], "qkv_s": [l["wqkv"].scales_f32 for l in lin],
             "qkv_b": [] if lin[0]["wqkv"].bias is None else [l["wqkv"].bias.float().contiguous() for l in lin],
             "o_q": [l["wo"].qweight for l in lin], "o_s": [l["wo"].scales_f32 for l in lin],
             "up_q": [l["w13"].qweight for l in lin], "up_s": [l["w13"].scales_f32 for l in lin],
             "down_q": [l["w2"].qweight for l in lin], "down_s": [l["w2"].scales_f32 for l in lin],
+            "q_norms": norms("q_norm"), "k_norms": norms("k_norm"),
+            "post_attn_norms": norms("post_attention_norm"), "post_ffn_norms": norms("post_ffn_norm"),
         }
 
     # --- forward -----------------------------------------------------------------------------
@@ -190,22 +210,32 @@ class Transformer(nn.Module):
         return torch.ops.interlock_cpu.head_argmax(x.contiguous(), head.qweight, head.scales_f32, bitmask,
                                                    mask_rows, vocab, max(1, vocab // 16))
 
+    def _tables(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The RoPE tables [P, R]: the global one, then the sliding layers' own where the family has one."""
+        local = [] if self.rope_cos_local is None else [(self.rope_cos_local, self.rope_sin_local)]
+        return [(self.rope_cos, self.rope_sin), *local]
+
     def _hidden(self, batch: ForwardBatch, kv: PagedKVCache, n_layers: int | None) -> torch.Tensor:
         """The layer loop in torch ops: hidden states [T, E] after n_layers layers."""
-        dt = self.act_dtype
-        x = self._embed(batch.input_ids).to(dt)                           # [T, E]
-        cos = self.rope_cos[batch.positions].to(dt)                       # [T, D]
-        sin = self.rope_sin[batch.positions].to(dt)
-        eps = self.config.rms_eps
-        nat = self.native
+        c, dt, nat = self.config, self.act_dtype, self.native
+        x = self._embed(batch.input_ids).to(dt) * c.embed_scale            # [T, E]
+        ropes = [(cos[batch.positions].to(dt), sin[batch.positions].to(dt)) for cos, sin in self._tables()]
+        act = ACTIVATIONS[c.activation]
         for index, (layer, lin) in enumerate(zip(self.layers[:n_layers], self._linears[:n_layers])):
-            h = rms_norm(x, layer.attention_norm.to(dt), eps, nat)
+            h = rms_norm(x, layer.attention_norm.to(dt), c.rms_eps, nat)
             qkv = _project(lin["wqkv"], h, batch).to(dt)
-            x = x + self._reduce(_project(lin["wo"], self._attention(qkv, cos, sin, batch, kv, index), batch)).to(dt)
-            h = rms_norm(x, layer.ffn_norm.to(dt), eps, nat)
+            cos, sin = ropes[int(c.local_rope(index))]
+            attn = self._attention(qkv, layer, cos, sin, batch, kv, index)
+            x = x + self._post_norm(self._reduce(_project(lin["wo"], attn, batch)).to(dt), layer.post_attention_norm)
+            h = rms_norm(x, layer.ffn_norm.to(dt), c.rms_eps, nat)
             gate, up = _project(lin["w13"], h, batch).to(dt).chunk(2, dim=-1)
-            x = x + self._reduce(_project(lin["w2"], F.silu(gate) * up, batch)).to(dt)
+            mlp = self._reduce(_project(lin["w2"], act(gate) * up, batch)).to(dt)
+            x = x + self._post_norm(mlp, layer.post_ffn_norm)
         return x
+
+    def _post_norm(self, y: torch.Tensor, weight: nn.Parameter | None) -> torch.Tensor:
+        """Gemma 3's norm on a sublayer's output (after the all-reduce under TP); identity elsewhere."""
+        return y if weight is None else rms_norm(y, weight.to(y.dtype), self.config.rms_eps, self.native)
 
     def _hidden_fused(self, batch: ForwardBatch, kv: PagedKVCache, n_layers: int | None) -> torch.Tensor:
         """Decode / verify rows (and prompt chunks, with rows_prefill) through one native call,
@@ -222,14 +252,18 @@ class Transformer(nn.Module):
             c, w = self.config, self.fused_rows
             n = c.n_layers if n_layers is None else n_layers
             positions = batch.positions[row_index]
+            tables = self._tables()
             x[row_index] = torch.ops.interlock_cpu.rows_forward(
-                self._embed(batch.input_ids[row_index]).float().contiguous(),
-                self.rope_cos[positions].contiguous(), self.rope_sin[positions].contiguous(),
+                (self._embed(batch.input_ids[row_index]).float() * c.embed_scale).contiguous(),
+                [cos[positions].contiguous() for cos, _ in tables], [sin[positions].contiguous() for _, sin in tables],
+                [int(c.local_rope(i)) for i in range(n)],
                 batch.write_slots[row_index].contiguous(), [v.blocks for v in rows], [v.offset for v in rows],
                 [v.length for v in rows], [v.start for v in rows], kv.k, kv.v,
-                *(w[name][:n] for name in ("attn_norms", "ffn_norms", "qkv_q", "qkv_s")),
-                w["qkv_b"][:n], *(w[name][:n] for name in ("o_q", "o_s", "up_q", "up_s", "down_q", "down_s")),
-                c.n_heads, c.n_kv_heads, c.rms_eps, kv.block_size)
+                *(w[name][:n] for name in ("attn_norms", "ffn_norms", "qkv_q", "qkv_s", "qkv_b", "o_q", "o_s",
+                                           "up_q", "up_s", "down_q", "down_s", "q_norms", "k_norms",
+                                           "post_attn_norms", "post_ffn_norms")),
+                [c.window(i) for i in range(n)], c.n_heads, c.n_kv_heads, c.rms_eps, c.attn_scale, c.activation,
+                kv.block_size)
         return x
 
     # Hooks where a tensor-parallel rank (parallel/sharded.py) adds its collectives; identity here.
@@ -244,29 +278,39 @@ class Transformer(nn.Module):
     def _logits(self, x: torch.Tensor, head: nn.Module) -> torch.Tensor:
         return head(x)
 
-    def _attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def _head_norm(self, x: torch.Tensor, weight: nn.Parameter) -> torch.Tensor:
+        """RMSNorm over each head's D dims (Qwen3 and Gemma 3's q/k norms): x [T, h, D]."""
+        t, h, d = x.shape
+        return rms_norm(x.reshape(t * h, d).contiguous(), weight.to(x.dtype), self.config.rms_eps,
+                        self.native).view(t, h, d)
+
+    def _attention(self, qkv: torch.Tensor, layer: Layer, cos: torch.Tensor, sin: torch.Tensor,
                    batch: ForwardBatch, kv: PagedKVCache, index: int) -> torch.Tensor:
         """qkv: [T, (H + 2 Hkv) D] -> attention output [T, H D]; writes this layer's K/V."""
         c = self.config
         t = qkv.shape[0]
-        heads = c.n_heads + c.n_kv_heads
-        # RoPE on q and k in one go: they are adjacent in the fused projection.
-        qk = apply_rope(qkv[:, : c.q_size + c.kv_size].reshape(t, heads, c.head_dim), cos, sin)   # [T, H+Hkv, D]
+        qk = qkv[:, : c.q_size + c.kv_size].reshape(t, c.n_heads + c.n_kv_heads, c.head_dim)
+        if layer.q_norm is not None:
+            qk = torch.cat([self._head_norm(qk[:, : c.n_heads], layer.q_norm),
+                            self._head_norm(qk[:, c.n_heads:], layer.k_norm)], dim=1)
+        qk = apply_rope(qk, cos, sin)          # q and k in one go: they are adjacent      [T, H+Hkv, D]
         q, k = qk[:, : c.n_heads], qk[:, c.n_heads:]
         v = qkv[:, c.q_size + c.kv_size:]
         k_cache, v_cache = kv.k[index], kv.v[index]                       # [slots, Hkv, D]
         k_cache.index_copy_(0, batch.write_slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, batch.write_slots, v.reshape(t, c.n_kv_heads, c.head_dim).to(v_cache.dtype))
-        out = [self._attend_seq(q, k_cache, v_cache, s, kv.block_size) for s in batch.seqs]
+        window = c.window(index)
+        out = [self._attend_seq(q, k_cache, v_cache, s, kv.block_size, window) for s in batch.seqs]
         return torch.cat(out) if len(out) > 1 else out[0]
 
     def _attend_seq(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    s: SeqView, block_size: int) -> torch.Tensor:
+                    s: SeqView, block_size: int, window: int) -> torch.Tensor:
+        """One sequence's rows; with a window W > 0, the query at position p sees keys p - W + 1 .. p."""
         c = self.config
         if s.mask is None and self.native and k_cache.dtype in NATIVE_CACHE_DTYPES:
             qs = q[s.offset: s.offset + s.length].contiguous()
             return torch.ops.interlock_cpu.row_attention(qs, k_cache, v_cache, s.blocks, block_size, s.start,
-                                                         c.head_dim ** -0.5)
+                                                         c.attn_scale, window)
         g = c.n_heads // c.n_kv_heads
         n_ctx = s.start + s.length
         if s.first_slot is not None:    # consecutive blocks (the usual case): a view, no copy
@@ -281,46 +325,35 @@ class Transformer(nn.Module):
         values = values.transpose(0, 1).to(q.dtype)
         qs = q[s.offset: s.offset + s.length]                             # [n, H, D]
         if s.mask is not None:                                            # prefill: fused kernel
+            mask = s.mask
+            if window:                                                    # and keys within the window
+                pos = torch.arange(s.start, n_ctx, device=mask.device)
+                mask = mask & (torch.arange(n_ctx, device=mask.device)[None, :] > pos[:, None] - window)
             # 4-D inputs: on the CPU only those reach the flash kernel (3-D ones take the math path).
             out = F.scaled_dot_product_attention(qs.transpose(0, 1)[None], keys[None], values[None],
-                                                 attn_mask=s.mask, enable_gqa=g > 1)[0]    # [H, n, D]
+                                                 attn_mask=mask, enable_gqa=g > 1, scale=c.attn_scale)[0]  # [H, n, D]
             return out.transpose(0, 1).reshape(s.length, c.q_size)
-        # Row path: each query row attends over exactly its own L keys with fixed-shape matmuls
+        # Row path: each query row attends over exactly its own keys with fixed-shape matmuls
         # (M = G), so a row's result does not depend on how many rows or sequences share the step.
-        qs = (qs * c.head_dim ** -0.5).view(s.length, c.n_kv_heads, g, c.head_dim)   # [n, Hkv, G, D]
+        qs = (qs * c.attn_scale).view(s.length, c.n_kv_heads, g, c.head_dim)         # [n, Hkv, G, D]
         keys_t = keys.transpose(1, 2)                                                 # [Hkv, D, L]
-        rows = [torch.matmul(torch.softmax(torch.matmul(qs[r], keys_t[:, :, : s.start + r + 1]), dim=-1),
-                             values[:, : s.start + r + 1])
-                for r in range(s.length)]                                             # n x [Hkv, G, D]
+        rows = []
+        for r in range(s.length):
+            end = s.start + r + 1
+            lo = max(0, end - window) if window else 0
+            rows.append(torch.matmul(torch.softmax(torch.matmul(qs[r], keys_t[:, :, lo:end]), dim=-1),
+                                     values[:, lo:end]))                              # [Hkv, G, D]
         return torch.stack(rows).view(s.length, c.q_size)
 
     # --- weights -----------------------------------------------------------------------------
 
-    @torch.inference_mode()
-    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        """Copy weights named as in HF's LlamaForCausalLM / Qwen2ForCausalLM, fusing q/k/v and gate/up.
+    def load_checkpoint(self, ckpt: CheckpointReader) -> None:
+        """Copy every piece of a checkpoint into the fused weights (checkpoint.fill)."""
+        fill(self, ckpt)
 
-        Raises KeyError naming the first missing tensor.
-        """
-        dtype = self.dtype
-
-        def take(name: str) -> torch.Tensor:
-            return sd[name].to(dtype)
-
-        self.tok_embeddings.data = take("model.embed_tokens.weight")
-        self.norm.data = take("model.norm.weight")
-        if self.output is not None:
-            self.output.data = take("lm_head.weight")
-        for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}."
-            layer.attention_norm.data = take(p + "input_layernorm.weight")
-            layer.ffn_norm.data = take(p + "post_attention_layernorm.weight")
-            layer.wqkv.data = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
-            if layer.bqkv is not None:
-                layer.bqkv.data = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
-            layer.wo.data = take(p + "self_attn.o_proj.weight")
-            layer.w13.data = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
-            layer.w2.data = take(p + "mlp.down_proj.weight")
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor], norm_shift: float = 0.0) -> None:
+        """load_checkpoint from HF-named tensors in memory (norm_shift: HF Gemma 3's 1, see checkpoint.py)."""
+        self.load_checkpoint(CheckpointReader(StateDictSource(sd), Layout(self.config, norm_shift)))
 
 
 def random_transformer(config: ModelConfig, seed: int = 0) -> Transformer:

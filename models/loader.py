@@ -132,9 +132,9 @@ def load_model(name_or_path: str, *, weights: Weights = "int8", dtype: Dtype = "
         model = _load_gguf_model(path, dtype)
         tokenizer = load_gguf_tokenizer(path)
     else:
-        config, state = load_hf_dir(path, dtype)
+        config, checkpoint = load_hf_dir(path, dtype)
         model = Transformer(config)
-        model.load_hf_state_dict(state)
+        model.load_checkpoint(checkpoint)
         tokenizer = load_hf_tokenizer(path)
     model.config = model.config.replace(kv_dtype=kv_dtype)
     model.build(weights)

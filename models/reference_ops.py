@@ -25,13 +25,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
                     row_table: torch.Tensor, positions: torch.Tensor, n_kv_heads: int,
-                    block_size: int) -> torch.Tensor:
+                    block_size: int, scale: float | None = None, window: int = 0) -> torch.Tensor:
     """q [T, H*D] (RoPE applied), caches [slots, Hkv, D], tables [tables, MB] int32, row_table [T]
     (the table of each row), positions [T] -> [T, H*D]: each row attends over positions 0..its own
-    (K/V already written)."""
+    (K/V already written), or with a sliding window W > 0 over its last W positions; scores scaled
+    by `scale` (None: D ** -0.5)."""
     n_rows, q_size = q.shape
     d = k_cache.shape[-1]
     g = q_size // d // n_kv_heads
+    scale = d ** -0.5 if scale is None else scale
     n = torch.arange(tables.shape[1] * block_size, device=q.device)                       # [C]
     blocks = tables.index_select(0, row_table).long()                                    # [T, MB]
     slots = blocks.index_select(1, n // block_size) * block_size + n % block_size       # [T, C]
@@ -39,11 +41,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     v = v_cache[slots].float()
     qt = q.view(n_rows, n_kv_heads, g, d).float()                                        # [T, Hkv, G, D]
     # products and sums, not einsum: a batched GEMM's blocking (and so its rounding) may change with T
-    scores = (qt.unsqueeze(3) * k.permute(0, 2, 1, 3).unsqueeze(2)).sum(-1) * d ** -0.5  # [T, Hkv, G, C]
-    future = n.unsqueeze(0) > positions.unsqueeze(1)                                    # [T, C]
-    weights = scores.masked_fill(future.view(n_rows, 1, 1, -1), float("-inf")).softmax(-1)
-    # slots past a row's position hold anything (another sequence's K/V, NaN after a fault): a zero
-    # weight times NaN is NaN, so their values are zeroed, not just weighted by 0
-    v = v.masked_fill(future.view(n_rows, -1, 1, 1), 0.0)
+    scores = (qt.unsqueeze(3) * k.permute(0, 2, 1, 3).unsqueeze(2)).sum(-1) * scale      # [T, Hkv, G, C]
+    hidden = n.unsqueeze(0) > positions.unsqueeze(1)                                    # [T, C]: the future
+    if window:
+        hidden |= n.unsqueeze(0) <= (positions - window).unsqueeze(1)                  # and past the window
+    weights = scores.masked_fill(hidden.view(n_rows, 1, 1, -1), float("-inf")).softmax(-1)
+    # hidden slots hold anything (another sequence's K/V, NaN after a fault): a zero weight times
+    # NaN is NaN, so their values are zeroed, not just weighted by 0
+    v = v.masked_fill(hidden.view(n_rows, -1, 1, 1), 0.0)
     out = (weights.unsqueeze(-1) * v.permute(0, 2, 1, 3).unsqueeze(2)).sum(3)          # [T, Hkv, G, D]
     return out.reshape(n_rows, q_size).to(q.dtype)

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from interlock.protocol.errors import ModelLoadError
+from interlock.protocol.grammar import GrammarSpec, Reasoning
 from interlock.protocol.types import TokenId
 
 Message = dict[str, str]
+THINK_MARKERS = ("<think>", "</think>")      # Qwen3's (and the R1 distills') thinking markers
 
 
 def cache_dir(*parts: str) -> Path:
@@ -52,16 +54,34 @@ class Tokenizer:
     def decode(self, ids: Sequence[TokenId], skip_special_tokens: bool = False) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        if not getattr(self.hf, "chat_template", None):
-            raise ModelLoadError("this tokenizer has no chat template; pass a plain string prompt instead")
-        return self.hf.apply_chat_template(list(messages), tokenize=False,
-                                           add_generation_prompt=add_generation_prompt)
+    @property
+    def reasoning_markers(self) -> tuple[str, str] | None:
+        """The thinking markers where this vocabulary has each as a single token (Qwen3's <think> and
+        </think>): what a Reasoning grammar should use for this model. None: the model has none."""
+        return THINK_MARKERS if all(len(self.encode(m)) == 1 for m in THINK_MARKERS) else None
 
-    def encode_prompt(self, prompt: str | Sequence[Message]) -> list[TokenId]:
-        """A plain string is encoded as is; a list of chat messages goes through the chat template."""
-        text = prompt if isinstance(prompt, str) else self.render_chat(prompt)
-        return self.encode(text)
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                    enable_thinking: bool | None = None) -> str:
+        """The chat template's text. enable_thinking reaches templates that have that switch (Qwen3's);
+        None leaves the template's default."""
+        template = getattr(self.hf, "chat_template", None)
+        if not template:
+            raise ModelLoadError("this tokenizer has no chat template; pass a plain string prompt instead")
+        switch = enable_thinking is not None and "enable_thinking" in template
+        extra = {"enable_thinking": enable_thinking} if switch else {}
+        return self.hf.apply_chat_template(list(messages), tokenize=False,
+                                           add_generation_prompt=add_generation_prompt, **extra)
+
+    def encode_prompt(self, prompt: str | Sequence[Message], grammar: GrammarSpec | None = None) -> list[TokenId]:
+        """A plain string is encoded as is; a list of chat messages goes through the chat template.
+
+        grammar: the request's. A template with a thinking switch thinks for a Reasoning grammar and
+        answers at once for any other grammar (which constrains the answer from its first token);
+        with no grammar the template decides."""
+        if isinstance(prompt, str):
+            return self.encode(prompt)
+        thinking = None if grammar is None else isinstance(grammar, Reasoning)
+        return self.encode(self.render_chat(prompt, enable_thinking=thinking))
 
 
 def _wrap(hf: Any, key: str) -> Tokenizer:
@@ -69,10 +89,12 @@ def _wrap(hf: Any, key: str) -> Tokenizer:
     return Tokenizer(hf=hf, key=key, eos_token_ids=tuple(eos))
 
 
-def _save(hf: Any, target: Path) -> None:
+def _save(hf: Any, target: Path, generation: dict[str, Any] | None = None) -> None:
     """Write to a temporary folder, then rename: a concurrent loader never sees half a tokenizer."""
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
     hf.save_pretrained(str(tmp))
+    if generation is not None:
+        (tmp / "generation_config.json").write_text(json.dumps(generation))
     try:
         os.replace(tmp, target)
     except OSError:                      # another process got there first; theirs is as good
@@ -86,21 +108,36 @@ def _load_dir(path: Path) -> Any:
 
 
 def load_gguf_tokenizer(path: Path) -> Tokenizer:
-    """The tokenizer stored in a GGUF file's metadata, converted once and cached."""
+    """The tokenizer stored in a GGUF file's metadata, converted once and cached (as an HF tokenizer
+    directory, with generation_config.json listing the file's end-of-turn id, `tokenizer.ggml.eot_token_id`:
+    Gemma 3's <end_of_turn>, which load_hf_tokenizer then stops at too)."""
     key = "gguf-" + file_key(path)
     cached = cache_dir("tokenizers", key)
-    if (cached / "tokenizer.json").exists():
-        return _wrap(_load_dir(cached), key)
-    from transformers import AutoTokenizer
+    if not (cached / "tokenizer.json").exists():
+        import gguf
+        from transformers import AutoTokenizer
 
-    hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    _save(hf, cached)
-    return _wrap(hf, key)
+        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        field = gguf.GGUFReader(str(path)).fields.get("tokenizer.ggml.eot_token_id")
+        stops = [] if field is None else [int(field.contents())]
+        _save(hf, cached, {"eos_token_id": stops})
+    tok = load_hf_tokenizer(cached)
+    return Tokenizer(hf=tok.hf, key=key, eos_token_ids=tok.eos_token_ids)
 
 
 def load_hf_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer of an HF checkpoint directory. Its stop ids are the tokenizer's eos and every id
+    generation_config.json lists: chat models end a turn with a token of their own (Gemma 3's
+    <end_of_turn>, Phi-3's <|end|>) that the tokenizer's eos is not."""
     keyed = path / "tokenizer.json" if (path / "tokenizer.json").exists() else path
-    return _wrap(_load_dir(path), "hf-" + file_key(keyed))
+    tok = _wrap(_load_dir(path), "hf-" + file_key(keyed))
+    try:
+        listed = json.loads((path / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, json.JSONDecodeError):
+        return tok
+    listed = [listed] if isinstance(listed, int) else list(listed or [])
+    extra = tuple(int(i) for i in listed if int(i) not in tok.eos_token_ids and 0 <= int(i) < tok.vocab_size)
+    return Tokenizer(hf=tok.hf, key=tok.key, eos_token_ids=tok.eos_token_ids + extra)
 
 
 def truncated_tokenizer(base: Tokenizer, n_vocab: int) -> Tokenizer:

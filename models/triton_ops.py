@@ -6,9 +6,10 @@ D head dim, S KV block size, L = a row's context length (its position + 1).
 Each op computes a row from that row's data alone, in a fixed order that does not depend on T:
 - rms_norm: one program per row, one reduction over E.
 - paged_attention: one program per (row, KV head); the row's G query heads (padded to 16 for
-  tl.dot) attend over its own L keys, read through its block table in blocks of BLOCK_N keys
-  with an online softmax. A row of a verify chunk re-reads the context its neighbours read: the
-  price of being bitwise equal to the same row decoded alone.
+  tl.dot) attend over its own L keys (with a sliding window W, its last W), read through its block
+  table in blocks of BLOCK_N keys from the first it sees, with an online softmax. A row of a
+  verify chunk re-reads the context its neighbours read: the price of being bitwise equal to the
+  same row decoded alone.
 Fixed grids for fixed T, no host syncs: safe inside CUDA graphs. Imported only on CUDA.
 """
 from __future__ import annotations
@@ -42,13 +43,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @triton.jit
-def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, row_table_ptr, pos_ptr, scale,
+def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, row_table_ptr, pos_ptr, scale, window,
                             q_stride, kv_stride, tables_stride, block_size,
                             G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     n_ctx = tl.load(pos_ptr + t) + 1
     table = tl.load(row_table_ptr + t)                                 # the row of `tables` holding its blocks
+    first = tl.maximum(n_ctx - window, 0)                              # the first key the row sees
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)
     heads = h * G + g                                                  # [G_PAD] query heads
@@ -56,7 +58,7 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, row_table_
     m = tl.full((G_PAD,), float("-inf"), tl.float32)
     l_sum = tl.zeros((G_PAD,), tl.float32)
     acc = tl.zeros((G_PAD, D), tl.float32)
-    for start in range(0, n_ctx, BLOCK_N):
+    for start in range(first, n_ctx, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         valid = n < n_ctx
         block = tl.load(tables_ptr + table * tables_stride + n // block_size, mask=valid, other=0).to(tl.int64)
@@ -78,17 +80,20 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, row_table_
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                    row_table: torch.Tensor, positions: torch.Tensor, n_kv_heads: int, block_size: int) -> torch.Tensor:
+                    row_table: torch.Tensor, positions: torch.Tensor, n_kv_heads: int, block_size: int,
+                    scale: float | None = None, window: int = 0) -> torch.Tensor:
     """q [T, H*D] (RoPE applied), caches [slots, Hkv, D], tables [tables, max blocks] int32, row_table
     [T] int64 (the table of each row), positions [T] -> [T, H*D]: each row attends over positions
-    0..its own (K/V already written)."""
+    0..its own (K/V already written), or with a sliding window W > 0 over its last W positions;
+    scores scaled by `scale` (None: D ** -0.5)."""
     n_rows, q_size = q.shape
     head_dim = k_cache.shape[-1]
     g = q_size // head_dim // n_kv_heads
     out = torch.empty_like(q)
     if n_rows:
         _paged_attention_kernel[(n_rows, n_kv_heads)](
-            q, k_cache, v_cache, out, tables, row_table, positions, head_dim ** -0.5,
+            q, k_cache, v_cache, out, tables, row_table, positions, head_dim ** -0.5 if scale is None else scale,
+            window if window > 0 else 2 ** 30,
             q.stride(0), k_cache.stride(0), tables.stride(0), block_size,
             G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=head_dim, BLOCK_N=BLOCK_N, num_warps=4)
     return out

@@ -18,7 +18,7 @@ from interlock.models.config import ModelConfig, RopeScaling
 from interlock.models.tokenizer import cache_dir, file_key
 
 _INV_FREQ = "rope_inv_freq"
-_FORMAT = 1
+_FORMAT = 2          # 2: ModelConfig grew the family fields (an older interlock cannot read those entries)
 
 
 def _entry(source: Path) -> Path:

@@ -1,10 +1,11 @@
-"""Where a tensor-parallel rank reads its slices from (parallel.TensorSource), by checkpoint kind.
+"""Where a tensor-parallel rank reads its slices from (models/checkpoint.TensorSource), by checkpoint kind.
 
 - GGUF: quantized rows are independent and a row's blocks cover 32 (or 256) consecutive inputs, so
   a row range or a block-aligned column range is sliced out of the memory-mapped bytes *before*
   dequantizing: a rank never dequantizes another rank's part.
 - HF safetensors: `safe_open(...).get_slice` reads just the slice from the file.
 - an in-memory state dict (the random "tiny" preset; tests).
+Each is read through a CheckpointReader with its family's Layout, as the whole-model loaders read it.
 """
 from __future__ import annotations
 
@@ -15,51 +16,17 @@ import numpy as np
 import torch
 
 from interlock.models.config import ModelConfig, tiny_config
-from interlock.models.gguf_loader import _LAYER_NAMES, _NAMES, _PERMUTED_ARCHS, _field, read_config, unpermute
-from interlock.models.hf_loader import hf_config
+from interlock.models.checkpoint import CheckpointReader, Layout, StateDictSource, state_of
+from interlock.models.gguf_loader import _PERMUTED_ARCHS, _ROPE_TENSORS, _field, hf_name, read_config, unpermute
+from interlock.models.hf_loader import config_from_hf, hf_layout, read_hf_config
 from interlock.models.llama import Transformer, random_transformer
-from interlock.parallel.sharded import TensorSource
 from interlock.protocol.errors import ModelLoadError, UnsupportedModelError
 from interlock.protocol.types import Dtype
 
 
-class StateDictSource:
-    """Full tensors already in memory (HF names)."""
-
-    def __init__(self, state: dict[str, torch.Tensor]) -> None:
-        self.state = state
-
-    def has(self, name: str) -> bool:
-        return name in self.state
-
-    def rows(self, name: str, lo: int, hi: int) -> torch.Tensor:
-        return self.state[name][lo:hi].float()
-
-    def cols(self, name: str, lo: int, hi: int) -> torch.Tensor:
-        return self.state[name][:, lo:hi].float()
-
-
 def hf_state_of(model: Transformer) -> dict[str, torch.Tensor]:
-    """A float Transformer's fused weights under HF's names (q/k/v and gate/up split again)."""
-    c = model.config
-    sd = {"model.embed_tokens.weight": model.tok_embeddings.data, "model.norm.weight": model.norm.data}
-    if model.output is not None:
-        sd["lm_head.weight"] = model.output.data
-    for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        q, k, v = layer.wqkv.data.split([c.q_size, c.kv_size, c.kv_size])
-        sd.update({p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
-                   p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": layer.wo.data,
-                   p + "input_layernorm.weight": layer.attention_norm.data,
-                   p + "post_attention_layernorm.weight": layer.ffn_norm.data,
-                   p + "mlp.down_proj.weight": layer.w2.data})
-        gate, up = layer.w13.data.chunk(2)
-        sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = gate, up
-        if layer.bqkv is not None:
-            bq, bk, bv = layer.bqkv.data.split([c.q_size, c.kv_size, c.kv_size])
-            sd.update({p + "self_attn.q_proj.bias": bq, p + "self_attn.k_proj.bias": bk,
-                       p + "self_attn.v_proj.bias": bv})
-    return sd
+    """A float Transformer's weights under the checkpoint names its Layout reads (checkpoint.state_of)."""
+    return state_of(model)
 
 
 class SafetensorsSource:
@@ -95,14 +62,7 @@ class GGUFSource:
     def __init__(self, reader: Any, n_heads: int, n_kv_heads: int) -> None:
         self.arch = _field(reader, "general.architecture")
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
-        self._tensors: dict[str, Any] = {}
-        for t in reader.tensors:
-            if t.name.startswith("blk."):
-                _, layer, rest = t.name.split(".", 2)
-                if rest in _LAYER_NAMES:
-                    self._tensors[f"model.layers.{layer}.{_LAYER_NAMES[rest]}"] = t
-            elif t.name in _NAMES:
-                self._tensors[_NAMES[t.name]] = t
+        self._tensors = {hf_name(self.arch, t.name): t for t in reader.tensors if t.name not in _ROPE_TENSORS}
 
     def has(self, name: str) -> bool:
         return name in self._tensors
@@ -130,6 +90,8 @@ class GGUFSource:
         from gguf import GGML_QUANT_SIZES
 
         t = self._tensors[name]
+        if t.data.dtype != np.uint8:          # F32 / F16 / BF16: the reader gives the values themselves
+            return self._dequantize(t, t.data[:, lo:hi])
         block, nbytes = GGML_QUANT_SIZES[t.tensor_type]
         if lo % block or hi % block:
             raise UnsupportedModelError(f"{name}: columns {lo}..{hi} are not aligned to its {block}-wide blocks")
@@ -137,9 +99,9 @@ class GGUFSource:
 
 
 def open_source(name_or_path: str, dtype: Dtype = "float32", seed: int = 0, config: ModelConfig | None = None
-                ) -> tuple[ModelConfig, TensorSource, torch.Tensor | None]:
-    """(config, source, llama3 inv_freq or None) of a model name or path, as loader.load_model
-    resolves it; only metadata is read here (the "tiny" preset's random weights excepted).
+                ) -> tuple[ModelConfig, CheckpointReader, torch.Tensor | None]:
+    """(config, a reader of its pieces, llama3 inv_freq or None) of a model name or path, as
+    loader.load_model resolves it; only metadata is read here (the "tiny" preset's random weights excepted).
 
     config: the "tiny" preset's config when already known (saves reading the tokenizer for its eos id).
     """
@@ -149,7 +111,8 @@ def open_source(name_or_path: str, dtype: Dtype = "float32", seed: int = 0, conf
         if config is None:
             config = tiny_config(loader.TINY_PADDED_VOCAB, dtype=dtype)
             config = config.replace(eos_token_id=loader.load_tokenizer(loader.TINY).eos_token_ids[0])
-        return config, StateDictSource(hf_state_of(random_transformer(config, seed=seed))), None
+        return config, CheckpointReader(StateDictSource(state_of(random_transformer(config, seed=seed))),
+                                        Layout(config)), None
     path = loader._resolve(name_or_path)
     if path.suffix == ".gguf":
         import gguf
@@ -159,5 +122,7 @@ def open_source(name_or_path: str, dtype: Dtype = "float32", seed: int = 0, conf
         except (ValueError, OSError) as exc:
             raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
         config, inv_freq = read_config(reader, dtype)
-        return config, GGUFSource(reader, config.n_heads, config.n_kv_heads), inv_freq
-    return hf_config(path, dtype), SafetensorsSource(path), None
+        return config, CheckpointReader(GGUFSource(reader, config.n_heads, config.n_kv_heads), Layout(config)), inv_freq
+    config = config_from_hf(read_hf_config(path), dtype)
+    source = SafetensorsSource(path)
+    return config, CheckpointReader(source, hf_layout(config, source)), None

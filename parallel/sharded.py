@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from interlock.models.batch import ForwardBatch
+from interlock.models.checkpoint import CheckpointReader
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.linear import Weights
@@ -72,29 +71,16 @@ def local_config(config: ModelConfig, shard: Shard) -> ModelConfig:
                           head_dim=config.head_dim)
 
 
-class TensorSource(Protocol):
-    """Reads slices of a checkpoint's tensors (HF names) without materialising the others' parts."""
-
-    def has(self, name: str) -> bool: ...
-
-    def rows(self, name: str, lo: int, hi: int) -> torch.Tensor:
-        """Rows [lo, hi) of a matrix (or elements of a vector), fp32; rows past the end are absent."""
-        ...
-
-    def cols(self, name: str, lo: int, hi: int) -> torch.Tensor:
-        """Columns [lo, hi) of a matrix, fp32."""
-        ...
-
-
 def _pad_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return t if t.shape[0] == n else torch.cat([t, t.new_zeros(n - t.shape[0], *t.shape[1:])])
 
 
 @torch.no_grad()     # not inference_mode: weights made there are inference tensors, which index_select rejects later
-def load_shard(src: TensorSource, config: ModelConfig, shard: Shard, inv_freq: torch.Tensor | None = None,
+def load_shard(ckpt: CheckpointReader, config: ModelConfig, shard: Shard, inv_freq: torch.Tensor | None = None,
                weights: Weights = "float") -> ShardedTransformer:
-    """Rank `shard`'s slice of every weight, read from `src`, built into a ShardedTransformer
-    (its `group` is set by the caller once torch.distributed is up)."""
+    """Rank `shard`'s slice of every weight, read from `ckpt`, built into a ShardedTransformer
+    (its `group` is set by the caller once torch.distributed is up). Norms (q/k norms [D] included)
+    are whole on every rank."""
     c = config
     local = local_config(c, shard)
     model = ShardedTransformer(local, shard, c.vocab_size, inv_freq)
@@ -105,27 +91,25 @@ def load_shard(src: TensorSource, config: ModelConfig, shard: Shard, inv_freq: t
     i_lo, i_hi = shard.span(c.intermediate_size)
     v_lo, v_hi = shard.vocab_span(c.vocab_size)
 
-    def qkv(p: str, kind: str) -> torch.Tensor:
-        parts = [src.rows(p + f"self_attn.q_proj.{kind}", h_lo * d, h_hi * d),
-                 src.rows(p + f"self_attn.k_proj.{kind}", kv_lo * d, kv_hi * d),
-                 src.rows(p + f"self_attn.v_proj.{kind}", kv_lo * d, kv_hi * d)]
+    def qkv(i: int, suffix: str) -> torch.Tensor:
+        parts = [ckpt.rows("q" + suffix, i, h_lo * d, h_hi * d), ckpt.rows("k" + suffix, i, kv_lo * d, kv_hi * d),
+                 ckpt.rows("v" + suffix, i, kv_lo * d, kv_hi * d)]
         return torch.cat(parts).to(dtype)
 
-    model.tok_embeddings.data = _pad_rows(src.rows("model.embed_tokens.weight", v_lo, v_hi), v_hi - v_lo).to(dtype)
-    model.norm.data = src.rows("model.norm.weight", 0, c.hidden_size).to(dtype)
+    model.tok_embeddings.data = _pad_rows(ckpt.rows("embed", None, v_lo, v_hi), v_hi - v_lo).to(dtype)
+    model.norm.data = ckpt.rows("norm").to(dtype)
     if model.output is not None:
-        model.output.data = _pad_rows(src.rows("lm_head.weight", v_lo, v_hi), v_hi - v_lo).to(dtype)
+        model.output.data = _pad_rows(ckpt.rows("output", None, v_lo, v_hi), v_hi - v_lo).to(dtype)
     for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        layer.attention_norm.data = src.rows(p + "input_layernorm.weight", 0, c.hidden_size).to(dtype)
-        layer.ffn_norm.data = src.rows(p + "post_attention_layernorm.weight", 0, c.hidden_size).to(dtype)
-        layer.wqkv.data = qkv(p, "weight")
+        for name in ("attention_norm", "ffn_norm", "q_norm", "k_norm", "post_attention_norm", "post_ffn_norm"):
+            if getattr(layer, name) is not None:
+                getattr(layer, name).data = ckpt.rows(name, i).to(dtype)
+        layer.wqkv.data = qkv(i, "")
         if layer.bqkv is not None:
-            layer.bqkv.data = qkv(p, "bias")
-        layer.wo.data = src.cols(p + "self_attn.o_proj.weight", h_lo * d, h_hi * d).to(dtype)
-        layer.w13.data = torch.cat([src.rows(p + "mlp.gate_proj.weight", i_lo, i_hi),
-                                    src.rows(p + "mlp.up_proj.weight", i_lo, i_hi)]).to(dtype)
-        layer.w2.data = src.cols(p + "mlp.down_proj.weight", i_lo, i_hi).to(dtype)
+            layer.bqkv.data = qkv(i, "_bias")
+        layer.wo.data = ckpt.cols("o", i, h_lo * d, h_hi * d).to(dtype)
+        layer.w13.data = torch.cat([ckpt.rows("gate", i, i_lo, i_hi), ckpt.rows("up", i, i_lo, i_hi)]).to(dtype)
+        layer.w2.data = ckpt.cols("down", i, i_lo, i_hi).to(dtype)
     return model.build(weights)
 
 

@@ -116,7 +116,7 @@ def worker_main(rank: int, spec: WorkerSpec, conn: Connection, logits: torch.Ten
         caches = [PagedKVCache(cache_config, spec.num_blocks, spec.block_size)]
         if spec.draft_cache is not None:
             blocks, layers = spec.draft_cache
-            caches.append(PagedKVCache(cache_config.replace(n_layers=layers), blocks, spec.block_size))
+            caches.append(PagedKVCache(cache_config.first_layers(layers), blocks, spec.block_size))
         conn.send(("ready", rank))
         _serve(rank, model, caches, conn, logits)
     except EOFError:

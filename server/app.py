@@ -49,7 +49,8 @@ class Server:
     def __init__(self, engine: Engine, config: ServerConfig) -> None:
         self.engine, self.config = engine, config
         spec = engine.config.speculative
-        self.facts = EngineFacts(speculative=spec is not None, grammar_backend=engine.config.grammar.backend)
+        self.facts = EngineFacts(speculative=spec is not None, grammar_backend=engine.config.grammar.backend,
+                                 reasoning_markers=engine.tokenizer.reasoning_markers or ("<think>", "</think>"))
         self.metrics = ServerMetrics(spec.label if spec is not None else "none")
         self.admission = Admission(engine.config.max_batch_size + config.max_queue, config.retry_after_s)
         self.created = int(time.time())

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from interlock.output.reasoning import ReasoningStream
+from interlock.protocol.grammar import Reasoning
 from interlock.protocol.sampling import TokenLogprob
 from interlock.protocol.types import FinishReason
 from interlock.server.logprobs import TextLogprobs, TokenTexts, chat_logprobs
@@ -31,11 +32,11 @@ class ChoiceShaper:
     held back; the streamed logprobs concatenate to the non-streamed ones."""
 
     def __init__(self, index: int, *, chat: bool, tools: bool, auto_tools: bool = False,
-                 reasoning: bool = False, texts: TokenTexts | None = None) -> None:
+                 reasoning: Reasoning | None = None, texts: TokenTexts | None = None) -> None:
         self.index, self.chat = index, chat
         self.tools = ToolCallStream() if tools else None
         self.auto = AutoToolStream() if auto_tools and chat else None
-        self.think = ReasoningStream.of_text() if reasoning and chat else None
+        self.think = ReasoningStream.of_text(reasoning) if reasoning is not None and chat else None
         self.parts: list[str] = []
         self.texts = texts
         self.logprobs: list[TokenLogprob] = []       # every token's, for the whole answer

@@ -33,6 +33,7 @@ class EngineFacts:
 
     speculative: bool
     grammar_backend: BackendName
+    reasoning_markers: tuple[str, str] = ("<think>", "</think>")    # the tokenizer's, where it has them
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Plan:
     grammar_param: str | None        # the request field a GrammarError points at
     prompt_param: str                # the request field a prompt error points at
     auto_tools: bool = False         # tool_choice "auto": content, or content then one tool call
-    reasoning: bool = False          # outputs think first (ServerConfig.reasoning)
+    reasoning: Reasoning | None = None   # outputs think first (ServerConfig.reasoning): between these markers
 
 
 def message_text(m: ChatMessage) -> str:
@@ -216,7 +217,8 @@ def plan_chat(req: ChatCompletionRequest, facts: EngineFacts, config: ServerConf
     elif req.negative_prompt is not None:
         negative = chat_messages(req.negative_prompt, "negative_prompt")
     if config.reasoning:
-        grammar = Reasoning(then=grammar, max_reasoning_tokens=req.max_reasoning_tokens)
+        start, end = facts.reasoning_markers
+        grammar = Reasoning(then=grammar, start=start, end=end, max_reasoning_tokens=req.max_reasoning_tokens)
     elif req.max_reasoning_tokens is not None:
         raise APIError(400, "max_reasoning_tokens needs a server that reasons (interlock serve --reasoning)",
                        param="max_reasoning_tokens")
@@ -225,7 +227,8 @@ def plan_chat(req: ChatCompletionRequest, facts: EngineFacts, config: ServerConf
                                                                 logprobs), negative, req.grammar_backend)  # type: ignore[arg-type]
                   for i in range(req.n or 1))
     return Plan(calls, bool(req.stream), bool(req.stream_options and req.stream_options.include_usage),
-                mode == "call", param, "messages", auto_tools=mode == "auto", reasoning=config.reasoning)
+                mode == "call", param, "messages", auto_tools=mode == "auto",
+                reasoning=grammar if isinstance(grammar, Reasoning) else None)
 
 
 def plan_completion(req: CompletionRequest, facts: EngineFacts, config: ServerConfig) -> Plan:

@@ -1,17 +1,18 @@
 #pragma once
-// Row-path attention, RMSNorm and the elementwise parts of a layer (SiLU * up, RoPE) for the CPU
-// forward (fp32 activations).
+// Row-path attention for the CPU forward (fp32 activations); the elementwise parts of a layer are
+// elementwise.h's.
 //
 // attend_rows: each new token of a sequence (a decode row or a verify row) attends over exactly
-// its own context -- positions 0 .. its own -- read in place from the paged KV cache through the
+// its own context -- positions 0 .. its own, or with a sliding window W only the last W of them
+// (p - W + 1 .. p) -- read in place from the paged KV cache through the
 // block table, in fixed tiles of keys; a fixed sequence of fp32 operations that depends only on
 // that row's data and position: bitwise the same whether the row is alone or one of K+1. It
 // replaces ~12 small torch ops per row and layer (slices, transposes, matmuls, softmax, stack).
-//
-// rms_norm: one row at a time, sum of squares in a fixed 16-lane order.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+
+#include "elementwise.h"
 
 #include <algorithm>
 #include <cmath>
@@ -185,24 +186,6 @@ inline void axpy(float p, const T* v, float* out, int64_t D) {
 #endif
 }
 
-#if defined(__AVX512F__)
-// exp for x <= 0 (softmax inputs after subtracting the max): 2^n * p(r), r = x - n ln2, |r| <= ln2/2.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-#endif
 
 // s[0:L] <- exp(s[0:L] - max); returns the sum, the max in *peak_out. 16 lanes at a time, the
 // tail through a masked load.
@@ -329,17 +312,23 @@ struct SeqRows {
 
 template <class T>
 inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, const T* kp, const T* vp,
-                        int64_t Hkv, int64_t block_size, float scale) {
+                        int64_t Hkv, int64_t block_size, float scale, int64_t window = 0) {
   const int64_t G = H / Hkv;
+  // The first key row r of a sequence sees: 0, or with a window the oldest of its last W positions.
+  auto first_key = [window](const SeqRows& sq, int64_t r) {
+    return window > 0 ? std::max<int64_t>(0, sq.pos0 + r + 1 - window) : int64_t{0};
+  };
   struct Task { int64_t seq, h, tile, part; };
   std::vector<Task> tasks;
-  std::vector<int64_t> first_part(seqs.size());      // partial index of (seq, head 0, tile 0)
+  std::vector<int64_t> first_part(seqs.size());      // partial index of (seq, head 0, its first tile)
+  std::vector<int64_t> first_tile(seqs.size());      // the first tile any row of the sequence sees
   int64_t parts = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
-    const int64_t tiles = (seqs[s].pos0 + seqs[s].n + kTile - 1) / kTile;
+    const int64_t t0 = first_key(seqs[s], 0) / kTile, t1 = (seqs[s].pos0 + seqs[s].n + kTile - 1) / kTile;
     first_part[s] = parts;
+    first_tile[s] = t0;
     for (int64_t h = 0; h < Hkv; ++h)
-      for (int64_t j = 0; j < tiles; ++j) tasks.push_back({static_cast<int64_t>(s), h, j, parts++});
+      for (int64_t j = t0; j < t1; ++j) tasks.push_back({static_cast<int64_t>(s), h, j, parts++});
   }
   // Per partial and (row, query head of the KV head): max, sum, then D values.
   std::vector<int64_t> part_offset(parts + 1, 0);
@@ -356,7 +345,7 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
       const Task& t = tasks[ti];
       const SeqRows& sq = seqs[t.seq];
       const int64_t l0 = t.tile * kTile, l1 = std::min(l0 + kTile, sq.pos0 + sq.n);
-      const int64_t r0 = std::max<int64_t>(0, l0 - sq.pos0);       // rows that see this tile
+      const int64_t r0 = std::max<int64_t>(0, l0 - sq.pos0);       // rows that reach this tile
       // The tile's key and value vectors, looked up in the block table once per block, and
       // prefetched into L2: the hardware prefetchers missed much of this (one head's 256 bytes
       // of every 768, block by block), which left decode at 1,000 tokens waiting on loads.
@@ -376,7 +365,11 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
         }
       for (int64_t l = l1; l < l0 + kTile && (l - l0) % 16 != 0; ++l) keys[l - l0] = zeros.data();
       scores.resize(sq.n * G * kTile);
-      auto len_of = [&](int64_t r) { return std::min(l1, sq.pos0 + r + 1) - l0; };     // keys row r sees here
+      // Row r sees the tile's keys [begin_of(r), len_of(r)) (offsets in the tile); scores are
+      // computed from the tile's start, so a key's score never depends on the window.
+      auto len_of = [&](int64_t r) { return std::min(l1, sq.pos0 + r + 1) - l0; };
+      auto begin_of = [&](int64_t r) { return std::max<int64_t>(0, first_key(sq, r) - l0); };
+      auto sees = [&](int64_t r) { return r >= r0 && begin_of(r) < len_of(r); };
       // Scores 16 keys at a time from the tile's start; a row's keys past its own position are
       // computed with the others' and never used. With many queries on the tile (a verify step's
       // or a prompt chunk's rows) the keys are transposed once and scored four queries at a time
@@ -406,6 +399,7 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
       } else
 #endif
       for (int64_t r = r0; r < sq.n; ++r) {
+        if (!sees(r)) continue;
         const int64_t len = len_of(r);
         for (int64_t g = 0; g < G; ++g)
           for (int64_t i = 0; i < len; i += 16)
@@ -414,25 +408,32 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
       }
       float* part = partial.data() + part_offset[t.part];
       for (int64_t r = 0; r < sq.n; ++r) {
-        if (r < r0) {                                 // the row ends before this tile
+        if (!sees(r)) {                               // the row ends before this tile, or its window starts after it
           for (int64_t g = 0; g < G; ++g) {
             part[(r * G + g) * (2 + D)] = -INFINITY;
             part[(r * G + g) * (2 + D) + 1] = 0.f;
           }
           continue;
         }
+        const int64_t begin = begin_of(r);
         for (int64_t g = 0; g < G; ++g) {
           float* slot = part + (r * G + g) * (2 + D);
-          slot[1] = exp_shift_(scores.data() + (r * G + g) * kTile, len_of(r), slot);
+          slot[1] = exp_shift_(scores.data() + (r * G + g) * kTile + begin, len_of(r) - begin, slot);
         }
       }
-      // Two rows that see the same keys (the tile lies wholly before both) share each value
-      // vector's load: their 2G heads go through weighted_sums at once, where the register-held
-      // shape exists. Per head the sums are the same either way.
+      // Two rows that see the same keys (the tile lies wholly inside both their ranges) share
+      // each value vector's load: their 2G heads go through weighted_sums at once, where the
+      // register-held shape exists. Per head the sums are the same either way.
       const bool pairs = unrolled_sums(2 * G, D);
       for (int64_t r = r0; r < sq.n;) {
-        const int64_t len = len_of(r), rows = pairs && r + 1 < sq.n && len_of(r + 1) == len ? 2 : 1;
-        weighted_sums(scores.data() + r * G * kTile, kTile, values, len, rows * G, D, part + r * G * (2 + D) + 2, 2 + D);
+        if (!sees(r)) {
+          ++r;
+          continue;
+        }
+        const int64_t len = len_of(r), begin = begin_of(r);
+        const int64_t rows = pairs && r + 1 < sq.n && len_of(r + 1) == len && begin_of(r + 1) == begin ? 2 : 1;
+        weighted_sums(scores.data() + r * G * kTile + begin, kTile, values + begin, len - begin, rows * G, D,
+                      part + r * G * (2 + D) + 2, 2 + D);
         r += rows;
       }
     }
@@ -447,17 +448,17 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
       const auto [s, r] = rows[i / H];
       const int64_t head = i % H, h = head / G, g = head % G;
       const SeqRows& sq = seqs[s];
-      const int64_t tiles = (sq.pos0 + r + 1 + kTile - 1) / kTile;        // the tiles row r sees
-      const int64_t all_tiles = (sq.pos0 + sq.n + kTile - 1) / kTile;
+      const int64_t lo = first_key(sq, r) / kTile, hi = (sq.pos0 + r) / kTile + 1;    // the tiles row r sees
+      const int64_t all_tiles = (sq.pos0 + sq.n + kTile - 1) / kTile - first_tile[s];
       auto slot = [&](int64_t j) {
-        return partial.data() + part_offset[first_part[s] + h * all_tiles + j] + (r * G + g) * (2 + D);
+        return partial.data() + part_offset[first_part[s] + h * all_tiles + j - first_tile[s]] + (r * G + g) * (2 + D);
       };
       float top = -INFINITY;
-      for (int64_t j = 0; j < tiles; ++j) top = std::max(top, slot(j)[0]);
+      for (int64_t j = lo; j < hi; ++j) top = std::max(top, slot(j)[0]);
       float total = 0.f;
       float* o = sq.out + r * sq.out_stride + head * D;
       for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
-      for (int64_t j = 0; j < tiles; ++j) {
+      for (int64_t j = lo; j < hi; ++j) {
         const float w = std::exp(slot(j)[0] - top);
         total += w * slot(j)[1];
         axpy(w, slot(j) + 2, o, D);
@@ -466,58 +467,6 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
       for (int64_t d = 0; d < D; ++d) o[d] *= inv;
     }
   });
-}
-
-// y[r] = weight * x[r] / sqrt(mean(x[r]^2) + eps), each row on its own.
-inline void rms_norm_raw(const float* x, const float* w, int64_t T, int64_t E, float eps, float* y) {
-  at::parallel_for(0, T, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* row = x + r * E;
-      float sq = 0.f;
-      int64_t e = 0;
-#if defined(__AVX512F__)
-      __m512 acc = _mm512_setzero_ps();
-      for (; e + 16 <= E; e += 16) {
-        const __m512 v = _mm512_loadu_ps(row + e);
-        acc = _mm512_fmadd_ps(v, v, acc);
-      }
-      sq = _mm512_reduce_add_ps(acc);
-#endif
-      for (; e < E; ++e) sq += row[e] * row[e];
-      const float rstd = 1.f / std::sqrt(sq / static_cast<float>(E) + eps);
-      for (int64_t i = 0; i < E; ++i) y[r * E + i] = w[i] * (row[i] * rstd);
-    }
-  });
-}
-
-// out[i] = silu(gate[i]) * up[i] for n values; sigmoid from exp of a non-positive number only.
-inline void silu_mul_raw(const float* gate, const float* up, int64_t n, float* out) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 one = _mm512_set1_ps(1.f);
-  for (; i + 16 <= n; i += 16) {
-    const __m512 g = _mm512_loadu_ps(gate + i);
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));   // exp(-|g|)
-    const __m512 denom = _mm512_add_ps(one, e);
-    const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-    const __m512 sig = _mm512_div_ps(_mm512_mask_blend_ps(neg, one, e), denom);
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(g, sig), _mm512_loadu_ps(up + i)));
-  }
-#endif
-  for (; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
-}
-
-// Rotate-half RoPE in place on `heads` vectors of length D at one position (cos/sin: [D]).
-inline void rope_raw(float* x, int64_t heads, int64_t D, const float* cos, const float* sin) {
-  const int64_t half = D / 2;
-  for (int64_t h = 0; h < heads; ++h) {
-    float* v = x + h * D;
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = v[i], b = v[i + half];
-      v[i] = a * cos[i] - b * sin[i];
-      v[i + half] = b * cos[i + half] + a * sin[i + half];
-    }
-  }
 }
 
 }  // namespace interlock_cpu

@@ -75,7 +75,7 @@ std::string int8_kernel() {
 }
 
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                         const at::Tensor& blocks, int64_t block_size, int64_t start, double scale) {
+                         const at::Tensor& blocks, int64_t block_size, int64_t start, double scale, int64_t window) {
   check_f32(q, 3, "q");
   check_cache(k_cache, 3, "k_cache");
   check_cache(v_cache, 3, "v_cache");
@@ -83,11 +83,12 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type() &&
               k_cache.size(2) == D && H % Hkv == 0 && D % 16 == 0, "head shapes do not match");
   check_table(blocks, start + n, block_size, k_cache.size(0));
+  TORCH_CHECK(window >= 0, "window: >= 0 (0: none)");
   at::Tensor out = at::empty({n, H * D}, q.options());
   const std::vector<SeqRows> seqs{SeqRows{q.data_ptr<float>(), H * D, n, start, blocks.data_ptr<int64_t>(),
                                           out.data_ptr<float>(), H * D}};
   with_cache_type(k_cache, v_cache, [&](const auto* kp, const auto* vp) {
-    attend_rows(seqs, H, D, kp, vp, Hkv, block_size, static_cast<float>(scale));
+    attend_rows(seqs, H, D, kp, vp, Hkv, block_size, static_cast<float>(scale), window);
   });
   return out;
 }
@@ -152,26 +153,88 @@ std::tuple<at::Tensor, at::Tensor> head_argmax(const at::Tensor& x, const at::Te
   return {ids, peaks};
 }
 
-// x: [T, E] embeddings of the row tokens; cos/sin: [T, D] at their positions; write_slots: [T] KV
-// slot of each. The rows are grouped by sequence: seq_offsets/lengths/starts and one block table
-// each. k_all/v_all: [layers, slots, Hkv, D], written at write_slots. Per-layer weights in lists
-// (qkv_b empty when the model has no q/k/v bias). Returns the hidden states after n_layers layers.
-at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin,
+// The per-layer weights of rows_forward, one entry per layer in each list (qkv_b, q_norms, k_norms,
+// post_attn_norms and post_ffn_norms empty where the family has none).
+struct LayerWeights {
+  at::TensorList attn_norms, ffn_norms, qkv_q, qkv_s, qkv_b, o_q, o_s, up_q, up_s, down_q, down_s;
+  at::TensorList q_norms, k_norms, post_attn_norms, post_ffn_norms;
+};
+
+void check_layers(const LayerWeights& w, int64_t E, int64_t H, int64_t Hkv, int64_t D, int64_t QKV) {
+  const size_t L = w.attn_norms.size();
+  for (const at::TensorList* list : {&w.ffn_norms, &w.qkv_q, &w.qkv_s, &w.o_q, &w.o_s, &w.up_q, &w.up_s, &w.down_q,
+                                     &w.down_s})
+    TORCH_CHECK(list->size() == L, "one weight of each kind per layer");
+  for (const at::TensorList* list : {&w.qkv_b, &w.q_norms, &w.k_norms, &w.post_attn_norms, &w.post_ffn_norms})
+    TORCH_CHECK(list->empty() || list->size() == L, "optional weights: none, or one per layer");
+  TORCH_CHECK(w.q_norms.size() == w.k_norms.size() && w.post_attn_norms.size() == w.post_ffn_norms.size(),
+              "q/k norms, and the two post norms, come together");
+  const int64_t I = L ? w.down_q[0].size(1) : 0;
+  for (size_t l = 0; l < L; ++l) {
+    check_f32(w.attn_norms[l], 1, "attn_norm");
+    check_f32(w.ffn_norms[l], 1, "ffn_norm");
+    TORCH_CHECK(w.attn_norms[l].size(0) == E && w.ffn_norms[l].size(0) == E, "norms: [E]");
+    check_int8(w.qkv_q[l], w.qkv_s[l], E, "wqkv");
+    check_int8(w.o_q[l], w.o_s[l], H * D, "wo");
+    check_int8(w.up_q[l], w.up_s[l], E, "w13");
+    check_int8(w.down_q[l], w.down_s[l], I, "w2");
+    TORCH_CHECK(w.qkv_q[l].size(0) == QKV && w.o_q[l].size(0) == E && w.up_q[l].size(0) == 2 * I &&
+                w.down_q[l].size(0) == E, "projection shapes do not match the config");
+    if (!w.qkv_b.empty()) {
+      check_f32(w.qkv_b[l], 1, "bqkv");
+      TORCH_CHECK(w.qkv_b[l].size(0) == QKV, "bqkv: [QKV]");
+    }
+    if (!w.q_norms.empty()) {
+      check_f32(w.q_norms[l], 1, "q_norm");
+      check_f32(w.k_norms[l], 1, "k_norm");
+      TORCH_CHECK(w.q_norms[l].size(0) == D && w.k_norms[l].size(0) == D, "q/k norms: [D]");
+    }
+    if (!w.post_attn_norms.empty()) {
+      check_f32(w.post_attn_norms[l], 1, "post_attn_norm");
+      check_f32(w.post_ffn_norms[l], 1, "post_ffn_norm");
+      TORCH_CHECK(w.post_attn_norms[l].size(0) == E && w.post_ffn_norms[l].size(0) == E, "post norms: [E]");
+    }
+  }
+}
+
+// x: [T, E] embeddings of the row tokens (scaled); cos/sin: RoPE tables at their positions, [T, R]
+// each, rope_index picking one per layer (a family with sliding layers of their own base has two);
+// write_slots: [T] KV slot of each. The rows are grouped by sequence: seq_offsets/lengths/starts and
+// one block table each. k_all/v_all: [layers, slots, Hkv, D], written at write_slots. Per-layer
+// weights in lists (LayerWeights), windows[l]: layer l's sliding window (0: none); attn_scale: the
+// softmax scale of q . k; activation: "silu" or "gelu_tanh". Returns the hidden states after the layers.
+at::Tensor rows_forward(const at::Tensor& x_in, at::TensorList cos, at::TensorList sin, at::IntArrayRef rope_index,
                         const at::Tensor& write_slots, at::TensorList tables, at::IntArrayRef seq_offsets,
                         at::IntArrayRef seq_lengths, at::IntArrayRef seq_starts, at::Tensor& k_all, at::Tensor& v_all,
                         at::TensorList attn_norms, at::TensorList ffn_norms, at::TensorList qkv_q,
                         at::TensorList qkv_s, at::TensorList qkv_b, at::TensorList o_q, at::TensorList o_s,
                         at::TensorList up_q, at::TensorList up_s, at::TensorList down_q, at::TensorList down_s,
-                        int64_t n_heads, int64_t n_kv_heads, double eps, int64_t block_size) {
+                        at::TensorList q_norms, at::TensorList k_norms, at::TensorList post_attn_norms,
+                        at::TensorList post_ffn_norms, at::IntArrayRef windows, int64_t n_heads, int64_t n_kv_heads,
+                        double eps, double attn_scale, c10::string_view activation, int64_t block_size) {
   check_f32(x_in, 2, "x");
   check_cache(k_all, 4, "k_all");
   check_cache(v_all, 4, "v_all");
+  const LayerWeights w{attn_norms, ffn_norms, qkv_q, qkv_s, qkv_b, o_q, o_s, up_q, up_s, down_q, down_s,
+                       q_norms, k_norms, post_attn_norms, post_ffn_norms};
   const int64_t T = x_in.size(0), E = x_in.size(1), layers = static_cast<int64_t>(attn_norms.size());
   const int64_t H = n_heads, Hkv = n_kv_heads, D = k_all.size(3), slots = k_all.size(1);
   const int64_t QKV = (H + 2 * Hkv) * D;
-  check_f32(cos, 2, "cos");
-  check_f32(sin, 2, "sin");
-  TORCH_CHECK(cos.size(0) == T && cos.size(1) == D && sin.sizes() == cos.sizes(), "cos/sin: [T, D]");
+  TORCH_CHECK(!cos.empty() && cos.size() == sin.size(), "cos/sin: one or more tables, as many of each");
+  const int64_t R = cos[0].size(1);
+  for (size_t i = 0; i < cos.size(); ++i) {
+    check_f32(cos[i], 2, "cos");
+    check_f32(sin[i], 2, "sin");
+    TORCH_CHECK(cos[i].size(0) == T && cos[i].size(1) == R && sin[i].sizes() == cos[i].sizes(), "cos/sin: [T, R]");
+  }
+  TORCH_CHECK(R % 2 == 0 && R <= D, "RoPE: an even number of rotary dims, at most D");
+  TORCH_CHECK(static_cast<int64_t>(rope_index.size()) == layers && static_cast<int64_t>(windows.size()) == layers,
+              "rope_index and windows: one per layer");
+  for (int64_t l = 0; l < layers; ++l)
+    TORCH_CHECK(rope_index[l] >= 0 && rope_index[l] < static_cast<int64_t>(cos.size()) && windows[l] >= 0,
+                "rope_index names a table; windows >= 0");
+  TORCH_CHECK(activation == "silu" || activation == "gelu_tanh", "activation: silu or gelu_tanh");
+  const bool gelu = activation == "gelu_tanh";
   TORCH_CHECK(k_all.sizes() == v_all.sizes() && k_all.scalar_type() == v_all.scalar_type() &&
               k_all.size(2) == Hkv && k_all.size(0) >= layers &&
               H % Hkv == 0 && D % 16 == 0, "KV caches do not match the heads");
@@ -188,28 +251,8 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
   TORCH_CHECK(covered == T, "sequences cover ", covered, " of ", T, " rows");
   const int64_t* ws = write_slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t) TORCH_CHECK(ws[t] >= 0 && ws[t] < slots, "write slot out of range");
-  TORCH_CHECK(ffn_norms.size() == attn_norms.size() && qkv_q.size() == attn_norms.size() &&
-              qkv_s.size() == attn_norms.size() && o_q.size() == attn_norms.size() &&
-              o_s.size() == attn_norms.size() && up_q.size() == attn_norms.size() &&
-              up_s.size() == attn_norms.size() && down_q.size() == attn_norms.size() &&
-              down_s.size() == attn_norms.size() && (qkv_b.empty() || qkv_b.size() == attn_norms.size()),
-              "one weight of each kind per layer");
+  check_layers(w, E, H, Hkv, D, QKV);
   const int64_t I = layers ? down_q[0].size(1) : 0;
-  for (int64_t l = 0; l < layers; ++l) {
-    check_f32(attn_norms[l], 1, "attn_norm");
-    check_f32(ffn_norms[l], 1, "ffn_norm");
-    TORCH_CHECK(attn_norms[l].size(0) == E && ffn_norms[l].size(0) == E, "norms: [E]");
-    check_int8(qkv_q[l], qkv_s[l], E, "wqkv");
-    check_int8(o_q[l], o_s[l], H * D, "wo");
-    check_int8(up_q[l], up_s[l], E, "w13");
-    check_int8(down_q[l], down_s[l], I, "w2");
-    TORCH_CHECK(qkv_q[l].size(0) == QKV && o_q[l].size(0) == E && up_q[l].size(0) == 2 * I &&
-                down_q[l].size(0) == E, "projection shapes do not match the config");
-    if (!qkv_b.empty()) {
-      check_f32(qkv_b[l], 1, "bqkv");
-      TORCH_CHECK(qkv_b[l].size(0) == QKV, "bqkv: [QKV]");
-    }
-  }
 
   at::Tensor x = x_in.clone();
   float* xp = x.data_ptr<float>();
@@ -225,8 +268,7 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
   // Per-row elementwise work, across the threads for a prompt chunk (a few rows run inline).
   auto each_row = [T](auto&& f) { at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) { for (int64_t t = t0; t < t1; ++t) f(t); }); };
   auto add_tmp = [&](int64_t t) { for (int64_t i = t * E; i < (t + 1) * E; ++i) xp[i] += tmp[i]; };   // the residual
-  const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const float epsf = static_cast<float>(eps), scale = static_cast<float>(attn_scale);
   const int64_t layer_slots = slots * Hkv * D;
 
   // The layer loop for any cache type (T = float, f16 or bf16; K/V rounded to T as they are written,
@@ -235,7 +277,8 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
   for (int64_t l = 0; l < layers; ++l) {
     auto* kc = k_base + l * layer_slots;
     auto* vc = v_base + l * layer_slots;
-    rms_norm_raw(xp, attn_norms[l].data_ptr<float>(), T, E, static_cast<float>(eps), h);
+    const float *cp = cos[rope_index[l]].data_ptr<float>(), *sp = sin[rope_index[l]].data_ptr<float>();
+    rms_norm_raw(xp, attn_norms[l].data_ptr<float>(), T, E, epsf, h);
     int8_linear_raw(h, qkv_q[l].data_ptr<int8_t>(), qkv_s[l].data_ptr<float>(), qkv, T, E, QKV);
     each_row([&](int64_t t) {
       float* row = qkv + t * QKV;
@@ -243,7 +286,12 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
         const float* b = qkv_b[l].data_ptr<float>();
         for (int64_t i = 0; i < QKV; ++i) row[i] += b[i];
       }
-      rope_raw(row, H + Hkv, D, cp + t * D, sp + t * D);          // q and k heads are adjacent
+      if (!q_norms.empty()) {                                      // per head, before RoPE (Qwen3, Gemma 3)
+        for (int64_t i = 0; i < H; ++i) rms_norm_row(row + i * D, q_norms[l].data_ptr<float>(), D, epsf, row + i * D);
+        for (int64_t i = H; i < H + Hkv; ++i)
+          rms_norm_row(row + i * D, k_norms[l].data_ptr<float>(), D, epsf, row + i * D);
+      }
+      rope_raw(row, H + Hkv, D, R, cp + t * R, sp + t * R);       // q and k heads are adjacent
       std::copy(row + H * D, row + (H + Hkv) * D, kc + ws[t] * Hkv * D);
       std::copy(row + (H + Hkv) * D, row + QKV, vc + ws[t] * Hkv * D);
     });
@@ -251,13 +299,18 @@ at::Tensor rows_forward(const at::Tensor& x_in, const at::Tensor& cos, const at:
     for (size_t s = 0; s < S; ++s)
       seqs.push_back({qkv + seq_offsets[s] * QKV, QKV, seq_lengths[s], seq_starts[s],
                       tables[s].data_ptr<int64_t>(), attn + seq_offsets[s] * H * D, H * D});
-    attend_rows(seqs, H, D, kc, vc, Hkv, block_size, scale);
+    attend_rows(seqs, H, D, kc, vc, Hkv, block_size, scale, windows[l]);
     int8_linear_raw(attn, o_q[l].data_ptr<int8_t>(), o_s[l].data_ptr<float>(), tmp, T, H * D, E);
+    if (!post_attn_norms.empty()) rms_norm_raw(tmp, post_attn_norms[l].data_ptr<float>(), T, E, epsf, tmp);
     each_row(add_tmp);
-    rms_norm_raw(xp, ffn_norms[l].data_ptr<float>(), T, E, static_cast<float>(eps), h);
+    rms_norm_raw(xp, ffn_norms[l].data_ptr<float>(), T, E, epsf, h);
     int8_linear_raw(h, up_q[l].data_ptr<int8_t>(), up_s[l].data_ptr<float>(), gu, T, E, 2 * I);
-    each_row([&](int64_t t) { silu_mul_raw(gu + t * 2 * I, gu + t * 2 * I + I, I, act + t * I); });
+    each_row([&](int64_t t) {
+      if (gelu) gelu_tanh_mul_raw(gu + t * 2 * I, gu + t * 2 * I + I, I, act + t * I);
+      else silu_mul_raw(gu + t * 2 * I, gu + t * 2 * I + I, I, act + t * I);
+    });
     int8_linear_raw(act, down_q[l].data_ptr<int8_t>(), down_s[l].data_ptr<float>(), tmp, T, I, E);
+    if (!post_ffn_norms.empty()) rms_norm_raw(tmp, post_ffn_norms[l].data_ptr<float>(), T, E, epsf, tmp);
     each_row(add_tmp);
   }
   };
@@ -272,16 +325,17 @@ TORCH_LIBRARY(interlock_cpu, m) {
   m.def("int8_linear(Tensor x, Tensor q, Tensor scale) -> Tensor");
   m.def("int8_kernel() -> str", &interlock_cpu::int8_kernel);
   m.def("row_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor blocks, int block_size, int start, "
-        "float scale) -> Tensor");
+        "float scale, int window=0) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("masked_argmax(Tensor logits, Tensor bitmask, Tensor mask_rows, int vocab) -> (Tensor, Tensor)");
   m.def("head_argmax(Tensor x, Tensor q, Tensor scale, Tensor bitmask, Tensor mask_rows, int vocab, "
         "int max_sparse) -> (Tensor, Tensor)");
-  m.def("rows_forward(Tensor x, Tensor cos, Tensor sin, Tensor write_slots, Tensor[] tables, int[] seq_offsets, "
-        "int[] seq_lengths, int[] seq_starts, Tensor(a!) k_all, Tensor(b!) v_all, Tensor[] attn_norms, "
-        "Tensor[] ffn_norms, Tensor[] qkv_q, Tensor[] qkv_s, Tensor[] qkv_b, Tensor[] o_q, Tensor[] o_s, "
-        "Tensor[] up_q, Tensor[] up_s, Tensor[] down_q, Tensor[] down_s, int n_heads, int n_kv_heads, "
-        "float eps, int block_size) -> Tensor");
+  m.def("rows_forward(Tensor x, Tensor[] cos, Tensor[] sin, int[] rope_index, Tensor write_slots, Tensor[] tables, "
+        "int[] seq_offsets, int[] seq_lengths, int[] seq_starts, Tensor(a!) k_all, Tensor(b!) v_all, "
+        "Tensor[] attn_norms, Tensor[] ffn_norms, Tensor[] qkv_q, Tensor[] qkv_s, Tensor[] qkv_b, Tensor[] o_q, "
+        "Tensor[] o_s, Tensor[] up_q, Tensor[] up_s, Tensor[] down_q, Tensor[] down_s, Tensor[] q_norms, "
+        "Tensor[] k_norms, Tensor[] post_attn_norms, Tensor[] post_ffn_norms, int[] windows, int n_heads, "
+        "int n_kv_heads, float eps, float attn_scale, str activation, int block_size) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(interlock_cpu, CPU, m) {

@@ -131,18 +131,28 @@ def test_row_attention_of_many_rows_is_each_row_alone(start: int, n: int, cache_
     _row_attention_case(9, 3, 64, start, n, 16, gen, cache_dtype=cache_dtype)
 
 
+@needs_native
+@pytest.mark.parametrize(("start", "n", "window"), [(0, 5, 3), (200, 5, 1), (200, 5, 7), (120, 40, 16),
+                                                    (250, 9, 130), (300, 130, 128), (10, 4, 500)])
+def test_row_attention_with_a_sliding_window(start: int, n: int, window: int, gen: torch.Generator) -> None:
+    """Row p sees keys p - W + 1 .. p: windows inside a tile, across tile edges, of one key, and wider
+    than the context; each row alone gives the same bits (the many-row and one-row paths agree)."""
+    _row_attention_case(9, 3, 64, start, n, 16, gen, window=window)
+    _row_attention_case(4, 2, 32, start, n, 16, gen, window=window)
+
+
 def _row_attention_case(h: int, hkv: int, d: int, start: int, n: int, block_size: int, gen: torch.Generator,
-                        cache_dtype: torch.dtype = torch.float32) -> None:
+                        cache_dtype: torch.dtype = torch.float32, window: int = 0) -> None:
     need = -(-(start + n) // block_size)
     table = list(torch.randperm(need + 3, generator=gen)[:need].tolist())     # scattered blocks
     k, v, blocks = _paged_cache(gen, table, block_size, hkv, d)
     k, v = k.to(cache_dtype), v.to(cache_dtype)               # the reference reads the same rounded values
     q = torch.randn(n, h, d, generator=gen)
-    out = native.row_attention(q, k, v, blocks, block_size, start, d ** -0.5)
-    ref = native.row_attention(q, k, v, blocks, block_size, start, d ** -0.5, backend="reference")
+    out = native.row_attention(q, k, v, blocks, block_size, start, d ** -0.5, window)
+    ref = native.row_attention(q, k, v, blocks, block_size, start, d ** -0.5, window, backend="reference")
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     for r in range(n):     # row r alone (one token at position start + r) gives the same bits
-        alone = native.row_attention(q[r: r + 1], k, v, blocks, block_size, start + r, d ** -0.5)
+        alone = native.row_attention(q[r: r + 1], k, v, blocks, block_size, start + r, d ** -0.5, window)
         assert torch.equal(alone[0], out[r])
 
 

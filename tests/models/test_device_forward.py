@@ -134,3 +134,20 @@ def test_greedy_speculative_equals_greedy_plain(models) -> None:
         out.extend(result.tokens[0, : accepted + 1].tolist())
         kv.rewind(0, k - accepted)                            # positions of the rejected drafts
     assert out[:steps] == plain[:steps] and rejected > 0
+
+
+@CUDA
+@pytest.mark.parametrize("window", [0, 5, 40])
+def test_triton_paged_attention_window_and_scale_follow_the_reference(window: int) -> None:
+    from interlock.models import reference_ops, triton_ops
+
+    gen = torch.Generator().manual_seed(0)
+    t, hkv, g, d, bs = 6, 2, 3, 32, 4
+    k, v = torch.randn(64, hkv, d, generator=gen), torch.randn(64, hkv, d, generator=gen)
+    q = torch.randn(t, hkv * g * d, generator=gen)
+    tables = torch.randperm(16, generator=gen)[None].repeat(t, 1).int()
+    positions = torch.tensor([3, 9, 17, 30, 41, 60])
+    want = reference_ops.paged_attention(q, k, v, tables, positions, hkv, bs, 0.3, window)
+    got = triton_ops.paged_attention(*(x.cuda().to(torch.bfloat16) for x in (q, k, v)), tables.cuda(),
+                                     positions.cuda(), hkv, bs, 0.3, window)
+    assert (got.float().cpu() - want).abs().max().item() < 0.05

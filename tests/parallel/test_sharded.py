@@ -8,7 +8,8 @@ import torch
 from interlock.models.llama import random_transformer
 from interlock.models.loader import load_model
 from interlock.parallel.sharded import Shard, load_shard, local_config
-from interlock.parallel.shard_sources import StateDictSource, hf_state_of, open_source
+from interlock.models.checkpoint import CheckpointReader, Layout, StateDictSource
+from interlock.parallel.shard_sources import hf_state_of, open_source
 from interlock.protocol.errors import UnsupportedModelError
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
@@ -56,7 +57,7 @@ def test_a_padded_vocabulary_gets_zero_rows() -> None:
     config, _, _ = open_source("tiny")
     config = config.replace(vocab_size=1087)                 # not divisible by 2
     full = random_transformer(config, seed=1)
-    source = StateDictSource(hf_state_of(full))
+    source = CheckpointReader(StateDictSource(hf_state_of(full)), Layout(config))
     last = load_shard(source, config, Shard(1, 2), weights="float")
     assert last.tok_embeddings.shape[0] == 544
     check_shard(full, last, Shard(1, 2))
@@ -96,3 +97,24 @@ def test_a_batch_survives_the_wire() -> None:
         assert torch.equal(a.blocks, b.blocks)
         assert (a.mask is None and b.mask is None) or torch.equal(a.mask, b.mask)
     assert batch.seqs[0].mask is not None and batch.seqs[1].mask is None
+
+
+@pytest.mark.parametrize(("name", "kind"), [("qwen3", "dir"), ("gemma3", "dir"), ("phi4-mini", "dir"),
+                                            ("gemma3-gguf", "gguf"), ("phi4-mini", "gguf")])
+def test_family_shards_are_slices_of_the_whole(name: str, kind: str, tmp_path) -> None:
+    """From an HF directory or a GGUF of each family: Phi-3's fused qkv_proj / gate_up_proj (GGUF:
+    attn_qkv, ffn_up) cut by heads and MLP rows, Gemma 3's norms read as 1 + w, q/k norms and
+    post-norms whole on every rank."""
+    from interlock.testing.families import hf_model, save_dir, write_gguf
+
+    model = hf_model(name)
+    path = save_dir(model, tmp_path / name) if kind == "dir" else write_gguf(model, tmp_path / f"{name}.gguf")
+    full = load_model(str(path), weights="float").model
+    config, source, inv_freq = open_source(str(path))
+    for rank in range(2):
+        shard = Shard(rank, 2)
+        part = load_shard(source, config, shard, inv_freq, "float")
+        check_shard(full, part, shard)
+        for norm in ("attention_norm", "ffn_norm", "q_norm", "k_norm", "post_attention_norm", "post_ffn_norm"):
+            want, got = getattr(full.layers[-1], norm), getattr(part.layers[-1], norm)
+            assert (want is None) == (got is None) and (want is None or torch.equal(want.data, got.data)), norm

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from interlock.protocol.grammar import JsonSchema
+from interlock.protocol.grammar import JsonSchema, Reasoning
 from interlock.protocol.sampling import SamplingParams
 from interlock.server.config import ServerConfig
 from interlock.server.errors import APIError
@@ -197,6 +197,19 @@ def test_reasoning_server_wraps_every_chat_grammar():
     assert plain == Reasoning()
 
 
+def test_reasoning_markers_are_the_tokenizers():
+    """A server whose tokenizer has its own thinking markers (EngineFacts, from the tokenizer) wraps
+    chat grammars with those, and its outputs are split at them."""
+    from dataclasses import replace
+
+    facts = replace(FACTS, reasoning_markers=("<think>", "</think>"))
+    plan = plan_chat(chat(), facts, ServerConfig(reasoning=True))
+    assert plan.calls[0].grammar == Reasoning(start="<think>", end="</think>") == plan.reasoning
+    facts = replace(FACTS, reasoning_markers=("<|begin_of_thought|>", "<|end_of_thought|>"))
+    plan = plan_chat(chat(), facts, ServerConfig(reasoning=True))
+    assert (plan.reasoning.start, plan.reasoning.end) == ("<|begin_of_thought|>", "<|end_of_thought|>")
+
+
 def test_max_reasoning_tokens_extension():
     from interlock.protocol.grammar import Reasoning
 
@@ -220,10 +233,10 @@ THINK_SCRIPTS = [
 def test_reasoning_shaper_streams_what_it_returns_whole(script):
     from interlock.server.shaping import ChoiceShaper
 
-    whole = ChoiceShaper(0, chat=True, tools=False, reasoning=True)
+    whole = ChoiceShaper(0, chat=True, tools=False, reasoning=Reasoning())
     whole.piece("".join(script))
     full = whole.full("stop").message
-    streamed = ChoiceShaper(0, chat=True, tools=False, reasoning=True)
+    streamed = ChoiceShaper(0, chat=True, tools=False, reasoning=Reasoning())
     chunks = [c for p in script for c in streamed.piece(p)] + streamed.closing("stop")
     thought = "".join(c.delta.get("reasoning_content", "") for c in chunks)
     content = "".join(c.delta.get("content", "") or "" for c in chunks)
