@@ -77,16 +77,17 @@ class DeviceDraftActor(DraftActor):
                 b.fail(s.slot, answer.error)
                 continue
             lane = b[s.slot].lane
+            last = s.start + len(s.chunk) - 1       # the position of the lane's token t (a prompt's last)
             # a guided request's companion rows would need the rounds' drafts too: its drafts are
             # the lookups' and the forced tokens (the law is the same, its drafts only shorter)
             if answer.model and s.guide is None:
                 head = self.chain.forced(b[s.slot].forced)[: answer.k]
                 heads[lane] = len(head)
-                asks.append(LaneAsk(lane, s.request_id, s.slot, s.start, head, answer.k, s.sampling,
+                asks.append(LaneAsk(lane, s.request_id, s.slot, last, head, answer.k, s.sampling,
                                     masking and s.constrained))
             else:
                 b[s.slot].drafts = answer.drafts
-                asks.append(LaneAsk(lane, s.request_id, s.slot, s.start, answer.drafts, 0, s.sampling, False))
+                asks.append(LaneAsk(lane, s.request_id, s.slot, last, answer.drafts, 0, s.sampling, False))
         self._asks, self._heads = asks, heads
         rounds = self.device.k if heads else 0
         b.draft_rounds = rounds
@@ -154,10 +155,14 @@ class DeviceDraftActor(DraftActor):
         """The step's tail: the chain learns the committed tokens; the draft cache keeps what it fed
         and the target accepted."""
         super().commit()
-        if not self.step.draft_rounds:
-            return
         b = self.step
-        for a in self._asks:
-            r = b[a.slot].result
-            if r is not None and b[a.slot].error is None:
+        fed = {a.slot: a for a in self._asks} if b.draft_rounds else {}     # lanes the rounds fed
+        for s in self._plan.snapshots if self._plan is not None else ():
+            r = b[s.slot].result
+            if r is None or b[s.slot].error is not None:
+                continue
+            a = fed.get(s.slot)
+            if a is not None:
                 self.device.commit_step(a.request_id, a.start, r.new_tokens, r.accepted)
+            else:       # a step without rounds: the tokens a later round's catch-up feeds
+                self.device.extend(s.request_id, r.new_tokens)

@@ -329,6 +329,12 @@ class DeviceDrafter:
         r.length = start + keep
         r.tokens.extend(new_tokens)
 
+    def extend(self, request_id: RequestId, new_tokens: tuple[TokenId, ...]) -> None:
+        """Tokens committed in a step without rounds: the cache feeds them when it next drafts."""
+        r = self._requests.get(request_id)
+        if r is not None:
+            r.tokens.extend(new_tokens)
+
 
 def device_draft_lm(model: DeviceLlama, n_layers: int | None = None, head: torch.Tensor | None = None,
                     d2t: torch.Tensor | None = None) -> DeviceDraftLM:

@@ -61,3 +61,50 @@ def target_law(tiny, engine, prompt: str, grammar, n: int, temperature: float, t
 
     walk([], 1.0)
     return dict(law)
+
+
+def first_two_law(tiny, engine, prompt: str, grammar, *, temperature: float = 1.0, top_k: int | None = None,
+                  scale: float | None = None, penalties: dict[str, float] | None = None
+                  ) -> dict[tuple[int, int], float]:
+    """P(output's first two tokens) under the grammar-masked, temperature / top-k target of a
+    request with classifier-free guidance at `scale` (the default negative prompt) and / or the
+    `penalties` (SamplingParams' penalty fields): each row guided, then penalized (repetition over
+    prompt + output ids, frequency / presence over output ids), then masked, from the model
+    directly. Assumes no stop token among the first two (the callers check every sample's length)."""
+    from interlock.engine.intake import EMPTY_CHAT
+    from interlock.kernels.cfg import cfg_combine
+    from interlock.kernels.penalties_reference import apply_penalties_reference
+
+    tok = tiny.tokenizer
+    cond, uncond = tok.encode_prompt(prompt), tok.encode_prompt(EMPTY_CHAT)
+    matcher = anyio.run(engine.grammars.matcher, grammar)
+    bitmask = allocate_bitmask(1, tiny.config.vocab_size)
+    v = tiny.config.vocab_size
+    seen = torch.zeros(1, v, dtype=torch.bool)
+    seen[0, cond] = True
+    params = {k: torch.tensor([float(x)]) for k, x in (penalties or {}).items()}
+
+    def probs(prefix: list[int]) -> torch.Tensor:
+        x = logits_after(tiny, cond, prefix)[-1:].float().clone()      # an inference tensor: copy before masking
+        if scale is not None:
+            x = cfg_combine(x, logits_after(tiny, uncond, prefix)[-1:].float(), torch.tensor([scale]))
+        if penalties:
+            counts = torch.zeros(1, v, dtype=torch.long)
+            for t in prefix:
+                counts[0, t] += 1
+            x = apply_penalties_reference(x, counts, seen, params["presence_penalty"], params["frequency_penalty"],
+                                          params["repetition_penalty"])
+        x[:, tok.vocab_size:] = float("-inf")
+        assert matcher.accept(prefix)
+        matcher.fill_mask(bitmask, 0)
+        matcher.rollback(len(prefix))
+        apply_token_bitmask_(x, bitmask)
+        return probs_from_logits(x, torch.tensor([temperature]), torch.tensor([top_k]) if top_k else None, None)[0]
+
+    first = probs([])
+    law = {}
+    for t0 in first.nonzero().flatten().tolist():
+        second = probs([t0])
+        for t1 in second.nonzero().flatten().tolist():
+            law[(t0, t1)] = float(first[t0]) * float(second[t1])
+    return law

@@ -2,10 +2,11 @@
 stochastic CFG requests, drafted by a model that sees only the conditional prompt (so drafts are
 accepted and rejected), are distributed as the guided, grammar-masked, top-k target.
 
-The expected law is computed outside the engine: the tiny model's cond and uncond logits after
-the prompts (and after each first token), cfg_combine, the grammar's masks from a fresh matcher,
-probs_from_logits. The engine's forward is batch-invariant, so the logits it verifies against are
-these. A check against the unguided law shows the test can tell guidance from none.
+The expected law is computed outside the engine (laws.first_two_law): the tiny model's cond and
+uncond logits after the prompts (and after each first token), cfg_combine, the grammar's masks
+from a fresh matcher, probs_from_logits. The engine's forward is batch-invariant, so the logits it
+verifies against are these. A check against the unguided law shows the test can tell guidance
+from none. The device runner's is test_device_feature_stats.py.
 """
 from __future__ import annotations
 
@@ -14,15 +15,12 @@ import torch
 
 from interlock.drafters.model import DraftLM
 from interlock.engine import Engine, EngineConfig
-from interlock.grammars.bitmask import allocate_bitmask
-from interlock.kernels import apply_token_bitmask_, probs_from_logits
-from interlock.kernels.cfg import cfg_combine
 from interlock.protocol.grammar import Regex
 from interlock.protocol.sampling import Completion, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
-from laws import logits_after
+from laws import first_two_law
 from helpers import assert_all_free
 
 PROMPT = "Once upon a time"
@@ -32,33 +30,6 @@ DRAWS = 1000
 ALPHA = 1e-3
 
 
-
-
-def _law(tiny, engine: Engine, scale: float) -> dict[tuple[int, int], float]:
-    """P(first two tokens) under the guided (scale), masked, top-k distribution."""
-    tok = tiny.tokenizer
-    cond_prompt = tok.encode_prompt(PROMPT)
-    uncond_prompt = tok.encode_prompt([{"role": "user", "content": ""}])
-    matcher = anyio.run(engine.grammars.matcher, GRAMMAR)
-    bitmask = allocate_bitmask(1, tiny.config.vocab_size)
-
-    def probs(cond: torch.Tensor, uncond: torch.Tensor, prefix: list[int]) -> torch.Tensor:
-        guided = cfg_combine(cond[None], uncond[None], torch.tensor([scale]))
-        guided[:, tok.vocab_size:] = float("-inf")
-        assert matcher.accept(prefix)
-        matcher.fill_mask(bitmask, 0)
-        matcher.rollback(len(prefix))
-        apply_token_bitmask_(guided, bitmask)
-        return probs_from_logits(guided.float(), torch.tensor([TEMPERATURE]), torch.tensor([TOP_K]), None)[0]
-
-    first = probs(logits_after(tiny, cond_prompt, [])[0], logits_after(tiny, uncond_prompt, [])[0], [])
-    law = {}
-    for t0 in first.nonzero().flatten().tolist():
-        cond, uncond = logits_after(tiny, cond_prompt, [t0]), logits_after(tiny, uncond_prompt, [t0])
-        second = probs(cond[1], uncond[1], [t0])
-        for t1 in second.nonzero().flatten().tolist():
-            law[(t0, t1)] = float(first[t0]) * float(second[t1])
-    return law
 
 
 async def _samples(engine: Engine) -> list[Completion]:
@@ -83,8 +54,11 @@ async def test_stochastic_cfg_with_speculation_samples_the_guided_masked_law(tin
     async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8)) as engine:
         completions = await _samples(engine)
         await assert_all_free(engine)
-        guided = await anyio.to_thread.run_sync(_law, tiny, engine, SCALE)
-        unguided = await anyio.to_thread.run_sync(_law, tiny, engine, 1.0)
+        guided = await anyio.to_thread.run_sync(lambda: first_two_law(tiny, engine, PROMPT, GRAMMAR,
+                                                                      temperature=TEMPERATURE, top_k=TOP_K,
+                                                                      scale=SCALE))
+        unguided = await anyio.to_thread.run_sync(lambda: first_two_law(tiny, engine, PROMPT, GRAMMAR,
+                                                                        temperature=TEMPERATURE, top_k=TOP_K))
     samples = [c.token_ids for c in completions]
     drafted, accepted = sum(c.stats.drafted for c in completions), sum(c.stats.accepted for c in completions)
     assert 0 < accepted < drafted, "drafts should be both accepted and rejected"

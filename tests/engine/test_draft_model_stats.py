@@ -3,14 +3,16 @@ runner (captured steps, the CPU under CUDA's rules): the first tokens of a const
 drawn over many seeds, follow the masked target law computed directly from the model, although
 the 1-layer self-draft of a random model proposes from another law (q), draws under the grammar's
 draft-side rows and is often rejected. A chi-square test at ALPHA / len(CASES) per case; a planted
-bug (verification told the drafts were point masses: q ignored) must be rejected by the same test."""
+bug (verification told the drafts were point masses: q ignored) must be rejected by the same test.
+DRAWS per case by default (each draw is a request through the deferred-op timeline: the slow part
+of CI); `pytest -m soak` draws SOAK_DRAWS."""
 from __future__ import annotations
 
 import anyio
 import pytest
 import torch
 
-from interlock.actors import device_verifier
+from interlock.kernels import verify_features
 from interlock.engine import Engine, EngineConfig
 from interlock.protocol.grammar import Regex
 from interlock.protocol.sampling import SamplingParams
@@ -21,15 +23,15 @@ from helpers import assert_all_free, wait_idle
 from laws import target_law
 
 ALPHA = 1e-3
-DRAWS = 1000
+DRAWS, SOAK_DRAWS = 320, 4000
 WORDS = Regex(r"(alpha|beta|gamma|delta)( one| two| three){0,2}")    # few outcomes: the law stays small
 PROMPT = "alpha one beta two"
 CASES = {"sample": {"temperature": 2.0}, "top_k": {"temperature": 2.0, "top_k": 4}}
 SPEC = SpeculativeConfig(("self-draft",), max_draft_len=3, self_draft_layers=1)
 
 
-async def draw(tiny_float, params: dict) -> tuple[list[tuple[int, ...]], int, int, dict, object]:
-    sampling = [SamplingParams(seed=i, max_tokens=3, **params) for i in range(DRAWS)]
+async def draw(tiny_float, params: dict, draws: int = DRAWS) -> tuple[list[tuple[int, ...]], int, int, dict, object]:
+    sampling = [SamplingParams(seed=i, max_tokens=3, **params) for i in range(draws)]
     samples: list[tuple[int, ...]] = []
     drafted = accepted = 0
     config = EngineConfig(speculative=SPEC, runner="device", device="cpu", max_batch_size=16)
@@ -37,7 +39,7 @@ async def draw(tiny_float, params: dict) -> tuple[list[tuple[int, ...]], int, in
 
         async def worker(w: int) -> None:
             nonlocal drafted, accepted
-            for i in range(w, DRAWS, 16):
+            for i in range(w, draws, 16):
                 c = await engine.complete(PROMPT, grammar=WORDS, sampling=sampling[i])
                 samples.append(c.token_ids)
                 drafted, accepted = drafted + c.stats.drafted, accepted + c.stats.accepted
@@ -60,9 +62,10 @@ def pvalue(samples: list[tuple[int, ...]], law: dict) -> float:
     return chi_square_pvalue(counts, torch.tensor([law.get(o, 0.0) for o in outcomes]))
 
 
+@pytest.mark.parametrize("draws", [DRAWS, pytest.param(SOAK_DRAWS, marks=pytest.mark.soak)])
 @pytest.mark.parametrize("name", list(CASES))
-async def test_sampled_model_drafts_sample_the_masked_target_law(tiny_float, name: str) -> None:
-    samples, drafted, accepted, law, metrics = await draw(tiny_float, CASES[name])
+async def test_sampled_model_drafts_sample_the_masked_target_law(tiny_float, name: str, draws: int) -> None:
+    samples, drafted, accepted, law, metrics = await draw(tiny_float, CASES[name], draws)
     assert 0 < accepted < drafted, (accepted, drafted)
     assert metrics.replayed_steps > metrics.eager_steps, metrics
     assert set(samples) <= set(law), "an outcome the masked target law gives no mass"
@@ -71,11 +74,11 @@ async def test_sampled_model_drafts_sample_the_masked_target_law(tiny_float, nam
 
 
 async def test_the_test_rejects_verification_that_ignores_q(tiny_float, monkeypatch) -> None:
-    verify = device_verifier.verify_step
+    verify = verify_features.verify_step
 
     def point_masses(logits, v, m, vocab, mode, draft_probs=None):
         return verify(logits, v, m, vocab, mode, draft_probs=None)
 
-    monkeypatch.setattr(device_verifier, "verify_step", point_masses)
+    monkeypatch.setattr(verify_features, "verify_step", point_masses)
     samples, _, _, law, _ = await draw(tiny_float, CASES["sample"])
     assert pvalue(samples, law) < ALPHA / len(CASES)

@@ -33,8 +33,8 @@ SPECS = {
 }
 
 
-async def run(tiny, speculative, cases) -> list[Completion]:
-    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8)) as engine:
+async def run(tiny, speculative, cases, runner: str = "auto") -> list[Completion]:
+    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8, runner=runner)) as engine:
         out = await complete_all(engine, cases)
         await assert_all_free(engine)
     return out
@@ -138,13 +138,22 @@ def reference_logprobs(tiny, engine: Engine, prompt: str, grammar, sampling: Sam
 
 @pytest.mark.parametrize("mode", ["ngram+forced", "self-draft+forced"])
 def test_sampled_logprobs_are_the_log_of_the_masked_law(tiny, mode: str) -> None:
+    check_sampled_logprobs(tiny, SPECS[mode](tiny), "auto")
+
+
+def test_sampled_logprobs_on_the_device_runner_are_the_log_of_the_masked_law(tiny_float) -> None:
+    """The device runner's logprobs (kernels/verify_features.py, on captured steps) under the same check."""
+    check_sampled_logprobs(tiny_float, SPECS["ngram+forced"](tiny_float), "device")
+
+
+def check_sampled_logprobs(tiny, speculative: SpeculativeConfig, runner: str) -> None:
     grammar = JsonSchema(SCHEMA)
     cases = [("Once upon a time", grammar, SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=s,
                                                           max_tokens=24, logprobs=2)) for s in range(4)]
     cases.append(("Once upon a time", grammar, SamplingParams(temperature=0.9, seed=7, max_tokens=24, logprobs=2,
                                                               presence_penalty=0.4, frequency_penalty=0.3,
                                                               repetition_penalty=1.2)))
-    got = anyio.run(run, tiny, SPECS[mode](tiny), cases)
+    got = anyio.run(run, tiny, speculative, cases, runner)
     assert sum(c.stats.drafted for c in got) > 0
 
     async def check() -> None:

@@ -10,8 +10,6 @@ import torch
 
 from interlock.drafters.model import DraftLM
 from interlock.engine import Engine, EngineConfig
-from interlock.grammars.bitmask import allocate_bitmask
-from interlock.kernels import apply_token_bitmask_, probs_from_logits
 from interlock.kernels.penalties_reference import apply_penalties_reference
 from interlock.protocol.grammar import JsonSchema, Regex
 from interlock.protocol.sampling import Completion, SamplingParams
@@ -19,7 +17,7 @@ from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
 from helpers import SCHEMA, assert_all_free, wait_idle
-from laws import logits_after
+from laws import first_two_law, logits_after
 
 PENALTIES = dict(presence_penalty=0.5, frequency_penalty=1.5, repetition_penalty=1.3)
 PROMPTS = ["abc abc abc abc", "Once upon a time", "JSON please", "one two one two one two"]
@@ -111,39 +109,6 @@ STRONG = dict(presence_penalty=2.0, frequency_penalty=2.0, repetition_penalty=3.
 DRAWS, ALPHA = 1000, 1e-3
 
 
-def _penalized_law(tiny, engine: Engine, penalties: dict) -> dict[tuple[int, int], float]:
-    """P(first two tokens) under the penalized, grammar-masked, top-k target, from the model directly."""
-    tok = tiny.tokenizer
-    prompt = tok.encode_prompt(STAT_PROMPT)
-    matcher = anyio.run(engine.grammars.matcher, STAT_GRAMMAR)
-    bitmask = allocate_bitmask(1, tiny.config.vocab_size)
-    v = tiny.config.vocab_size
-    prompt_mask = torch.zeros(1, v, dtype=torch.bool)
-    prompt_mask[0, prompt] = True
-    p = {k: torch.tensor([float(x)]) for k, x in penalties.items()}
-
-    def probs(logits: torch.Tensor, prefix: list[int]) -> torch.Tensor:
-        counts = torch.zeros(1, v, dtype=torch.long)
-        for t in prefix:
-            counts[0, t] += 1
-        x = apply_penalties_reference(logits[None].float(), counts, prompt_mask, p["presence_penalty"],
-                                      p["frequency_penalty"], p["repetition_penalty"])
-        x[:, tok.vocab_size:] = float("-inf")
-        assert matcher.accept(prefix)
-        matcher.fill_mask(bitmask, 0)
-        matcher.rollback(len(prefix))
-        apply_token_bitmask_(x, bitmask)
-        return probs_from_logits(x, torch.tensor([1.0]), torch.tensor([3]), None)[0]
-
-    first = probs(logits_after(tiny, prompt, [])[0], [])
-    law = {}
-    for t0 in first.nonzero().flatten().tolist():
-        second = probs(logits_after(tiny, prompt, [t0])[1], [t0])
-        for t1 in second.nonzero().flatten().tolist():
-            law[(t0, t1)] = float(first[t0]) * float(second[t1])
-    return law
-
-
 async def test_stochastic_speculation_with_penalties_samples_the_penalized_masked_law(tiny) -> None:
     speculative = SpeculativeConfig(("draft",), max_draft_len=2, draft_lm=DraftLM.full(tiny.model))
     async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8)) as engine:
@@ -159,10 +124,10 @@ async def test_stochastic_speculation_with_penalties_samples_the_penalized_maske
                 for w in range(8):
                     tg.start_soon(worker, w)
         await assert_all_free(engine)
-        law = await anyio.to_thread.run_sync(_penalized_law, tiny, engine, STRONG)
-        unpenalized = await anyio.to_thread.run_sync(_penalized_law, tiny, engine,
-                                                     dict(presence_penalty=0, frequency_penalty=0,
-                                                          repetition_penalty=1))
+        law = await anyio.to_thread.run_sync(lambda: first_two_law(tiny, engine, STAT_PROMPT, STAT_GRAMMAR,
+                                                                   top_k=3, penalties=STRONG))
+        unpenalized = await anyio.to_thread.run_sync(lambda: first_two_law(tiny, engine, STAT_PROMPT, STAT_GRAMMAR,
+                                                                           top_k=3))
     samples = [c.token_ids for c in completions]
     drafted, accepted = sum(c.stats.drafted for c in completions), sum(c.stats.accepted for c in completions)
     assert 0 < accepted < drafted, "drafts should be both accepted and rejected"
