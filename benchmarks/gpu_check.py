@@ -35,6 +35,7 @@ CUDA_TESTS = [("tests/streams/test_cuda_timeline.py", 60), ("tests/kernels/test_
               ("tests/kernels/test_bitmask_vocab_sizes.py", 60), ("tests/kernels/test_rejection_cuda.py", 60),
               ("tests/kernels/test_rejection_stats.py", 90), ("tests/kernels/test_logprobs.py", 60),
               ("tests/models/test_device_forward.py", 60), ("tests/engine/test_device_runner.py", 150),
+              ("tests/engine/test_device_draft.py", 120), ("tests/engine/test_device_features.py", 120),
               ("tests/engine/test_watchdog_cuda.py", 60)]
 TEST_WORKERS = 4                                        # pytest processes at once: one GPU, 16 cores
 BUDGET_S = 470                                          # 8 minutes, less the install and the report

@@ -7,6 +7,8 @@ On the tiny preset (random weights, the embedded tokenizer), under a debug log (
 stderr) and a 60 s step watchdog, so a fault or a hang ends in a typed error, not a killed process:
 - greedy JSON, captured and eager: the same tokens, and the finished outputs validate;
 - seeded sampling with top-k and top-p, captured and eager: the same tokens;
+- every feature at once, captured and eager: a self-draft of 1 layer with draft masks (rounds in
+  the step), classifier-free guidance, penalties and logprobs on seeded requests under a grammar;
 - the engine's metrics (captured programs, replayed and eager steps) and the peak GPU memory;
 - a host-function trace of ~30 decode steps at batch 8: each host function's name, lane, thread,
   start and end (DIR/host-trace.json), and per name its count and mean time.
@@ -60,11 +62,16 @@ async def complete_all(engine: Engine, grammar: object, samplings: list[Sampling
     return outs
 
 
-async def captured_vs_eager(loaded: LoadedModel, device: str, grammar: object,
-                            samplings: list[SamplingParams]) -> dict[str, object]:
+# one request per feature (and one with none), sampled with seeds, under the JSON grammar
+FEATURES = [SamplingParams(temperature=0.7, seed=i, max_tokens=24, **kw) for i, kw in enumerate([
+    {}, {"guidance_scale": 1.5}, {"repetition_penalty": 1.2, "frequency_penalty": 0.3}, {"logprobs": 3}])]
+
+
+async def captured_vs_eager(loaded: LoadedModel, device: str, grammar: object, samplings: list[SamplingParams],
+                            mode: str = "ngram+forced") -> dict[str, object]:
     runs, metrics = {}, {}
     for capture in (True, False):
-        async with Engine(loaded, config(device, capture)) as engine:
+        async with Engine(loaded, config(device, capture, mode)) as engine:
             runs[capture] = await complete_all(engine, grammar, samplings)
             metrics[capture] = dataclasses.asdict(await engine.metrics())
     same = [a.token_ids == b.token_ids for a, b in zip(runs[True], runs[False])]
@@ -113,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     loaded = random_model("tiny", torch.device(args.device))
     parts = [("greedy_json", lambda: captured_vs_eager(loaded, args.device, JsonSchema(SCHEMA), [GREEDY] * 4)),
              ("seeded_top_k_top_p", lambda: captured_vs_eager(loaded, args.device, None, SAMPLED[:4])),
+             ("features_self_draft_cfg_penalties_logprobs",
+              lambda: captured_vs_eager(loaded, args.device, JsonSchema(SCHEMA), FEATURES, "self-draft+forced")),
              ("host_trace", lambda: host_trace(loaded, args.device))]
     failed = False
     for name, part in parts:

@@ -17,9 +17,10 @@ def test_the_smoke_runs_every_part_and_traces_the_host_functions(tmp_path) -> No
         gpu_smoke.main(["--out", str(tmp_path), "--device", "cpu"])
     assert exit_.value.code == 0
     parts = json.loads((tmp_path / "smoke.json").read_text())["parts"]
-    assert set(parts) == {"greedy_json", "seeded_top_k_top_p", "host_trace"}
+    runs = ("greedy_json", "seeded_top_k_top_p", "features_self_draft_cfg_penalties_logprobs")
+    assert set(parts) == {*runs, "host_trace"}
     assert all(p["ok"] for p in parts.values()), parts
-    for name in ("greedy_json", "seeded_top_k_top_p"):
+    for name in runs:
         assert parts[name]["metrics_captured"]["replayed_steps"] > 0
         assert parts[name]["metrics_eager"]["replayed_steps"] == 0
     trace = parts["host_trace"]

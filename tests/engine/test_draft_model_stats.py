@@ -3,7 +3,10 @@ runner (captured steps, the CPU under CUDA's rules): the first tokens of a const
 drawn over many seeds, follow the masked target law computed directly from the model, although
 the 1-layer self-draft of a random model proposes from another law (q), draws under the grammar's
 draft-side rows and is often rejected. A chi-square test at ALPHA / len(CASES) per case; a planted
-bug (verification told the drafts were point masses: q ignored) must be rejected by the same test.
+bug must be rejected by the same test: verification that divides by a q a million times too small
+(a lost normalization), so that it accepts nearly every sampled draft. Telling verification the
+drafts were point masses is no such bug: accepting d with p(d) and resampling from p without d
+still gives p, only with fewer acceptances.
 DRAWS per case by default (each draw is a request through the deferred-op timeline: the slow part
 of CI); `pytest -m soak` draws SOAK_DRAWS."""
 from __future__ import annotations
@@ -67,18 +70,19 @@ def pvalue(samples: list[tuple[int, ...]], law: dict) -> float:
 async def test_sampled_model_drafts_sample_the_masked_target_law(tiny_float, name: str, draws: int) -> None:
     samples, drafted, accepted, law, metrics = await draw(tiny_float, CASES[name], draws)
     assert 0 < accepted < drafted, (accepted, drafted)
-    assert metrics.replayed_steps > metrics.eager_steps, metrics
+    # a request prefills in one step and decodes in one or two: most steps mix prompts in (eager)
+    assert metrics.replayed_steps > 0, metrics
     assert set(samples) <= set(law), "an outcome the masked target law gives no mass"
     p = pvalue(samples, law)
     assert p > ALPHA / len(CASES), f"{name}: chi-square p = {p:.2e} over {len(law)} outcomes"
 
 
-async def test_the_test_rejects_verification_that_ignores_q(tiny_float, monkeypatch) -> None:
+async def test_the_test_rejects_verification_that_trusts_the_drafts(tiny_float, monkeypatch) -> None:
     verify = verify_features.verify_step
 
-    def point_masses(logits, v, m, vocab, mode, draft_probs=None):
-        return verify(logits, v, m, vocab, mode, draft_probs=None)
+    def trusting(logits, v, m, vocab, mode, draft_probs=None):
+        return verify(logits, v, m, vocab, mode, draft_probs=None if draft_probs is None else draft_probs * 1e-6)
 
-    monkeypatch.setattr(verify_features, "verify_step", point_masses)
+    monkeypatch.setattr(verify_features, "verify_step", trusting)
     samples, _, _, law, _ = await draw(tiny_float, CASES["sample"])
     assert pvalue(samples, law) < ALPHA / len(CASES)
