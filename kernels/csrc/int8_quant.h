@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -51,8 +52,20 @@ struct QuantRows {
 // Block scale amax / 127; values round(x * (127 / amax)) to nearest even; a zero block gets scale
 // 0 and values 0. kernels/native.py's quantize_activations is the same in torch (fp32 throughout).
 inline void quantize_block(const float* v, int8_t* q, float* scale_out) {
+  // NaN propagates, as torch's amax does: a NaN activation makes the block's scale NaN, so the row's
+  // outputs are NaN and the engine fails that request (std::max drops a NaN, and the int8 value of a
+  // NaN is whatever the conversion gives: a finite, wrong row).
   float amax = 0.f;
-  for (int64_t i = 0; i < kQBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
+  for (int64_t i = 0; i < kQBlock; ++i) {
+    const float a = std::fabs(v[i]);
+    if (a > amax || std::isnan(a)) amax = a;
+    if (std::isnan(amax)) break;
+  }
+  if (std::isnan(amax)) {                      // no int8 value stands for NaN: the scale carries it
+    std::fill(q, q + kQBlock, int8_t{0});
+    *scale_out = amax;
+    return;
+  }
   const float inv = amax > 0.f ? 127.f / amax : 0.f;
   for (int64_t i = 0; i < kQBlock; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
   *scale_out = amax / 127.f;
@@ -62,7 +75,9 @@ inline void quantize_block(const float* v, int8_t* q, float* scale_out) {
 // The same arithmetic 16 lanes at a time (cvtps_epi32 rounds to nearest even, as nearbyint).
 inline void quantize_block_avx512(const float* v, int8_t* q, float* scale_out) {
   const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const bool nan = (_mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q)) != 0;
+  const float amax = nan ? std::numeric_limits<float>::quiet_NaN()     // as quantize_block: NaN propagates
+                         : _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
   const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16),
