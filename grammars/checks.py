@@ -26,6 +26,12 @@ def check_spec(spec: GrammarSpec, config: GrammarConfig) -> None:
         if not isinstance(text, str) or not text:
             raise GrammarError(f"{type(spec).__name__}: the grammar text is empty")
         _check_size(type(spec).__name__, len(text.encode()), config)
+    elif isinstance(spec, StructuralTag):       # a switching grammar compiled whole (native=True)
+        for tag in spec.tags:
+            check_spec(tag.spec, config)
+    elif isinstance(spec, Reasoning):
+        if spec.then is not None:
+            check_spec(spec.then, config)
     elif not isinstance(spec, JsonObject):
         raise GrammarError(f"unknown grammar spec type {type(spec).__name__}")
 
