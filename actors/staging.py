@@ -22,11 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import numpy as np
 import torch
 
 from interlock.kernels.verify import MaskInputs, VerifyInputs, VerifyOutputs
 from interlock.models.device_llama import StepInputs
+from interlock.models.table_mirror import TableMirror, numpy_views
+
+__all__ = ["Rows", "StepStaging", "TableMirror", "allocate_verify", "numpy_views"]
 
 
 @dataclass(frozen=True)
@@ -56,33 +58,6 @@ def allocate_verify(batch: int, k: int, device: torch.device, pin: bool) -> Veri
     f32 = torch.float32
     return VerifyInputs(z(batch, k), z(batch), z(batch, dtype=torch.bool), z(batch, dtype=f32), z(batch),
                         z(batch, dtype=f32), z(batch, k + 1, dtype=f32))
-
-
-def numpy_views(buffers: object) -> dict[str, np.ndarray]:
-    """Numpy views of a host dataclass's tensors (same memory): how the prologue writes them."""
-    return {f.name: getattr(buffers, f.name).numpy() for f in fields(buffers)}  # type: ignore[arg-type]
-
-
-class TableMirror:
-    """The host's copy of the device block tables, one row per slot (module docstring)."""
-
-    def __init__(self, slots: int, max_blocks: int) -> None:
-        self.width = max_blocks
-        self.known: list[list[int]] = [[] for _ in range(slots)]
-        self.owner: list[int | None] = [None] * slots      # the KV sequence whose table a row holds
-
-    def updates(self, slot: int, seq: int, table: tuple[int, ...], out: list[tuple[int, int]]) -> None:
-        """Append to `out` the (flat index, block) writes that make row `slot` hold `table`."""
-        if len(table) > self.width:
-            raise ValueError(f"sequence {seq} has {len(table)} blocks, the tables hold {self.width}")
-        known = self.known[slot] if self.owner[slot] == seq else []
-        start = 0
-        limit = min(len(known), len(table))
-        while start < limit and known[start] == table[start]:
-            start += 1
-        base = slot * self.width
-        out.extend((base + j, table[j]) for j in range(start, len(table)))
-        self.known[slot], self.owner[slot] = list(table), seq
 
 
 class StepStaging:

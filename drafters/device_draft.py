@@ -29,11 +29,11 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
-from interlock.actors.staging import TableMirror, numpy_views
 from interlock.kernels.draft_sample import sample_drafts
 from interlock.kernels.sampling import request_generator
 from interlock.models.device_llama import DeviceLlama, StepInputs
 from interlock.models.kv_cache import PagedKVCache, slots_of
+from interlock.models.table_mirror import TableMirror, numpy_views
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.types import RequestId, TokenId
 
