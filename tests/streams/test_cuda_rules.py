@@ -69,11 +69,12 @@ async def test_host_functions_of_both_lanes_run_on_one_thread(timeline) -> None:
     still running (a hand-off through host code instead of an event). With one host thread, as on
     CUDA, it cannot run until the grammar one returns."""
     with anyio.fail_after(10):
-        ran = threading.Event()
+        filling, ran = threading.Event(), threading.Event()
         seen: dict[str, object] = {}
 
         def grammar_fill() -> None:
-            seen["model ran meanwhile"] = ran.wait(0.5)        # a bounded wait: ordering, not timing
+            filling.set()
+            seen["model ran meanwhile"] = ran.wait(2.0)        # a bounded wait: ordering, not timing
             seen["grammar thread"] = threading.current_thread().name
 
         def model_begin() -> None:
@@ -81,8 +82,9 @@ async def test_host_functions_of_both_lanes_run_on_one_thread(timeline) -> None:
             seen["model thread"] = threading.current_thread().name
 
         timeline.grammar.launch_host(grammar_fill)
-        started = timeline.new_event()
-        timeline.grammar.record(started)
+        # the model's host function becomes ready while the fill runs (launched after it started:
+        # which of two lanes reaches its host function first is otherwise a race)
+        assert await anyio.to_thread.run_sync(filling.wait, 5.0)
         timeline.model.launch_host(model_begin)
         await drain(timeline)
         if rules(timeline):
