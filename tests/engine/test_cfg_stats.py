@@ -6,7 +6,7 @@ The expected law is computed outside the engine (laws.first_two_law): the tiny m
 uncond logits after the prompts (and after each first token), cfg_combine, the grammar's masks
 from a fresh matcher, probs_from_logits. The engine's forward is batch-invariant, so the logits it
 verifies against are these. A check against the unguided law shows the test can tell guidance
-from none. The device runner's is test_device_feature_stats.py.
+from none.
 """
 from __future__ import annotations
 

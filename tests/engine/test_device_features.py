@@ -9,7 +9,7 @@ engine's path; on the CPU under CUDA's rules, and again on CUDA when a GPU is pr
 - a request that uses no feature pays nothing for it: a step's shape names only the features its
   requests use (no companion rows, no penalty or logprob work otherwise), its neighbours' features
   do not change its output, and it replays the same captured program as without them.
-The stochastic laws on this runner are in test_device_feature_stats.py.
+The guided and penalized sampling laws are checked on the host runner (test_cfg_stats.py, test_penalties.py).
 """
 from __future__ import annotations
 

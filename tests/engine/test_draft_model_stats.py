@@ -7,8 +7,8 @@ bug must be rejected by the same test: verification that divides by a q a millio
 (a lost normalization), so that it accepts nearly every sampled draft. Telling verification the
 drafts were point masses is no such bug: accepting d with p(d) and resampling from p without d
 still gives p, only with fewer acceptances.
-DRAWS per case by default (each draw is a request through the deferred-op timeline: the slow part
-of CI); `pytest -m soak` draws SOAK_DRAWS."""
+The default run draws DRAWS for the sampling case (each draw is a request through the deferred-op
+timeline: the slow part of CI); `pytest -m soak` draws SOAK_DRAWS for both cases."""
 from __future__ import annotations
 
 import anyio
@@ -65,8 +65,8 @@ def pvalue(samples: list[tuple[int, ...]], law: dict) -> float:
     return chi_square_pvalue(counts, torch.tensor([law.get(o, 0.0) for o in outcomes]))
 
 
-@pytest.mark.parametrize("draws", [DRAWS, pytest.param(SOAK_DRAWS, marks=pytest.mark.soak)])
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name, draws", [("sample", DRAWS), *[pytest.param(n, SOAK_DRAWS, marks=pytest.mark.soak)
+                                                               for n in CASES]])
 async def test_sampled_model_drafts_sample_the_masked_target_law(tiny_float, name: str, draws: int) -> None:
     samples, drafted, accepted, law, metrics = await draw(tiny_float, CASES[name], draws)
     assert 0 < accepted < drafted, (accepted, drafted)
