@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import anyio
+import torch
 
 from resources import leaks
 
@@ -74,32 +75,57 @@ async def wait_idle(engine: Engine) -> None:
 SEEDED = [SamplingParams(temperature=0.9, top_p=0.95, seed=s, max_tokens=24) for s in (1, 2, 3)]
 
 
-async def seeded_alone_and_batched(tiny, speculative: SpeculativeConfig | None
+async def seeded_alone_and_batched(tiny, speculative: SpeculativeConfig | None, *, seeded: int = len(SEEDED),
+                                   noise: int = 5, batch: int = 8, timeout_s: float = 60, **config: object
                                    ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """The SEEDED requests' outputs run one by one (batch 1), and run in a batch of 8 beside five
-    unseeded requests of different lengths; a seed must give the same output both ways."""
-    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=1)) as engine:
+    """The first `seeded` SEEDED requests' outputs run one by one (batch 1), and run in a batch of
+    `batch` beside `noise` unseeded requests of different lengths; a seed must give the same output
+    both ways. `config`: more EngineConfig fields (the device runner's, say)."""
+    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=1, **config)) as engine:  # type: ignore[arg-type]
         alone = [(await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=p)).token_ids
-                 for p in SEEDED]
-    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8)) as engine:
+                 for p in SEEDED[:seeded]]
+    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=batch, **config)) as engine:  # type: ignore[arg-type]
         batched: dict[int, tuple[int, ...]] = {}
 
-        async def seeded(i: int) -> None:
+        async def one(i: int) -> None:
             c = await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=SEEDED[i])
             batched[i] = c.token_ids
 
-        async def noise(i: int) -> None:
+        async def other(i: int) -> None:
             await engine.complete(f"Noise {i}", sampling=SamplingParams(temperature=1.0, max_tokens=5 + 3 * i))
 
-        with anyio.fail_after(60):
+        with anyio.fail_after(timeout_s):
             async with anyio.create_task_group() as tg:
-                for i in range(len(SEEDED)):
-                    tg.start_soon(seeded, i)
-                for i in range(5):
-                    tg.start_soon(noise, i)
+                for i in range(seeded):
+                    tg.start_soon(one, i)
+                for i in range(noise):
+                    tg.start_soon(other, i)
         await wait_idle(engine)
         await assert_all_free(engine)
-    return alone, [batched[i] for i in range(len(SEEDED))]
+    return alone, [batched[i] for i in range(seeded)]
+
+
+def draft_spec(kind: str, tiny, k: int, **kw) -> SpeculativeConfig | None:
+    """Draft-model configs on the tiny preset (int8 or float weights), by name, with K = k."""
+    from interlock.drafters.model import DraftLM
+
+    if kind == "none":
+        return None
+    if kind == "draft=target":
+        return SpeculativeConfig(("draft",), max_draft_len=k, draft_lm=DraftLM.full(tiny.model), **kw)
+    if kind == "self-draft":
+        return SpeculativeConfig(("self-draft", "forced"), max_draft_len=k, self_draft_layers=1, **kw)
+    if kind == "self-draft+ngram+adaptive":
+        return SpeculativeConfig(("self-draft", "ngram", "forced"), max_draft_len=k, self_draft_layers=1,
+                                 adaptive=True, **kw)
+    if kind == "d2t-subset":        # a pruned vocabulary: every other id, plus the ones past 512
+        d2t = torch.cat([torch.arange(0, 512, 2), torch.arange(512, tiny.tokenizer.vocab_size)])
+        return SpeculativeConfig(("draft", "forced"), max_draft_len=k,
+                                 draft_lm=DraftLM(tiny.model, 1).pruned(d2t), **kw)
+    if kind == "d2t-permutation":   # the target itself over a shuffled vocabulary: a mapping bug shows
+        d2t = torch.randperm(tiny.config.vocab_size, generator=torch.Generator().manual_seed(0))
+        return SpeculativeConfig(("draft",), max_draft_len=k, draft_lm=DraftLM.full(tiny.model).pruned(d2t), **kw)
+    raise ValueError(kind)
 
 
 # --- switching grammars (test_switch_*engine.py, test_switch_forced.py) ------------------------

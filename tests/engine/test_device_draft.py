@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from interlock.actors.grammar_actor import GrammarActor
-from interlock.drafters.model import DraftLM
 from interlock.engine import Engine, EngineConfig
 from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import GRAMMARS, PROMPTS, SCHEMA, SEEDED, assert_all_free, wait_idle
+from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, draft_spec, seeded_alone_and_batched, wait_idle
 
 K = 3
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
@@ -25,24 +24,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 
 
 def spec(kind: str, tiny, **kw) -> SpeculativeConfig | None:
-    """Draft-model configs on the tiny preset's float weights, by name (tests/engine/test_draft_models.py's)."""
-    if kind == "none":
-        return None
-    if kind == "draft=target":
-        return SpeculativeConfig(("draft",), max_draft_len=K, draft_lm=DraftLM.full(tiny.model), **kw)
-    if kind == "self-draft":
-        return SpeculativeConfig(("self-draft", "forced"), max_draft_len=K, self_draft_layers=1, **kw)
-    if kind == "self-draft+ngram+adaptive":
-        return SpeculativeConfig(("self-draft", "ngram", "forced"), max_draft_len=K, self_draft_layers=1,
-                                 adaptive=True, **kw)
-    if kind == "d2t-subset":        # a pruned vocabulary: every other id, plus the ones past 512
-        d2t = torch.cat([torch.arange(0, 512, 2), torch.arange(512, tiny.tokenizer.vocab_size)])
-        return SpeculativeConfig(("draft", "forced"), max_draft_len=K,
-                                 draft_lm=DraftLM(tiny.model, 1).pruned(d2t), **kw)
-    if kind == "d2t-permutation":   # the target itself over a shuffled vocabulary: a mapping bug shows
-        d2t = torch.randperm(tiny.config.vocab_size, generator=torch.Generator().manual_seed(0))
-        return SpeculativeConfig(("draft",), max_draft_len=K, draft_lm=DraftLM.full(tiny.model).pruned(d2t), **kw)
-    raise ValueError(kind)
+    return draft_spec(kind, tiny, K, **kw)
 
 
 def config(speculative: SpeculativeConfig | None, device: str = "cpu", **kw) -> EngineConfig:
@@ -139,29 +121,9 @@ async def test_one_host_function_per_draft_round(tiny_float) -> None:
 
 
 async def test_same_seed_same_output_alone_or_in_a_batch(tiny_float) -> None:
-    speculative = spec("self-draft", tiny_float)
-    async with Engine(tiny_float, config(speculative, max_batch_size=1)) as engine:
-        alone = [(await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=p)).token_ids
-                 for p in SEEDED[:2]]
-    async with Engine(tiny_float, config(speculative, max_batch_size=4)) as engine:
-        batched: dict[int, tuple[int, ...]] = {}
-
-        async def seeded(i: int) -> None:
-            c = await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=SEEDED[i])
-            batched[i] = c.token_ids
-
-        async def noise(i: int) -> None:
-            await engine.complete(f"Noise {i}", sampling=SamplingParams(temperature=1.0, max_tokens=5 + 3 * i))
-
-        with anyio.fail_after(300):
-            async with anyio.create_task_group() as tg:
-                for i in range(2):
-                    tg.start_soon(seeded, i)
-                for i in range(2):
-                    tg.start_soon(noise, i)
-        await wait_idle(engine)
-        await assert_all_free(engine)
-    assert [batched[i] for i in range(2)] == alone
+    alone, batched = await seeded_alone_and_batched(tiny_float, spec("self-draft", tiny_float), seeded=2, noise=2,
+                                                    batch=4, timeout_s=300, runner="device", device="cpu")
+    assert batched == alone
 
 
 async def test_cancelled_requests_free_the_draft_cache(tiny_float) -> None:

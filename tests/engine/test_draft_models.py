@@ -4,37 +4,22 @@ from __future__ import annotations
 
 import anyio
 import pytest
-import torch
 
 from interlock.actors.grammar_actor import GrammarActor
-from interlock.drafters.model import DraftLM
 from interlock.engine import Engine, EngineConfig
 from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, seeded_alone_and_batched
+from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, draft_spec, seeded_alone_and_batched
 
 K = 3
 
 
 def spec(kind: str, tiny, **kw) -> SpeculativeConfig:
-    """Draft-model configs on the tiny preset, by name."""
-    if kind == "draft=target":
-        return SpeculativeConfig(("draft",), max_draft_len=K, draft_lm=DraftLM.full(tiny.model), **kw)
-    if kind == "self-draft":
-        return SpeculativeConfig(("self-draft", "forced"), max_draft_len=K, self_draft_layers=1, **kw)
-    if kind == "self-draft+ngram+adaptive":
-        return SpeculativeConfig(("self-draft", "ngram", "forced"), max_draft_len=K, self_draft_layers=1,
-                                 adaptive=True, **kw)
-    if kind == "d2t-subset":        # a pruned vocabulary: every other id, plus the ones past 512
-        d2t = torch.cat([torch.arange(0, 512, 2), torch.arange(512, tiny.tokenizer.vocab_size)])
-        return SpeculativeConfig(("draft", "forced"), max_draft_len=K,
-                                 draft_lm=DraftLM(tiny.model, 1).pruned(d2t), **kw)
-    if kind == "d2t-permutation":   # the target itself over a shuffled vocabulary: a mapping bug shows
-        d2t = torch.randperm(tiny.config.vocab_size, generator=torch.Generator().manual_seed(0))
-        return SpeculativeConfig(("draft",), max_draft_len=K, draft_lm=DraftLM.full(tiny.model).pruned(d2t), **kw)
-    raise ValueError(kind)
+    spec = draft_spec(kind, tiny, K, **kw)
+    assert spec is not None
+    return spec
 
 
 async def outputs(tiny, speculative: SpeculativeConfig | None, sampling: SamplingParams, n: int = 8):
