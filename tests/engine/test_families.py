@@ -133,7 +133,7 @@ async def test_device_runner_speculative_equals_plain(name: str, checkpoints) ->
     """The device runner (float32 reference ops and the CPU timeline: the CUDA engine's path) keeps the law."""
     lm = load_model(str(checkpoints[name]), weights="float")
     got = {}
-    for mode in ("none", "ngram+forced", "suffix+forced"):
+    for mode in ("none", "ngram+forced", "suffix+forced", "self-draft+forced"):
         spec = SpeculativeConfig.parse(mode, max_draft_len=3)
         got[mode] = (await outputs(lm, spec, PROMPTS, runner="device", device="cpu"))[0]
-    assert got["ngram+forced"] == got["none"] == got["suffix+forced"]
+    assert got["ngram+forced"] == got["none"] == got["suffix+forced"] == got["self-draft+forced"]
