@@ -1,5 +1,5 @@
 """The masked target law of a request's first tokens, computed directly from the model (not through
-the engine), for the engine-level statistical tests."""
+the engine), for the engine-level statistical tests; and `draw`, their samples through the engine."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -11,6 +11,27 @@ from interlock.grammars.bitmask import allocate_bitmask
 from interlock.kernels import apply_token_bitmask_, probs_from_logits
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
+
+
+async def draw(engine, prompt: str, grammar, samplings: list, workers: int = 16
+               ) -> tuple[list[tuple[int, ...]], int, int]:
+    """(each request's tokens, drafts proposed, drafts accepted) of one request per sampling,
+    `workers` at a time."""
+    samples: list[tuple[int, ...]] = []
+    drafted = accepted = 0
+
+    async def worker(w: int) -> None:
+        nonlocal drafted, accepted
+        for i in range(w, len(samplings), workers):
+            c = await engine.complete(prompt, grammar=grammar, sampling=samplings[i])
+            samples.append(c.token_ids)
+            drafted, accepted = drafted + c.stats.drafted, accepted + c.stats.accepted
+
+    with anyio.fail_after(1800):
+        async with anyio.create_task_group() as tg:
+            for w in range(workers):
+                tg.start_soon(worker, w)
+    return samples, drafted, accepted
 
 
 def logits_after(tiny, prompt: list[int], nexts: list[int]) -> torch.Tensor:

@@ -23,7 +23,7 @@ from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
 from helpers import assert_all_free, wait_idle
-from laws import target_law
+from laws import draw, target_law
 
 ALPHA = 1e-3
 DRAWS, SOAK_DRAWS = 320, 4000
@@ -33,24 +33,11 @@ CASES = {"sample": {"temperature": 2.0}, "top_k": {"temperature": 2.0, "top_k": 
 SPEC = SpeculativeConfig(("self-draft",), max_draft_len=3, self_draft_layers=1)
 
 
-async def draw(tiny_float, params: dict, draws: int = DRAWS) -> tuple[list[tuple[int, ...]], int, int, dict, object]:
+async def sample(tiny_float, params: dict, draws: int = DRAWS) -> tuple[list[tuple[int, ...]], int, int, dict, object]:
     sampling = [SamplingParams(seed=i, max_tokens=3, **params) for i in range(draws)]
-    samples: list[tuple[int, ...]] = []
-    drafted = accepted = 0
     config = EngineConfig(speculative=SPEC, runner="device", device="cpu", max_batch_size=16)
     async with Engine(tiny_float, config) as engine:
-
-        async def worker(w: int) -> None:
-            nonlocal drafted, accepted
-            for i in range(w, draws, 16):
-                c = await engine.complete(PROMPT, grammar=WORDS, sampling=sampling[i])
-                samples.append(c.token_ids)
-                drafted, accepted = drafted + c.stats.drafted, accepted + c.stats.accepted
-
-        with anyio.fail_after(1800):
-            async with anyio.create_task_group() as tg:
-                for w in range(16):
-                    tg.start_soon(worker, w)
+        samples, drafted, accepted = await draw(engine, PROMPT, WORDS, sampling)
         await wait_idle(engine)
         await assert_all_free(engine)
         metrics = await engine.metrics()
@@ -68,7 +55,7 @@ def pvalue(samples: list[tuple[int, ...]], law: dict) -> float:
 @pytest.mark.parametrize("name, draws", [("sample", DRAWS), *[pytest.param(n, SOAK_DRAWS, marks=pytest.mark.soak)
                                                                for n in CASES]])
 async def test_sampled_model_drafts_sample_the_masked_target_law(tiny_float, name: str, draws: int) -> None:
-    samples, drafted, accepted, law, metrics = await draw(tiny_float, CASES[name], draws)
+    samples, drafted, accepted, law, metrics = await sample(tiny_float, CASES[name], draws)
     assert 0 < accepted < drafted, (accepted, drafted)
     # a request prefills in one step and decodes in one or two: most steps mix prompts in (eager)
     assert metrics.replayed_steps > 0, metrics
@@ -84,5 +71,5 @@ async def test_the_test_rejects_verification_that_trusts_the_drafts(tiny_float, 
         return verify(logits, v, m, vocab, mode, draft_probs=None if draft_probs is None else draft_probs * 1e-6)
 
     monkeypatch.setattr(verify_features, "verify_step", trusting)
-    samples, _, _, law, _ = await draw(tiny_float, CASES["sample"])
+    samples, _, _, law, _ = await sample(tiny_float, CASES["sample"])
     assert pvalue(samples, law) < ALPHA / len(CASES)

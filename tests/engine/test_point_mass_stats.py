@@ -27,7 +27,7 @@ from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
 from helpers import assert_all_free, wait_idle
-from laws import target_law
+from laws import draw, target_law
 
 ALPHA = 1e-3
 SHORT, SOAK = 1000, 20_000
@@ -77,21 +77,8 @@ async def _draw(tiny, case: Case, draws: int, runner: str = "auto",
                 metrics: list | None = None) -> tuple[list[tuple[int, ...]], int, int, dict]:
     sampling = [SamplingParams(temperature=case.temperature, top_k=case.top_k, top_p=case.top_p, seed=i,
                                max_tokens=case.tokens) for i in range(draws)]
-    samples: list[tuple[int, ...]] = []
-    drafted = accepted = 0
     async with Engine(tiny, EngineConfig(speculative=case.speculative, max_batch_size=16, runner=runner)) as engine:
-
-        async def worker(w: int) -> None:
-            nonlocal drafted, accepted
-            for i in range(w, draws, 16):
-                c = await engine.complete(case.prompt, grammar=case.grammar, sampling=sampling[i])
-                samples.append(c.token_ids)
-                drafted, accepted = drafted + c.stats.drafted, accepted + c.stats.accepted
-
-        with anyio.fail_after(1800):
-            async with anyio.create_task_group() as tg:
-                for w in range(16):
-                    tg.start_soon(worker, w)
+        samples, drafted, accepted = await draw(engine, case.prompt, case.grammar, sampling)
         await wait_idle(engine)
         await assert_all_free(engine)
         if metrics is not None:
