@@ -87,7 +87,9 @@ class Scheduler(Actor[object]):
             pass
 
     async def on_count(self, msg: Count) -> None:
+        # steps_in_flight: releases that arrive during a step wait for its end (StepState.between_steps)
         msg.reply.set_result({"slots_free": len(self.free_slots), "requests": len(self.requests),
+                              "steps_in_flight": int(self.program.state.in_flight),
                               "output_streams": sum(r.out.stream.state == "open" for r in self.requests.values()),
                               "compiled_grammars": sum(r.compiled is not None for r in self.requests.values())})
 

@@ -226,8 +226,9 @@ class Engine:
         the engine is idle): KV blocks and sequences, slots, matchers, n-gram entries, suffix tries,
         adaptive budgets, user-drafter contexts, draft-model sequences and blocks, seeded generators
         (target and draft), penalty counts, compiled grammars kept for unadmitted requests, output
-        streams, requests. Kept across requests, bounded: the prefix cache's blocks (kv_cached_blocks;
-        they count as free, since eviction reclaims them) and the global suffix trie (suffix_global_*).
+        streams, requests, a step in flight (a release sent during a step takes effect at its end).
+        Kept across requests, bounded: the prefix cache's blocks (kv_cached_blocks; they count as
+        free, since eviction reclaims them) and the global suffix trie (suffix_global_*).
         The KV pool's invariants (refcounts = block-table references) are checked on every call."""
         res = await self._started().resources()
         res["engine_streams"] = len(self._streams)

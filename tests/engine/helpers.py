@@ -64,9 +64,10 @@ async def aenumerate(it):
 
 
 async def wait_idle(engine: Engine) -> None:
-    """Cancels are processed between steps; wait until the scheduler holds nothing."""
+    """Cancels are processed between steps, and releases sent during a step take effect at its end:
+    wait until the scheduler holds no request and no step is in flight."""
     with anyio.fail_after(30):
-        while (await engine.resources())["requests"]:
+        while (res := await engine.resources())["requests"] or res["steps_in_flight"]:
             await anyio.sleep(0.01)
 
 
