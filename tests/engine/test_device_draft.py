@@ -16,7 +16,8 @@ from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, draft_spec, seeded_alone_and_batched, wait_idle
+from helpers import (GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all, draft_spec, seeded_alone_and_batched,
+                     wait_idle)
 
 K = 3
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
@@ -32,21 +33,13 @@ def config(speculative: SpeculativeConfig | None, device: str = "cpu", **kw) -> 
 
 
 async def outputs(tiny, speculative, sampling: SamplingParams, device: str = "cpu", n: int = 6, **kw):
+    cases = [(PROMPTS[i % len(PROMPTS)], GRAMMARS[i % len(GRAMMARS)], sampling) for i in range(n)]
     async with Engine(tiny, config(speculative, device, max_batch_size=4, **kw)) as engine:
-        out: dict[int, object] = {}
-
-        async def one(i: int) -> None:
-            out[i] = await engine.complete(PROMPTS[i % len(PROMPTS)], grammar=GRAMMARS[i % len(GRAMMARS)],
-                                           sampling=sampling)
-
-        with anyio.fail_after(300):
-            async with anyio.create_task_group() as tg:
-                for i in range(n):
-                    tg.start_soon(one, i)
+        out = await complete_all(engine, cases, timeout_s=300)
         await wait_idle(engine)
         await assert_all_free(engine)
         metrics = await engine.metrics()
-    return [out[i] for i in range(n)], metrics
+    return out, metrics
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, draft_spec, seeded_alone_and_batched
+from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all, draft_spec, seeded_alone_and_batched
 
 K = 3
 
@@ -24,19 +24,11 @@ def spec(kind: str, tiny, **kw) -> SpeculativeConfig:
 
 async def outputs(tiny, speculative: SpeculativeConfig | None, sampling: SamplingParams, n: int = 8):
     """Every (prompt, grammar) case run side by side; returns the completions in case order."""
+    cases = [(PROMPTS[i % len(PROMPTS)], GRAMMARS[i % len(GRAMMARS)], sampling) for i in range(n)]
     async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8)) as engine:
-        out: dict[int, object] = {}
-
-        async def one(i: int) -> None:
-            out[i] = await engine.complete(PROMPTS[i % len(PROMPTS)], grammar=GRAMMARS[i % len(GRAMMARS)],
-                                           sampling=sampling)
-
-        with anyio.fail_after(120):
-            async with anyio.create_task_group() as tg:
-                for i in range(n):
-                    tg.start_soon(one, i)
+        out = await complete_all(engine, cases)
         await assert_all_free(engine)
-    return [out[i] for i in range(n)]
+    return out
 
 
 @pytest.fixture(scope="module")
