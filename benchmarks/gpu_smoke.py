@@ -89,13 +89,16 @@ async def host_trace(loaded: LoadedModel, device: str) -> tuple[dict[str, object
     """~30 decode steps at batch 8 (one token a step), under a JSON grammar, every host function traced."""
     async with Engine(loaded, config(device, True, "none", trace_host_functions=True)) as engine:
         await complete_all(engine, JsonSchema(SCHEMA), [GREEDY] * 8)            # warm-up: compile, capture
-        await anyio.sleep(0.5)      # the warm-up's last tail host function ends after its tokens are out
-        start = len(engine.host_trace())
+        # A step's tokens go out inside its tail host function, whose trace entry is written when it
+        # returns: the window is the calls started after the warm-up, read once every step's tail is in.
+        t0 = time.perf_counter()
         before = await engine.metrics()
         await complete_all(engine, JsonSchema(SCHEMA), [SamplingParams(temperature=0.0, max_tokens=30)] * 8)
-        after = await engine.metrics()
-        calls = engine.host_trace()[start:]
-    steps = after.steps - before.steps
+        steps = (await engine.metrics()).steps - before.steps
+        with anyio.fail_after(30):
+            while sum(c.start >= t0 and c.name == "StepProgram._tail" for c in engine.host_trace()) < steps:
+                await anyio.sleep(0.01)
+        calls = [c for c in engine.host_trace() if c.start >= t0]
     by_name: dict[str, list[float]] = defaultdict(list)
     for c in calls:
         by_name[c.name].append(1e3 * (c.end - c.start))
