@@ -59,7 +59,7 @@ class AutoBackend:
         reasons: list[str] = []
         named: list[Gap] = []          # the keyword behind each backend's refusal, in backend order
         for backend in self.backends:
-            found = gaps(schema, backend.name, compact=spec.whitespace == "compact") if exact else ()  # type: ignore[union-attr]
+            found = gaps(schema, backend.name) if exact else ()
             if found:                  # known before compiling: skip a slow compile we would not use
                 named.append(found[0])
                 reasons.append(f"{backend.name} does not enforce " + "; ".join(map(str, found[:3])))

@@ -89,18 +89,13 @@ def subschemas(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any
                 stack.append((here, value))
 
 
-def gaps(schema: Any, backend: str, *, compact: bool = True) -> tuple[Gap, ...]:
+def gaps(schema: Any, backend: str) -> tuple[Gap, ...]:
     """The keywords of `schema` that `backend` ("xgrammar" or "llguidance") would not enforce
-    exactly (compact: the grammar allows no optional whitespace). llguidance refuses at compile
-    time the keywords it cannot enforce: none are listed for it."""
+    exactly. llguidance refuses at compile time the keywords it cannot enforce: none are listed
+    for it."""
     if backend == "xgrammar":
         ref_replaces = _old_draft(schema)
-        found = [g for where, node in subschemas(schema) for g in _xgrammar_node(where, node, ref_replaces)]
-        if compact:
-            found += [Gap(k, where, why) for where, node in subschemas(schema) for k, why in _any_value(node)]
-            if schema is True or schema == {}:
-                found.append(Gap("type", "", ANY_VALUE))
-        return tuple(found)
+        return tuple(g for where, node in subschemas(schema) for g in _xgrammar_node(where, node, ref_replaces))
     return ()       # llguidance refuses at compile time what it cannot enforce (but see ref_siblings)
 
 
@@ -124,34 +119,6 @@ def _xgrammar_node(where: str, node: dict[str, Any], ref_replaces: bool) -> Iter
             why = _xgrammar_condition(key, node)
             if why:
                 yield Gap(key, where, why)
-
-
-ANY_VALUE = "an unconstrained JSON value: xgrammar's compact grammar refuses one with 2+ members"
-
-
-def _any_value(node: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """Where xgrammar's compact grammar would need its "any JSON value" rule, which refuses every
-    object or array of two or more members ({"a":1,"b":2}, [1,2]) in compact mode."""
-    for key in ("properties", "patternProperties", "dependentSchemas"):
-        if isinstance(node.get(key), dict) and any(v is True or v == {} for v in node[key].values()):
-            yield key, ANY_VALUE
-    for key in ("items", "additionalProperties", "additionalItems"):
-        if node.get(key) == {}:
-            yield key, ANY_VALUE
-    if not assertion_keys(node):
-        return                               # {} or annotations only: reported by its parent
-    types = node.get("type")
-    types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
-    if "object" in types:
-        extra = node.get("additionalProperties", True)
-        if "properties" not in node and "patternProperties" not in node and extra is True:
-            yield "type", "an object with any members: " + ANY_VALUE
-        elif "properties" in node and extra is True:
-            yield "additionalProperties", "extra keys take any value: " + ANY_VALUE
-    if "array" in types:
-        items = node.get("items", True)
-        if items is True or (isinstance(items, list) and node.get("additionalItems", True) is True):
-            yield "items", "items of any value: " + ANY_VALUE
 
 
 def _xgrammar_condition(key: str, node: dict[str, Any]) -> str:

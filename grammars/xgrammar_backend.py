@@ -81,8 +81,7 @@ class XGrammarBackend:
             said = ["its warnings could not be read (stderr held by another compile): assumed loose"]
         warnings = [f"xgrammar: {line}" for line in dict.fromkeys(said)]          # dedup, in order
         if isinstance(spec, JsonSchema):
-            warnings += [NOT_ENFORCED + str(g) for g in gaps(json.loads(spec.compiled_schema), NAME,
-                                                          compact=spec.whitespace == "compact")]
+            warnings += [NOT_ENFORCED + str(g) for g in gaps(json.loads(spec.compiled_schema), NAME)]
         for warning in warnings:
             log.warning("grammar.backend_warning", backend=NAME, warning=warning)
         # Every xgrammar warning is an approximation ("falling back to anyOf", "ignoring multipleOf").
@@ -144,7 +143,7 @@ class XGrammarBackend:
                 schema = spec.compiled_schema if isinstance(spec, JsonSchema) else json.dumps({"type": "object"})
                 flexible = spec.whitespace == "flexible"
                 if isinstance(spec, JsonSchema):
-                    warnings += [NOT_ENFORCED + str(g) for g in gaps(json.loads(schema), NAME, compact=not flexible)]
+                    warnings += [NOT_ENFORCED + str(g) for g in gaps(json.loads(schema), NAME)]
                 grammar = (xgr.Grammar.from_json_schema(schema, any_whitespace=True, strict_mode=False) if flexible
                            else xgr.Grammar.from_json_schema(schema, any_whitespace=False, separators=(",", ":"),
                                                              strict_mode=False))

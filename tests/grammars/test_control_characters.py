@@ -11,7 +11,7 @@ from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import JsonObject, JsonSchema, Regex
 from interlock.testing import byte_tokenizer
 
-# maxLength matters: xgrammar 0.2.8 takes a raw tab in a string with a length bound (its plain
+# maxLength matters: xgrammar 0.2.9 takes a raw tab in a string with a length bound (its plain
 # string rule refuses one).
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
 

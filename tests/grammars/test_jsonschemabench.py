@@ -43,10 +43,8 @@ AUTO_REFUSED: dict[str, str] = {"JME_37": "if", "JME_39": "dependentSchemas", "G
                                 "Glaiveai2K---calculate_area_69d66e10": "oneOf"}
 # (backend, schema id) -> why that backend's verdict differs from the test's label (LENIENCY.md).
 KNOWN: dict[tuple[str, str], str] = {
-    ("xgrammar", "BFCL_simple_337"): "compact whitespace: valid instance refused",
     ("xgrammar", "Github_trivial---o21864"): "misjudges instances",
     ("xgrammar", "Github_easy---o9773"): "misjudges instances",
-    ("xgrammar", "Github_easy---o57386"): "misjudges instances",
     ("xgrammar", "Glaiveai2K---calculate_area_69d66e10"): "misjudges instances",
     ("xgrammar", "Glaiveai2K---search_hotels_252ccbea"): "misjudges instances",
 }
