@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,6 +54,8 @@ from interlock.actors.feature_staging import FeatureShape
 from interlock.actors.step_state import SlotState, StepState
 from interlock.actors.watchdog import StepWatchdog
 from interlock.protocol.messages import SlotResult, StepPlan, TokenEvent
+from interlock.protocol.errors import EngineError
+from interlock.streams.errors import DeviceFaultError
 from interlock.streams.timeline import DeviceEvent, Lane, Program, Timeline
 
 __all__ = ["SlotState", "StepEvents", "StepProgram", "StepShape", "StepState"]
@@ -114,6 +117,18 @@ class VerifyPart(Protocol):
     def finish(self) -> None: ...
 
 
+class Peers(Protocol):
+    """Other processes that run the step's forwards with this one (the device runner's tensor-parallel
+    ranks: parallel/device_group.py). Eager device work tells them as it is issued; a captured
+    program's part is recorded and announced again at each replay, from here, never from a lane."""
+
+    def recording(self) -> AbstractContextManager[list]: ...
+    def announce(self, recorded: list) -> None: ...
+    def explain(self, fault: BaseException) -> BaseException:
+        """The error to report for a device fault: the peer's own failure where it is why."""
+        ...
+
+
 Publish = Callable[[TokenEvent], None]
 OnError = Callable[[BaseException], None]
 
@@ -123,8 +138,9 @@ class StepProgram:
 
     def __init__(self, timeline: Timeline, state: StepState, grammar: GrammarPart, draft: DraftPart,
                  verifier: VerifyPart, *, max_draft_len: int, draft_model: bool, capture: bool = True,
-                 step_timeout_s: float = 300.0, watchdog_poll_s: float = 0.25) -> None:
+                 step_timeout_s: float = 300.0, watchdog_poll_s: float = 0.25, peers: Peers | None = None) -> None:
         self.timeline = timeline
+        self.peers = peers
         self.state = state
         self.events = StepEvents.new(timeline)
         self.grammar, self.draft, self.verifier = grammar, draft, verifier
@@ -133,6 +149,7 @@ class StepProgram:
         self.capture = capture
         self._plan: StepPlan | None = None
         self._programs: dict[tuple[int, bool, StepShape | None], Program] = {}
+        self._announced: dict[tuple[int, bool, StepShape | None], list] = {}     # peers' part of each program
         self._warm: set[StepShape] = set()          # bucket shapes that ran once: captured next time
         self._publish: Publish | None = None
         self._on_error: OnError | None = None
@@ -146,7 +163,7 @@ class StepProgram:
         an exception of any part goes (the timeline is failed for good then: the engine must stop)."""
         self._publish, self._on_error = publish, on_error
         self._loop = asyncio.get_running_loop()
-        self.watchdog = StepWatchdog(self.timeline, on_error, timeout_s=self._watch[0], poll_s=self._watch[1])
+        self.watchdog = StepWatchdog(self, on_error, timeout_s=self._watch[0], poll_s=self._watch[1])
 
     def launch(self, plan: StepPlan) -> None:
         """Run the step's prologue, then enqueue (or replay) its program. One event-loop entry."""
@@ -164,7 +181,9 @@ class StepProgram:
             self.state.in_flight = False
             fault = self._fault(exc)
             if fault is not exc:
-                raise fault from exc
+                # what replaces an EngineError (a peer's failure explaining a fault) must not have
+                # it underneath: the engine reports the innermost EngineError of a chain
+                raise fault from (None if isinstance(exc, EngineError) else exc)
             raise
 
     def _prologue(self, plan: StepPlan) -> None:
@@ -192,10 +211,12 @@ class StepProgram:
             self.counts["eager"] += 1
             return
         if program is None:
-            with self.timeline.capture() as program:
+            with self.timeline.capture() as program, self._recording() as announced:
                 self.enqueue(self.timeline, shape)
-            self._programs[key] = program
+            self._programs[key], self._announced[key] = program, announced
             self.counts["captured"] += 1
+        if self.peers is not None:
+            self.peers.announce(self._announced[key])
         self.timeline.replay(program)
         self.counts["replayed"] += 1
 
@@ -212,6 +233,9 @@ class StepProgram:
             return True
         self._warm.add(shape)
         return False
+
+    def _recording(self) -> AbstractContextManager[list]:
+        return self.peers.recording() if self.peers is not None else nullcontext([])
 
     def close(self) -> None:
         for program in self._programs.values():
@@ -326,10 +350,18 @@ class StepProgram:
         assert self._publish is not None
         self._publish(event)
 
+    def health(self) -> BaseException | None:
+        """The timeline's sticky error (what the watchdog asks), explained by the peers where they
+        are why (a dead tensor-parallel rank: WorkerError)."""
+        error = self.timeline.health()
+        return error if error is None or self.peers is None else self.peers.explain(error)
+
     def _fault(self, exc: BaseException) -> BaseException:
         """The timeline's device fault when `exc` is its echo (on CUDA, every call after a fault
-        raises the sticky error as a plain RuntimeError), else `exc`."""
-        health = self.timeline.health() if isinstance(exc, RuntimeError) else None
+        raises the sticky error as a plain RuntimeError), else `exc`; explained by the peers."""
+        health = self.health() if isinstance(exc, RuntimeError) else None
+        if health is None and self.peers is not None and isinstance(exc, DeviceFaultError):
+            return self.peers.explain(exc)
         return health if health is not None else exc
 
     def _guard(self, fn: Callable[..., None]) -> Callable[..., None]:

@@ -55,7 +55,7 @@ class DeviceDraftLM:
         return self.model.config.vocab_size if self.d2t is None else len(self.d2t)
 
     def cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        config = self.model.config.replace(n_layers=self.n_layers)
+        config = self.model.config.first_layers(self.n_layers)
         return PagedKVCache(config, num_blocks=num_blocks, block_size=block_size, device=self.model.device,
                             prefix_caching=False, spare_blocks=1)
 

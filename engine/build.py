@@ -91,6 +91,9 @@ def start_workers(loaded: LoadedModel, sched: SchedulerConfig, draft_lm: DraftLM
     """Tensor parallelism: spawn the ranks, sized for this engine's KV pool(s) and step (seconds;
     call it in a worker thread). Nothing to do for a model in this process."""
     model = loaded.model
+    if isinstance(model, DeviceLlama) and model.tp is not None and model.tp.leader is not None:
+        model.tp.leader.start()         # the device runner's ranks (parallel/device_group.py)
+        return
     if not isinstance(model, TensorParallelModel):
         return
     draft = (sched.num_blocks, draft_lm.n_layers) if draft_lm is not None and \
@@ -107,8 +110,11 @@ def start_workers(loaded: LoadedModel, sched: SchedulerConfig, draft_lm: DraftLM
 
 def stop_workers(loaded: LoadedModel) -> None:
     """Tensor parallelism: stop the ranks (idempotent; nothing for a model in this process)."""
-    if isinstance(loaded.model, TensorParallelModel):
-        loaded.model.close()
+    model = loaded.model
+    if isinstance(model, TensorParallelModel):
+        model.close()
+    elif isinstance(model, DeviceLlama) and model.tp is not None and model.tp.leader is not None:
+        model.tp.leader.close()
 
 
 @dataclass
@@ -183,7 +189,8 @@ def failure_of(actor: str, exc: BaseException) -> EngineError:
     while cause is not None and seen < 8:
         if isinstance(cause, EngineError):
             found = cause
-        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+        # as a traceback reads a chain: `raise ... from None` ends it
+        cause, seen = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__), seen + 1
     if found is not None:
         return found
     failure = EngineError(f"the engine failed: actor {actor} crashed: {exc!r}")
@@ -261,7 +268,8 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
                            else config.grammar.batched_masks)
     program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=rounds,
                           draft_model=isinstance(drafter, ModelDrafter), capture=config.capture_steps,
-                          step_timeout_s=config.step_timeout_s, watchdog_poll_s=config.watchdog_poll_s)
+                          step_timeout_s=config.step_timeout_s, watchdog_poll_s=config.watchdog_poll_s,
+                          peers=model.tp.leader if isinstance(model, DeviceLlama) and model.tp else None)
     scheduler = Scheduler(sched, loaded.tokenizer, kv_actor, grammar, draft, verifier, program, forget)
     return Runtime((kv_actor, verifier, grammar, draft, scheduler), scheduler, timeline, program, kv, drafter, rows)
 

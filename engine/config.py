@@ -45,7 +45,7 @@ class EngineConfig:
     trace_host_functions: bool = False
     # Share the K/V of full prompt blocks between requests (models/prefix_cache.py): a request whose
     # prompt starts with a cached prefix skips prefilling it. Outputs are the same either way.
-    # Not yet under tensor parallelism (untested there): off when tensor_parallel > 1.
+    # Off under the host runner's tensor parallelism (untested there); on under the device runner's.
     prefix_caching: bool = True
     # torch intra-op threads of the model lane. Each thread that runs torch ops in parallel keeps an
     # OpenMP pool of its own, and two pools on a small machine make each parallel op wait for

@@ -21,11 +21,35 @@ from interlock.models.llama import Transformer
 from interlock.models.loader import LoadedModel, load_model, model_config
 from interlock.parallel.group import TensorParallelModel, load_tensor_parallel
 from interlock.parallel.sharded import Shard
-from interlock.protocol.errors import UnsupportedModelError, not_yet_on
+from interlock.protocol.errors import UnsupportedModelError
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.protocol.types import Dtype
 
 log = get_logger(__name__)
+
+
+# docs/scaling.md says what has run: tensor parallelism on the device runner on the CPU (gloo), not NCCL.
+CUDA_TP = ("tensor parallelism is not on CUDA yet (it has run on the device runner on the CPU only, "
+           "docs/scaling.md): use one GPU, or device='cpu'")
+
+
+def load_device_shard(name_or_path: str, world: int, *, seed: int = 0, threads: int = 1,
+                      step_timeout_s: float = 60.0) -> LoadedModel:
+    """Rank 0's shard of the device forward (float32 on the CPU), with the group of the other W-1
+    ranks not started yet (engine/build.py starts it with the engine): parallel/device_group.py."""
+    from interlock.models.loader import load_tokenizer
+    from interlock.parallel.device_group import DeviceGroup
+    from interlock.parallel.shard_sources import open_source
+    from interlock.parallel.sharded import load_shard
+
+    config, source, inv_freq = open_source(name_or_path, "float32", seed)
+    tokenizer = load_tokenizer(name_or_path)
+    if config.eos_token_id is None and tokenizer.eos_token_ids:
+        config = config.replace(eos_token_id=tokenizer.eos_token_ids[0])
+    shard = load_shard(source, config, Shard(0, world), inv_freq, "float")
+    group = DeviceGroup(name_or_path, world, config, seed=seed, threads=threads, step_timeout_s=step_timeout_s)
+    model = DeviceLlama.from_transformer(shard, "cpu", torch.float32, tp=group.comm)
+    return LoadedModel(name_or_path, model.config, model, tokenizer, 0.0)  # type: ignore[arg-type]
 
 
 def check_before_loading(name_or_path: str, tensor_parallel: int) -> None:
@@ -43,7 +67,13 @@ def load_target(name_or_path: str, config: EngineConfig, *, weights: Weights = "
     start = time.perf_counter()
     check_before_loading(name_or_path, tensor_parallel)
     target = config.torch_device()
-    if config.runner_for(target) == "device":
+    device_runner = config.runner_for(target) == "device"
+    if device_runner and tensor_parallel > 1:
+        if target.type == "cuda":
+            raise UnsupportedModelError(CUDA_TP)
+        loaded = load_device_shard(name_or_path, tensor_parallel, threads=config.threads or 1,
+                                   step_timeout_s=config.tp_step_timeout_s)
+    elif device_runner:
         dtype: Dtype = "bfloat16" if target.type == "cuda" else "float32"
         loaded = load_model(name_or_path, weights="float", dtype=dtype)
     elif tensor_parallel > 1:
@@ -66,9 +96,11 @@ def for_runner(loaded: LoadedModel, config: EngineConfig) -> tuple[LoadedModel, 
         if isinstance(model, DeviceLlama):
             raise UnsupportedModelError("this model was loaded for the device runner; use runner='device'")
         return loaded, runner
-    where = not_yet_on(device.type)
-    if isinstance(model, TensorParallelModel):
-        raise UnsupportedModelError(f"tensor parallelism is not on {where} yet: use one GPU, or the CPU engine")
+    if isinstance(model, TensorParallelModel) or (device.type == "cuda" and getattr(model, "tp", None)):
+        raise UnsupportedModelError(CUDA_TP if device.type == "cuda" else
+                                    "this model's ranks were started for the host runner: for the device "
+                                    "runner load it with the device runner's config (Engine.from_pretrained"
+                                    "(..., runner='device', tensor_parallel=N))")
     if isinstance(model, DeviceLlama):
         if model.device != device and not (device.type == model.device.type == "cuda" and device.index is None):
             raise UnsupportedModelError(f"the model is on {model.device}, the engine asks for {device}")

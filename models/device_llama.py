@@ -21,11 +21,17 @@ greedy plain, as on the CPU):
 - everything else (embedding, RoPE, SiLU / tanh-GELU, residual adds, KV writes) is elementwise;
   per-head q/k norms are the same row RMSNorm over [T * heads, D].
 `invariant=False` uses plain unpadded GEMMs and torch's RMSNorm, for measuring that cost.
+
+Under tensor parallelism (`tp`, parallel/device_group.py) the weights are one rank's shard and the
+forward adds its collectives: a vocab-parallel embedding, the sum of the row-parallel o and down
+outputs, the gathered logits. With two ranks a sum of two partials is the same in either order,
+so batch invariance holds there too.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +42,9 @@ from interlock.models.kv_cache import PagedKVCache, slots_of
 from interlock.models.llama import ACTIVATIONS, Transformer
 from interlock.models.rope import apply_rope, cos_sin_table, local_cos_sin_table
 from interlock.protocol.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from interlock.parallel.device_group import ShardComm
 
 
 @dataclass(frozen=True)
@@ -117,11 +126,15 @@ class DeviceLlama:
     def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[_Layer], norm: torch.Tensor,
                  head: torch.Tensor, *, gemm_rows: int = 128, invariant: bool = True,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 rope_local: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 rope_local: tuple[torch.Tensor, torch.Tensor] | None = None, tp: ShardComm | None = None) -> None:
         if gemm_rows < 1:
             raise ValueError(f"gemm_rows must be >= 1, got {gemm_rows}")
         dtype = str(embed.dtype).removeprefix("torch.")
-        self.config = config.replace(dtype=dtype, kv_dtype=dtype)
+        # Under tensor parallelism the weights are one rank's shard (parallel/sharded.py's slicing:
+        # heads, MLP rows, vocabulary rows) and `config` says so, but for the whole vocabulary:
+        # the logits the forward returns are gathered whole.
+        self.tp = tp
+        self.config = config.replace(dtype=dtype, kv_dtype=dtype, **({"vocab_size": tp.vocab} if tp else {}))
         self.device = embed.device
         self.embed, self.layers, self.norm, self.head = embed, layers, norm, head
         self.gemm_rows = gemm_rows
@@ -193,21 +206,28 @@ class DeviceLlama:
 
         n_layers: run the first n layers only (a self-draft; `kv` then holds n layers); head: another
         head's rows [Vd, E] (a pruned draft vocabulary)."""
-        c = self.config
+        c, tp = self.config, self.tp
         ops = self.ops()
         norm = ops.rms_norm if self.invariant else _torch_rms_norm
-        x = self.embed[inputs.input_ids] * c.embed_scale                          # [T, E]
+        if tp is not None:
+            tp.lead(inputs, kv, n_layers, head)       # rank 0: announce the forward, broadcast its inputs
+        x = (self.embed[inputs.input_ids] if tp is None else tp.embed(self.embed, inputs.input_ids)) * c.embed_scale
         ropes = [(cos[inputs.positions], sin[inputs.positions]) for cos, sin in self.ropes]   # [T, R] each
         act = ACTIVATIONS[c.activation]
         for index, layer in enumerate(self.layers[:n_layers]):
             qkv = self._linear(norm(x, layer.attention_norm, c.rms_eps), layer.wqkv, layer.bqkv)
             attn = self._attention(qkv, layer, *ropes[int(c.local_rope(index))], inputs, kv, index, ops, norm)
-            x = x + _maybe(norm, self._linear(attn, layer.wo), layer.post_attention_norm, c.rms_eps)
+            x = x + _maybe(norm, self._sum(self._linear(attn, layer.wo)), layer.post_attention_norm, c.rms_eps)
             gate, up = self._linear(norm(x, layer.ffn_norm, c.rms_eps), layer.w13).chunk(2, dim=-1)
-            x = x + _maybe(norm, self._linear(act(gate) * up, layer.w2), layer.post_ffn_norm, c.rms_eps)
+            x = x + _maybe(norm, self._sum(self._linear(act(gate) * up, layer.w2)), layer.post_ffn_norm, c.rms_eps)
         x = x.index_select(0, inputs.logit_rows)                                   # [N, E]
         w = self.head if head is None else head
-        return self._linear(norm(x, self.norm, c.rms_eps), w).float()           # [N, V]
+        logits = self._linear(norm(x, self.norm, c.rms_eps), w).float()         # [N, V] ([N, V/W] a shard's)
+        return logits if tp is None else tp.logits(logits)
+
+    def _sum(self, y: torch.Tensor) -> torch.Tensor:
+        """A row-parallel projection's output: the ranks' partial sums added (one all-reduce)."""
+        return y if self.tp is None else self.tp.reduce(y)
 
     __call__ = forward
 

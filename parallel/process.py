@@ -1,4 +1,5 @@
-"""One tensor-parallel rank as its own `python -m interlock.parallel.worker` process.
+"""One tensor-parallel rank as its own `python -m` process (parallel/worker.py for the host runner,
+parallel/device_worker.py for the device runner).
 
 Not multiprocessing's spawn: spawn re-runs the parent's main module in every child, which fails
 when the main program is `python -` (no file to re-run), and which starts the engine again from a
@@ -57,12 +58,12 @@ class RankProcess:
             self.sentinel = -1
 
 
-def start_rank(rank: int, hello: object) -> tuple[RankProcess, Connection]:
-    """Start rank `rank` and send it `hello` (what it needs to start: its first message)."""
+def start_rank(rank: int, hello: object, module: str = WORKER_MODULE) -> tuple[RankProcess, Connection]:
+    """Start rank `rank` as `python -m module FD RANK` and send it `hello` (its first message)."""
     ours, theirs = socket.socketpair()
     sentinel, child_end = os.pipe()
     try:
-        popen = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, str(theirs.fileno()), str(rank)],
+        popen = subprocess.Popen([sys.executable, "-m", module, str(theirs.fileno()), str(rank)],
                                  pass_fds=(theirs.fileno(), child_end), stdin=subprocess.DEVNULL, env=child_env())
     except BaseException:
         ours.close()

@@ -188,11 +188,12 @@ async def test_prefix_caching_is_exact(tiny_float, device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 async def test_what_it_does_not_run_yet_is_refused_by_name(tiny_float, device: str) -> None:
-    """Tensor parallelism is the one thing this runner refuses (docs/scaling.md): by name, at start,
-    naming the device in use."""
-    where = "CUDA" if device == "cuda" else "the device runner"
+    """Tensor parallelism on CUDA has not run (docs/scaling.md): refused by name, at start. On the
+    CPU the device runner has its own ranks (tests/parallel/test_device_tp.py): the host runner's
+    are refused with what to load instead."""
+    why = "tensor parallelism is not on CUDA yet" if device == "cuda" else "started for the host runner"
     ranks = replace(tiny_float, model=object.__new__(TensorParallelModel))     # the type is what decides
-    with pytest.raises(UnsupportedModelError, match=f"tensor parallelism is not on {where} yet"):
+    with pytest.raises(UnsupportedModelError, match=why):
         Engine(ranks, device_config(device))
 
 
