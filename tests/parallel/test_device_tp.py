@@ -3,8 +3,8 @@ a `python -m interlock.parallel.device_worker` process, gloo between them, on th
 
 - The sharded forward equals the whole one within fp32 round-off, for every family (q/k norms,
   Gemma 3's post-norms and windows, Phi's partial rotary), prompt and decode rows alike.
-- Through the engine: greedy output under TP=2 is the same token for token with n-gram and
-  self-draft speculation as without, constrained outputs are valid, captured steps replay (each
+- Through the engine: greedy output under TP=2 is the same token for token with n-gram,
+  self-draft (its layers sharded too) and draft-model (whole, on rank 0) speculation as without, constrained outputs are valid, captured steps replay (each
   replay announces its forwards to the worker), a prefix-cache hit gives the same output (Gemma
   3's window included), and nothing is left behind.
 - A worker killed mid-generation fails the requests in flight with WorkerError and leaves no process.
@@ -114,7 +114,7 @@ async def test_speculative_equals_plain_under_tp_on_the_device_runner(checkpoint
     for c in plain:
         if c.finish_reason == "stop":
             json.loads(c.text)
-    for mode in ("ngram+forced", "self-draft:1+forced"):
+    for mode in ("ngram+forced", "self-draft:1+forced", f"draft:{path}+forced"):     # the last: whole, on rank 0
         got, counts, _ = await run(path, mode)
         assert [c.token_ids for c in got] == [c.token_ids for c in plain], mode
         assert counts["replayed"] > 0, mode
