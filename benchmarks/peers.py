@@ -2,6 +2,7 @@
 
     python -m interlock.benchmarks.peers --workload jme --limit 20
     python -m interlock.benchmarks.peers --workload repeated --limit 50 --modes none,ngram+forced,suffix+forced
+    python -m interlock.benchmarks.peers --workload extraction --limit 8 --prefix-caching both --dense-dtype auto,bf16
 
 Every system gets the same chat prompts (benchmarks/prompts.py; `repeated`: one schema, many
 documents, benchmarks/workloads.py), greedy decoding, the same max_tokens and the schema as its
@@ -44,7 +45,7 @@ import torch
 
 from interlock.benchmarks.common import load_average, percentile, print_json_last, print_table
 from interlock.benchmarks.prompts import Row, build_messages, dataset_arg, is_valid, load_rows
-from interlock.benchmarks.workloads import REPEATED_ROW, repeated_schema, row_by_id
+from interlock.benchmarks.workloads import REPEATED_ROW, extraction, repeated_schema, row_by_id
 from interlock.logs import configure_logging
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -203,7 +204,7 @@ def llama_cpp_runner(max_tokens: int, lookup: int, threads: int, model: str | No
 
 def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: int,
                       prefix_caching: bool = True, threads: int = 1, prefill: str = "auto",
-                      model: str = "smollm2-135m-instruct") -> dict[str, Any]:
+                      model: str = "smollm2-135m-instruct", dense: str = "auto") -> dict[str, Any]:
     """Like `measure`, inside one event loop: an engine is entered and left by one task."""
     import anyio
 
@@ -227,13 +228,17 @@ def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: 
                       stats.steps if stats else 0, stats.step_tokens if stats else 0)
 
     async def collect() -> list[list[Sample]]:
-        async with Engine.from_pretrained(model, speculative=mode,
-                                          prefix_caching=prefix_caching, threads=threads, prefill=prefill) as engine:
+        engine = Engine.from_pretrained(model, speculative=mode, prefix_caching=prefix_caching, threads=threads,
+                                        prefill=prefill)
+        if dense != "auto":             # the prompt GEMMs' dtype (models/linear.py dense_dtype): A/B of the old path
+            engine.model.model.set_dense_dtype({"bf16": torch.bfloat16, "fp32": torch.float32}[dense])
+        async with engine:
             await one(engine, rows[0])                  # warm-up
             return [[await one(engine, row) for _ in range(repeats)] for row in rows]
 
     label = (f"interlock {mode}" + ("" if prefix_caching else " (no prefix cache)")
-             + ("" if prefill == "auto" else f" ({prefill} prefill)"))
+             + ("" if prefill == "auto" else f" ({prefill} prefill)")
+             + ("" if dense == "auto" else f" ({dense} prompt GEMMs)"))
     return summarize(label, rows, anyio.run(collect))
 
 
@@ -265,7 +270,8 @@ def summarize(name: str, rows: Sequence[Row], samples: list[list[Sample]]) -> di
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workload", choices=["jme", "repeated"], default="jme")
+    p.add_argument("--workload", choices=["jme", "repeated", "extraction"], default="jme",
+                   help="extraction: --row's schema over --limit documents of 500-2,000 tokens (workloads.py)")
     p.add_argument("--dataset", type=dataset_arg, default="JME", help="a JSONSchemaBench set (name or .jsonl path)")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--row", default=REPEATED_ROW, help="the JME row whose schema the repeated workload uses")
@@ -280,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="interlock's prefix cache; both: each mode with, then without")
     p.add_argument("--prefill", default="auto", help="interlock's prompt path, comma-separated to run each: "
                    "auto, rows, dense (EngineConfig.prefill)")
+    p.add_argument("--dense-dtype", default="auto", help="interlock's prompt-GEMM dtype, comma-separated to run "
+                   "each: auto (models/linear.py dense_dtype), bf16, fp32")
     p.add_argument("--model", default=None, help="a GGUF both interlock and llama.cpp run (default: the embedded "
                    "SmolLM2; the hf peers always run SmolLM2)")
     p.add_argument("--json", help="where to save the raw results (default benchmarks/results/peers-...)")
@@ -287,7 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(level="warning")
     torch.set_num_threads(1)                # interlock's model lane owns its threads; HF gets them below
     rows = (load_rows(args.dataset, args.limit) if args.workload == "jme" else
-            repeated_schema(row_by_id(args.dataset, args.row), args.limit))
+            repeated_schema(row_by_id(args.dataset, args.row), args.limit) if args.workload == "repeated" else
+            extraction(row_by_id(args.dataset, args.row), args.limit))
     out = Path(args.json) if args.json else RESULTS / f"peers-{args.workload}-{datetime.date.today()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
@@ -301,9 +310,10 @@ def main(argv: list[str] | None = None) -> None:
     for mode in filter(None, args.modes.split(",")):
         for on in caching:
             for prefill in filter(None, args.prefill.split(",")):
-                results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens, on, args.threads, prefill,
-                                                 args.model or "smollm2-135m-instruct"))
-                save()
+                for dense in filter(None, args.dense_dtype.split(",")):
+                    results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens, on, args.threads,
+                                                     prefill, args.model or "smollm2-135m-instruct", dense))
+                    save()
     torch.set_num_threads(args.threads)
     for peer in filter(None, args.peers.split(",")):
         lookup = 3 if peer.endswith("+lookup") else 0

@@ -1,10 +1,12 @@
 """`python -m interlock.benchmarks.prefill_speed`: prompt-chunk prefill speed of the forward.
 
 Per context length (tokens already in the cache): the best-of-N time of one forward over a
-prompt chunk (the engine's default 256 tokens), as tokens/s, on the two prompt paths measured side
-by side: the rows path (int8 rows kernels, batch invariant: `EngineConfig.prefill="rows"`, the
-default where the CPU has AMX or AVX512-VNNI) and the dense path (bf16 GEMMs with the unquantized weights and
-SDPA). Prints a table and one JSON line; saves the JSON under benchmarks/results/.
+prompt chunk (the engine's default 256 tokens), as tokens/s, on the prompt paths measured side by
+side: the rows path (int8 rows kernels, batch invariant: `EngineConfig.prefill="rows"`, the
+default where the CPU has AMX or AVX512-VNNI) and the dense path (GEMMs with the unquantized
+weights, and SDPA) with its GEMMs in bf16 and in fp32 (`models.linear.dense_dtype` picks bf16 only
+where the CPU has bf16 dot products). Prints a table and one JSON line; saves the JSON under
+benchmarks/results/.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from interlock.kernels import native
 from interlock.benchmarks.common import load_average, print_json_last, print_table, repeat_times
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
+from interlock.models.linear import dense_dtype
 from interlock.models.loader import LoadedModel, load_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -66,16 +69,20 @@ def main() -> None:
     can_rows = lm.model.fused_rows is not None
     for context in args.contexts:
         row = {"context": context, "chunk": args.chunk}
-        for path in ("rows", "dense") if can_rows else ("dense",):
+        for path in ("rows", "dense_bf16", "dense_fp32") if can_rows else ("dense_bf16", "dense_fp32"):
             lm.model.rows_prefill = path == "rows"
+            lm.model.set_dense_dtype(torch.bfloat16 if path == "dense_bf16" else torch.float32)
             forward = forward_chunk(lm, context, args.chunk, args.repeats)
             row[f"{path}_ms"] = round(forward * 1e3, 2)
             row[f"{path}_tokens_per_s"] = round(args.chunk / forward, 1)
+        row["fp32_over_bf16_speed"] = round(row["dense_bf16_ms"] / row["dense_fp32_ms"], 2)
         if can_rows:
-            row["dense_over_rows"] = round(row["dense_ms"] / row["rows_ms"], 2)
+            row["rows_over_fp32_speed"] = round(row["dense_fp32_ms"] / row["rows_ms"], 2)
         rows.append(row)
     lm.model.rows_prefill = lm.model.rows_prefill_default
-    result = {"model": args.model, "threads": args.threads, "int8_kernel": native.int8_kernel(), "repeats": args.repeats, "weights": lm.model.weights,
+    lm.model.set_dense_dtype(dense_dtype())
+    result = {"model": args.model, "threads": args.threads, "int8_kernel": native.int8_kernel(),
+              "dense_dtype": str(dense_dtype()).removeprefix("torch."), "repeats": args.repeats, "weights": lm.model.weights,
               "n_layers": lm.config.n_layers, "load_average_before": load_before, "load_average_after": load_average(),
               "rows": rows}
     keys = list(rows[0])

@@ -33,6 +33,7 @@ SYSTEM_TEMPLATE = (
 )
 FACTS_HEADER = "Record the following facts in the JSON answer, exactly as stated:"
 GENERIC_REQUEST = "Produce a JSON object that matches the schema."
+DOCUMENT_HEADER = "Extract the record from this document into the JSON answer, with the values exactly as stated:"
 ROOT = "the answer"
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\- ]*\Z")
 
@@ -109,6 +110,7 @@ class Row:
     id: str
     schema: Mapping[str, Any] | bool
     tests: tuple[Instance, ...]
+    document: str | None = None     # a text holding the first valid instance's facts (workloads.extraction)
 
     @property
     def valid_instances(self) -> tuple[Instance, ...]:
@@ -161,7 +163,8 @@ def build_messages(row: Row) -> list[Message]:
     """[system: instructions + schema, user: the first valid instance in prose or a generic request]."""
     schema = json.dumps(row.schema, ensure_ascii=False)
     valid = row.valid_instances
-    user = GENERIC_REQUEST if not valid else f"{FACTS_HEADER}\n{describe(valid[0].data)}"
+    user = (GENERIC_REQUEST if not valid else f"{DOCUMENT_HEADER}\n\n{row.document}" if row.document
+            else f"{FACTS_HEADER}\n{describe(valid[0].data)}")
     return [{"role": "system", "content": SYSTEM_TEMPLATE.format(schema=schema)},
             {"role": "user", "content": user}]
 

@@ -9,6 +9,12 @@ document (jsonschema). Everything is a deterministic function of (row, n, seed);
 `prompts.build_messages`, so each document's facts are in the user message, in prose.
 
     rows = repeated_schema(row_by_id(dataset("JME"), REPEATED_ROW), 50)
+
+`extraction(row, n)` is the same job with the prompt mostly document, as extraction on a CPU is:
+each record's facts (prompts.describe) scattered through filler prose, n documents whose lengths
+step evenly from 500 to 2,000 tokens (about; the prose is English), all after the same system
+message (the schema): a prompt repeated with a different document tail, where prefix caching
+pays for the head and prefill speed decides the rest.
 """
 from __future__ import annotations
 
@@ -118,3 +124,46 @@ def _replace(value: Any, path: tuple, new: Any) -> Any:
     if isinstance(value, dict):
         return {k: (_replace(v, rest, new) if k == head else v) for k, v in value.items()}
     return [(_replace(v, rest, new) if i == head else v) for i, v in enumerate(value)]
+
+
+# Filler prose: plausible, fact-free sentences (no names, numbers or dates a record could take).
+_SUBJECTS = ("The committee", "The survey team", "A later review", "The archive", "Our field office", "The board",
+             "An outside auditor", "The working group", "The regional desk", "A short memo")
+_VERBS = ("noted", "described", "recommended", "questioned", "summarized", "revisited", "documented", "weighed")
+_OBJECTS = ("the scheduling of routine inspections", "the wording of the intake form", "how the files are stored",
+            "the backlog of open requests", "the layout of the reading room", "the tone of earlier letters",
+            "delays in the courier service", "the quality of scanned pages", "the cost of the cleaning contract",
+            "a proposal to merge two offices", "the handling of duplicate entries", "the night shift's handover")
+_TAILS = ("without reaching a conclusion", "and asked for a follow-up", "in some detail", "at the usual meeting",
+          "as part of the yearly plan", "after several complaints", "in the margin of the report", "only briefly")
+WORDS_PER_TOKEN = 0.82      # filler prose under SmolLM2's tokenizer, about (the tests pin the range)
+
+
+def extraction(row: Row, n: int, *, tokens: tuple[int, int] = (500, 2000), seed: int = 0) -> list[Row]:
+    """n rows with `row`'s schema, each a document of tokens[0]..tokens[1] tokens (evenly stepped)
+    that states one repeated_schema record among filler prose (module docstring)."""
+    from interlock.benchmarks.prompts import describe
+
+    lo, hi = tokens
+    if not 0 < lo <= hi:
+        raise ValueError(f"tokens must be 0 < low <= high, got {tokens}")
+    out = []
+    for i, record in enumerate(repeated_schema(row, n, seed=seed)):
+        rng = random.Random(f"{row.id}:extraction:{seed}:{i}")
+        target = lo + (hi - lo) * i // max(1, n - 1)
+        facts = describe(record.valid_instances[0].data).splitlines()
+        filler = []
+        while sum(len(s.split()) for s in filler) < target * WORDS_PER_TOKEN - sum(len(f.split()) for f in facts):
+            filler.append(f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {rng.choice(_TAILS)}.")
+        # the facts at random places, in their order (an object's fields stay near each other)
+        spots = sorted(rng.sample(range(len(filler) + 1), min(len(facts), len(filler) + 1)))
+        text: list[str] = []
+        for j, sentence in enumerate(filler + [""]):
+            while spots and spots[0] == j and facts:
+                spots.pop(0)
+                text.append(facts.pop(0))
+            text.append(sentence)
+        text += facts                                   # any left (more facts than places)
+        paragraphs = [" ".join(text[k: k + 6]).strip() for k in range(0, len(text), 6)]
+        out.append(Row(f"{record.id}~{target}", row.schema, record.tests, "\n\n".join(p for p in paragraphs if p)))
+    return out

@@ -9,6 +9,8 @@ of other requests reproduce a single-token step bit for bit. Measured in benchma
 """
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Literal, TypeAlias
 
 import torch
@@ -36,21 +38,43 @@ class Linear(nn.Module):
     dense = forward
 
 
+@functools.cache
+def dense_dtype() -> torch.dtype:
+    """The dtype prompt-chunk GEMMs compute in on this CPU: bf16 where it has bf16 dot products
+    (AVX512-BF16 or AMX-BF16), else fp32. Without them oneDNN's bf16 GEMM converts as it goes and
+    runs at a fraction of sgemm's speed (9-11 vs 44-120 GFLOP/s at 256 rows on a 2-core AVX2 EPYC:
+    benchmarks/prefill_speed.py measures both). From /proc/cpuinfo, so the choice is the same in
+    every process on a machine; fp32 where there is none to read."""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return dense_dtype_for(set(flags.split()))
+
+
+def dense_dtype_for(cpu_flags: set[str]) -> torch.dtype:
+    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & cpu_flags else torch.float32
+
+
 class _Quantized(nn.Module):
     """Shared by the weight-only kinds: a bf16 copy of the weight for prompt chunks.
 
     Decode and verify rows are few, so the weight-only kernels (bytes-bound) win there; a prompt
-    chunk has hundreds of rows and is compute-bound, where a bf16 GEMM is ~3x faster than them.
-    Each chunk gets its own GEMM, so its rows never depend on what else is in the step.
+    chunk has hundreds of rows and is compute-bound, where a GEMM is several times faster than
+    them. The GEMM runs in `dense_dtype` (the bf16 copy widened per call where that is fp32: a
+    few percent of a 256-row chunk's time, and no second copy of the weights kept). Each chunk
+    gets its own GEMM, so its rows never depend on what else is in the step.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.register_buffer("dense_weight", weight.to(torch.bfloat16))
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+        self.dense_dtype = dense_dtype()
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x.to(torch.bfloat16), self.dense_weight).float()
+        dt = self.dense_dtype
+        y = F.linear(x.to(dt), self.dense_weight.to(dt)).float()
         return y if self.bias is None else y + self.bias
 
 
@@ -146,6 +170,7 @@ def select_rows(linear: nn.Module, index: torch.Tensor) -> nn.Module:
         out = Int8Linear.__new__(Int8Linear)
         nn.Module.__init__(out)
         out.register_buffer("dense_weight", linear.dense_weight[index].clone())
+        out.dense_dtype = linear.dense_dtype
         out.bias = None if linear.bias is None else nn.Parameter(linear.bias[index].clone(), requires_grad=False)
         out._set_quantized(linear.qweight[index].contiguous(), linear.scales[index].contiguous())
         return out

@@ -149,6 +149,13 @@ class Transformer(nn.Module):
         rows, so without VNNI the dense path stays the default."""
         return self.fused_rows is not None and native.int8_kernel() in ("amx", "vnni")
 
+    def set_dense_dtype(self, dtype: torch.dtype) -> None:
+        """What the prompt-chunk GEMMs compute in (default: linear.dense_dtype()); the prefill
+        benchmark sets bf16 and fp32 in turn to measure both in one run."""
+        for lin in (*(m for d in self._linears for m in d.values()), self._head):
+            if hasattr(lin, "dense_dtype"):
+                lin.dense_dtype = dtype
+
     # The fused rows path (one native call for every layer) has no hooks for collectives: a
     # tensor-parallel subclass turns it off.
     FUSABLE = True

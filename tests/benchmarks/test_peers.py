@@ -11,7 +11,7 @@ import torch
 from bench_data import JSONSCHEMABENCH as DATASETS
 
 from interlock.benchmarks.prompts import build_messages
-from interlock.benchmarks.workloads import REPEATED_ROW, repeated_schema, row_by_id
+from interlock.benchmarks.workloads import REPEATED_ROW, extraction, repeated_schema, row_by_id
 
 
 def test_repeated_schema_makes_distinct_valid_documents_deterministically():
@@ -26,6 +26,25 @@ def test_repeated_schema_makes_distinct_valid_documents_deterministically():
     assert [r.tests[0].data for r in repeated_schema(row, 50)] == docs
     assert [r.tests[0].data for r in repeated_schema(row, 50, seed=1)] != docs
     assert build_messages(rows[1])[1]["content"] != build_messages(rows[2])[1]["content"]
+
+
+def test_extraction_documents_hold_their_record_and_grow_from_500_to_2000_tokens():
+    from interlock.benchmarks.prompts import describe
+    from interlock.models.loader import load_tokenizer
+
+    tok = load_tokenizer("smollm2-135m-instruct")
+    row = row_by_id(DATASETS / "JME.jsonl", REPEATED_ROW)
+    rows = extraction(row, 4)
+    assert [r.tests for r in rows] == [r.tests for r in repeated_schema(row, 4)]      # the same records
+    lengths = [len(tok.encode(build_messages(r)[1]["content"])) for r in rows]
+    assert lengths == sorted(lengths) and 400 <= lengths[0] <= 650 and 1700 <= lengths[-1] <= 2300, lengths
+    for r in rows:
+        system, user = build_messages(r)
+        assert system == build_messages(row)[0]                   # the shared head: the schema
+        assert all(fact in user["content"] for fact in describe(r.valid_instances[0].data).splitlines())
+    assert [r.document for r in extraction(row, 4)] == [r.document for r in rows]
+    with pytest.raises(ValueError):
+        extraction(row, 2, tokens=(600, 500))
 
 
 def test_repeated_schema_refuses_what_it_cannot_make():

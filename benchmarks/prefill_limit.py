@@ -1,0 +1,152 @@
+"""`python -m interlock.benchmarks.prefill_limit`: how close prefill runs to what the machine can do.
+
+1. The attainable GEMM throughput, on one large problem (M = 512 rows, K = N = 2048), best of N:
+   our native int8 kernel (`int8_linear`: activations quantized in blocks, int8 dots on AMX, VNNI
+   or the portable path), oneDNN's int8 through torch (`torch._int_mm`), and torch's fp32 and bf16
+   GEMMs. The highest is "peak".
+2. One prompt chunk's forward (the engine's 256 tokens) at contexts 0, 512 and 2000, on the path the
+   engine takes, profiled op by op (torch.profiler, top-level ops only) and grouped: the GEMMs
+   (QKV, O, MLP: dense prompt GEMMs), attention, norms and RoPE, dtype conversions, the head's
+   last row, and the rest. Each group's share of the forward, and the GEMMs' achieved rate as a
+   fraction of the peak.
+
+Prints tables and one JSON line; saves the JSON (`--out`, default benchmarks/results/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from datetime import date
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from interlock.benchmarks.common import load_average, print_json_last, print_table
+from interlock.kernels import native
+from interlock.models.batch import SeqChunk, build_batch
+from interlock.models.kv_cache import PagedKVCache
+from interlock.models.linear import dense_dtype, quantize_int8
+from interlock.models.loader import load_model
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GROUPS = {      # top-level op name fragments -> group (first match wins)
+    "linear": "gemm", "addmm": "gemm", "aten::mm": "gemm", "matmul": "gemm",
+    "int8_linear": "head", "_weight_int8pack_mm": "head",
+    "scaled_dot_product": "attention", "row_attention": "attention", "softmax": "attention",
+    "rms_norm": "norms_rope", "rsqrt": "norms_rope", "pow": "norms_rope", "mean": "norms_rope",
+    "neg": "norms_rope", "aten::cat": "norms_rope", "aten::mul": "norms_rope", "aten::add": "norms_rope",
+    "silu": "norms_rope", "gelu": "norms_rope",
+    "_to_copy": "conversions", "aten::to": "conversions", "copy_": "conversions",
+}
+
+
+def best(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def gemm_peaks(m: int, k: int, n: int, repeats: int) -> dict[str, float]:
+    """GOP/s (two ops per multiply-add) of each GEMM this machine has, on one [m, k] x [k, n]."""
+    ops = 2 * m * k * n
+    x, w = torch.randn(m, k), torch.randn(n, k) / k ** 0.5
+    out = {"fp32": ops / best(lambda: F.linear(x, w), repeats) / 1e9}
+    xb, wb = x.bfloat16(), w.bfloat16()
+    out["bf16"] = ops / best(lambda: F.linear(xb, wb), repeats) / 1e9
+    qa = torch.randint(-127, 128, (m, k), dtype=torch.int8)
+    qb = torch.randint(-127, 128, (k, n), dtype=torch.int8)
+    try:
+        out["onednn_int8"] = ops / best(lambda: torch._int_mm(qa, qb), repeats) / 1e9
+    except RuntimeError:
+        pass
+    q, scale = quantize_int8(w)
+    if native.native_fits(q):
+        scales = scale.float()
+        out[f"ours_int8_{native.int8_kernel()}"] = ops / best(
+            lambda: torch.ops.interlock_cpu.int8_linear(x, q, scales), repeats) / 1e9
+    return {name: round(v, 1) for name, v in out.items()}
+
+
+def group_of(name: str) -> str:
+    return next((g for frag, g in GROUPS.items() if frag in name), "other")
+
+
+def profile_chunk(lm, context: int, chunk: int) -> tuple[float, dict[str, float]]:
+    """(seconds, {group: seconds}) of one forward over `chunk` prompt tokens after `context`."""
+    tokens = tuple(100 + i % 1000 for i in range(context + chunk))
+    kv = PagedKVCache(lm.config, num_blocks=-(-(context + chunk) // 16) + 1, block_size=16)
+    kv.add_sequence(0)
+    if context:
+        kv.reserve(0, context)
+        lm.model(build_batch([SeqChunk(0, tokens[:context], 0, ())], kv), kv)
+    start = kv.reserve(0, chunk)
+    batch = build_batch([SeqChunk(0, tokens[context:], start, (chunk - 1,))], kv)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        lm.model(batch, kv)
+        seconds = time.perf_counter() - t
+    groups: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.cpu_parent is None:                       # top-level: children are in its time
+            groups[group_of(event.name)] += event.cpu_time_total / 1e6
+    return seconds, dict(groups)
+
+
+def gemm_ops(lm, chunk: int) -> int:
+    """Multiply-adds x 2 of a chunk's dense projections (QKV, O, MLP), every layer."""
+    c = lm.config
+    per_layer = c.hidden_size * (c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size \
+        + 3 * c.hidden_size * c.intermediate_size
+    return 2 * chunk * per_layer * c.n_layers
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[0, 512, 2000])
+    p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    load_before = load_average()
+    peaks = gemm_peaks(512, 2048, 2048, args.repeats)
+    peak = max(peaks.values())
+    print_table(f"attainable GEMM throughput, M=512 K=N=2048, {args.threads} thread(s) (GOP/s)", list(peaks),
+                [list(peaks.values())])
+    lm = load_model(args.model)
+    rows = []
+    for context in args.contexts:
+        runs = [profile_chunk(lm, context, args.chunk) for _ in range(max(1, args.repeats // 2))]
+        seconds, groups = min(runs, key=lambda r: r[0])
+        total = sum(groups.values())
+        gemm_rate = gemm_ops(lm, args.chunk) / groups.get("gemm", float("nan")) / 1e9
+        row = {"context": context, "chunk": args.chunk, "ms": round(seconds * 1e3, 1),
+               "tokens_per_s": round(args.chunk / seconds, 1), "gemm_gops": round(gemm_rate, 1),
+               "gemm_of_peak": round(gemm_rate / peak, 3),
+               **{f"share_{g}": round(v / total, 3) for g, v in sorted(groups.items())}}
+        rows.append(row)
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (not k.startswith(("context", "chunk", "ms")), k))
+    print_table(f"prefill of a {args.chunk}-token chunk, {args.model}, rows path: {lm.model.rows_prefill}, "
+                f"dense GEMMs in {dense_dtype()}", keys, [[r.get(k, 0.0) for k in keys] for r in rows])
+    result = {"model": args.model, "threads": args.threads, "int8_kernel": native.int8_kernel(),
+              "dense_dtype": str(dense_dtype()).removeprefix("torch."), "rows_prefill": lm.model.rows_prefill,
+              "gemm_peaks_gops": peaks, "peak_gops": peak, "load_average_before": load_before,
+              "load_average_after": load_average(), "rows": rows}
+    out = Path(args.out) if args.out else RESULTS / f"prefill-limit-{date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print_json_last({**result, "saved": str(out)})
+
+
+if __name__ == "__main__":
+    main()
