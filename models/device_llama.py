@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +43,18 @@ from interlock.models.llama import ACTIVATIONS, Transformer
 from interlock.models.rope import apply_rope, cos_sin_table, local_cos_sin_table
 from interlock.protocol.errors import UnsupportedModelError
 
-if TYPE_CHECKING:
-    from interlock.parallel.device_group import ShardComm
+
+class Collectives(Protocol):
+    """A tensor-parallel rank's part of the forward (parallel/device_group.py's ShardComm)."""
+
+    vocab: int              # the whole vocabulary
+    group: str              # the process group's registered name
+    leader: Any             # rank 0's DeviceGroup, None on the other ranks
+
+    def lead(self, inputs: StepInputs, kv: PagedKVCache, n_layers: int | None, head: torch.Tensor | None) -> None: ...
+    def embed(self, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor: ...
+    def reduce(self, y: torch.Tensor) -> torch.Tensor: ...
+    def logits(self, local: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -126,7 +136,7 @@ class DeviceLlama:
     def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[_Layer], norm: torch.Tensor,
                  head: torch.Tensor, *, gemm_rows: int = 128, invariant: bool = True,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 rope_local: tuple[torch.Tensor, torch.Tensor] | None = None, tp: ShardComm | None = None) -> None:
+                 rope_local: tuple[torch.Tensor, torch.Tensor] | None = None, tp: Collectives | None = None) -> None:
         if gemm_rows < 1:
             raise ValueError(f"gemm_rows must be >= 1, got {gemm_rows}")
         dtype = str(embed.dtype).removeprefix("torch.")
