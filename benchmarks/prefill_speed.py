@@ -61,6 +61,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (the engine's model lane: 2)")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/prefill-DATE.json)")
+    p.add_argument("--paths", type=lambda s: s.split(","), default=["rows", "dense_bf16", "dense_fp32"],
+                   help="rows, dense_bf16, dense_fp32 (the rows path on the portable kernel, without VNNI, takes "
+                        "minutes at long contexts)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model(args.model)
@@ -69,14 +72,15 @@ def main() -> None:
     can_rows = lm.model.fused_rows is not None
     for context in args.contexts:
         row = {"context": context, "chunk": args.chunk}
-        for path in ("rows", "dense_bf16", "dense_fp32") if can_rows else ("dense_bf16", "dense_fp32"):
+        for path in (q for q in args.paths if q != "rows" or can_rows):
             lm.model.rows_prefill = path == "rows"
             lm.model.set_dense_dtype(torch.bfloat16 if path == "dense_bf16" else torch.float32)
             forward = forward_chunk(lm, context, args.chunk, args.repeats)
             row[f"{path}_ms"] = round(forward * 1e3, 2)
             row[f"{path}_tokens_per_s"] = round(args.chunk / forward, 1)
-        row["fp32_over_bf16_speed"] = round(row["dense_bf16_ms"] / row["dense_fp32_ms"], 2)
-        if can_rows:
+        if "dense_bf16_ms" in row and "dense_fp32_ms" in row:
+            row["fp32_over_bf16_speed"] = round(row["dense_bf16_ms"] / row["dense_fp32_ms"], 2)
+        if "rows_ms" in row and "dense_fp32_ms" in row:
             row["rows_over_fp32_speed"] = round(row["dense_fp32_ms"] / row["rows_ms"], 2)
         rows.append(row)
     lm.model.rows_prefill = lm.model.rows_prefill_default

@@ -55,9 +55,10 @@ class EngineConfig:
     threads: int | None = None
     # How prompt chunks are computed on the host runner. "rows": on the int8 rows path every decode
     # step takes, batch invariant, so a prefix-cache hit may end at any block and cover earlier
-    # outputs (multi-turn); "dense": bf16 GEMMs with the unquantized weights, a little closer to the
-    # checkpoint, hits at whole prefill chunks of a prompt only. "auto": rows where the CPU has AMX
-    # or AVX512-VNNI (as fast as dense there: models/llama.py), else dense. The device runner's
+    # outputs (multi-turn); "dense": GEMMs with the unquantized weights (bf16 where the CPU has bf16
+    # dot products, else fp32), a little closer to the checkpoint, hits at whole prefill chunks only.
+    # "auto": rows where the CPU has AMX or AVX512-VNNI (as fast as dense there: models/llama.py),
+    # else dense. The device runner's
     # forward is batch invariant for every row: it has one path.
     prefill: str = DEFAULT_PREFILL
     # While the engine runs, keep the objects alive at its start (the model's modules, tokenizer

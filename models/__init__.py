@@ -6,7 +6,7 @@ family's tensors where checkpoint.py says its checkpoints keep them; `PagedKVCac
 owns the KV blocks, drawn from `prefix_cache.BlockPool` (refcounts, content-addressed full blocks
 shared between requests, an LRU of cached ones); `Transformer.forward(batch, kv)` runs one packed batch:
 decode / verify rows (and, with `rows_prefill`, prompt chunks) through the native batch-invariant
-rows path, other prompt chunks through bf16 GEMMs (`batch.py` splits them).
+rows path, other prompt chunks through dense GEMMs (bf16 or fp32: linear.py) (`batch.py` splits them).
 `device_llama.py` is the same forward over fixed-shape `StepInputs` tensors (batch-invariant,
 capturable in a CUDA graph): bf16 on CUDA with the row-independent Triton ops of `triton_ops.py`,
 float32 on the CPU with their torch references (`reference_ops.py`), which is how CI tests it.

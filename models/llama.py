@@ -141,7 +141,7 @@ class Transformer(nn.Module):
     @property
     def rows_prefill_default(self) -> bool:
         """Prompt chunks through the rows path too, where its many-row kernel runs on AMX tiles or
-        AVX512-VNNI (as fast as the bf16 GEMMs at 256-token chunks on either, docs/performance.md): every token's
+        AVX512-VNNI (as fast as the dense GEMMs at 256-token chunks on either, docs/performance.md): every token's
         bits are then the same however the prompt is chunked and whichever step computed it, so a
         prefix-cache hit can start at any block (EngineConfig.prefill), where the dense path can
         share only whole prompt chunks. That outweighs the dense path's closer fidelity to the
