@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from interlock.benchmarks.common import load_average, print_json_last, print_table
+from interlock.benchmarks.common import load_average, print_json_last, print_table, repeat_times
 from interlock.kernels import native
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
@@ -35,9 +35,9 @@ from interlock.models.linear import dense_dtype, quantize_int8
 from interlock.models.loader import load_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
-GROUPS = {      # top-level op name fragments -> group (first match wins)
-    "linear": "gemm", "addmm": "gemm", "aten::mm": "gemm", "matmul": "gemm",
+GROUPS = {      # top-level op name fragments -> group (first match wins: the head's int8_linear before linear)
     "int8_linear": "head", "_weight_int8pack_mm": "head",
+    "linear": "gemm", "addmm": "gemm", "aten::mm": "gemm", "matmul": "gemm",
     "scaled_dot_product": "attention", "row_attention": "attention", "softmax": "attention",
     "rms_norm": "norms_rope", "rsqrt": "norms_rope", "pow": "norms_rope", "mean": "norms_rope",
     "neg": "norms_rope", "aten::cat": "norms_rope", "aten::mul": "norms_rope", "aten::add": "norms_rope",
@@ -47,13 +47,7 @@ GROUPS = {      # top-level op name fragments -> group (first match wins)
 
 
 def best(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(repeat_times(fn, repeats))
 
 
 def gemm_peaks(m: int, k: int, n: int, repeats: int) -> dict[str, float]:
