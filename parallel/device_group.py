@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from interlock.logs import get_logger
 from interlock.models.config import ModelConfig
-from interlock.parallel.process import RankProcess, start_rank
+from interlock.parallel.process import RankProcess, reap, start_rank
 from interlock.protocol.errors import UnsupportedModelError, WorkerError
 
 if TYPE_CHECKING:
@@ -327,15 +327,7 @@ class DeviceGroup:
                 conn.send_bytes(stop)
             except OSError:
                 pass
-        deadline = time.monotonic() + grace_s
-        for proc in self._procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self._procs:
-            proc.kill()
-            proc.join(5.0)
-            proc.close()
-        for conn in self._conns:
-            conn.close()
+        reap(self._procs, self._conns, grace_s)
         self._procs, self._conns = [], []
         if self._group is not None:
             leave_group(self.name)

@@ -40,7 +40,7 @@ from interlock.models.config import ModelConfig
 from interlock.models.loader import default_kv_dtype, model_config
 from interlock.models.linear import Weights
 from interlock.parallel.sharded import Shard
-from interlock.parallel.process import RankProcess, start_rank
+from interlock.parallel.process import RankProcess, reap, start_rank
 from interlock.parallel.worker import SharedLogits, Start, Step, Stop, WorkerSpec
 from interlock.parallel.wire import to_wire
 from interlock.protocol.errors import EngineClosedError, WorkerError
@@ -154,17 +154,7 @@ class TensorParallelGroup:
             shutil.rmtree(self._store_dir, ignore_errors=True)
 
     def _reap(self, grace_s: float) -> None:
-        deadline = time.monotonic() + grace_s
-        for proc in self._procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self._procs:
-            if proc.is_alive():
-                proc.kill()
-            proc.join(5.0)
-        for proc in self._procs:
-            proc.close()
-        for conn in self._conns:
-            conn.close()
+        reap(self._procs, self._conns, grace_s)
 
     # --- steps -------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -75,6 +76,20 @@ def start_rank(rank: int, hello: object, module: str = WORKER_MODULE) -> tuple[R
     conn = Connection(ours.detach())
     conn.send(hello)
     return RankProcess(popen, f"interlock-tp{rank}", sentinel), conn
+
+
+def reap(procs: list[RankProcess], conns: list[Connection], grace_s: float) -> None:
+    """Give the ranks `grace_s` seconds in all to exit, kill those left, join every one, and close
+    their sentinels and pipes."""
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        proc.kill()                     # a no-op for one that exited
+        proc.join(5.0)
+        proc.close()
+    for conn in conns:
+        conn.close()
 
 
 def child_env() -> dict[str, str]:
