@@ -190,6 +190,8 @@ class DeviceGroup:
                  start_timeout_s: float = 120.0, step_timeout_s: float = 60.0) -> None:
         if world < 2:
             raise ValueError(f"a device group needs 2 or more ranks, got {world}")
+        if start_timeout_s <= 0 or step_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
         self.model, self.world, self.config, self.seed, self.threads = model, world, config, seed, threads
         self.start_timeout_s, self.step_timeout_s = start_timeout_s, step_timeout_s
         self.name = f"interlock-tp-{uuid.uuid4().hex[:12]}"
