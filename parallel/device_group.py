@@ -323,13 +323,7 @@ class DeviceGroup:
     def close(self, grace_s: float = 5.0) -> None:
         """Stop every worker (Stop, then SIGKILL after `grace_s`), join them, leave the group.
         Idempotent; the group may be started again."""
-        stop = pickle.dumps(Stop())
-        for conn in self._conns:
-            try:
-                conn.send_bytes(stop)
-            except OSError:
-                pass
-        reap(self._procs, self._conns, grace_s)
+        reap(self._procs, self._conns, grace_s, pickle.dumps(Stop()))
         self._procs, self._conns = [], []
         if self._group is not None:
             leave_group(self.name)

@@ -140,21 +140,12 @@ class TensorParallelGroup:
         if self._closed:
             return
         self._closed = True
-        stop = pickle.dumps(Stop())
-        for conn in self._conns:
-            try:
-                conn.send_bytes(stop)
-            except OSError:
-                pass
-        self._reap(grace_s)
+        reap(self._procs, self._conns, grace_s, pickle.dumps(Stop()))
         self._remove_store()
 
     def _remove_store(self) -> None:
         if self._store_dir is not None:
             shutil.rmtree(self._store_dir, ignore_errors=True)
-
-    def _reap(self, grace_s: float) -> None:
-        reap(self._procs, self._conns, grace_s)
 
     # --- steps -------------------------------------------------------------------------------
 
@@ -242,7 +233,7 @@ class TensorParallelGroup:
             for proc in self._procs:
                 if proc.is_alive():
                     proc.kill()
-            self._reap(0.0)
+            reap(self._procs, self._conns, 0.0)
             self._remove_store()
         return self._failure
 

@@ -78,9 +78,14 @@ def start_rank(rank: int, hello: object, module: str = WORKER_MODULE) -> tuple[R
     return RankProcess(popen, f"interlock-tp{rank}", sentinel), conn
 
 
-def reap(procs: list[RankProcess], conns: list[Connection], grace_s: float) -> None:
-    """Give the ranks `grace_s` seconds in all to exit, kill those left, join every one, and close
-    their sentinels and pipes."""
+def reap(procs: list[RankProcess], conns: list[Connection], grace_s: float, stop: bytes | None = None) -> None:
+    """Send each rank `stop` (when given: its stop message), give them `grace_s` seconds in all to
+    exit, kill those left, join every one, and close their sentinels and pipes."""
+    for conn in conns if stop is not None else ():
+        try:
+            conn.send_bytes(stop)
+        except OSError:
+            pass                        # it is gone already
     deadline = time.monotonic() + grace_s
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
