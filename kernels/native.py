@@ -21,7 +21,8 @@ Each computes a row from that row's data alone, in a fixed order: bitwise batch 
 int8_linear backends:
 - "native": our kernels (csrc/int8_linear.h, csrc/int8_amx.h): activations quantized per block
   of 32 (one fp32 scale each, as llama.cpp's Q8_0), int8 dots on AMX tiles (Sapphire Rapids
-  and later) or AVX512-VNNI; 4 rows cost ~1.1x one row; bitwise row-independent.
+  and later), AVX512-VNNI or AVX2 (maddubs / madd); 4 rows cost ~1.1x one row; bitwise
+  row-independent. VNNI and AVX2 give the portable kernel's bits (INTERLOCK_INT8_SIMD=0 runs that).
 - "torch": torch's `_weight_int8pack_mm` (activations rounded to bf16; also row-independent).
 - "reference": the obvious float64 matmul of the same quantized activations, for tests.
 - "auto": "native" when it builds and the shapes fit (K a multiple of 32), else "torch". The
@@ -111,8 +112,9 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, backend: 
 
 def int8_kernel() -> str:
     """The native int8_linear this process runs: "amx" (tiles; one row on VNNI, bit-identical),
-    "vnni" (AVX512-VNNI; also where INTERLOCK_AMX=0 or the OS refuses the tiles), "portable"
-    (plain C++), or "none" when the native kernels did not build."""
+    "vnni" (AVX512-VNNI; also where INTERLOCK_AMX=0 or the OS refuses the tiles), "avx2" (AVX2 +
+    FMA, bit-identical to "portable"), "portable" (plain C++; also where INTERLOCK_INT8_SIMD=0), or
+    "none" when the native kernels did not build."""
     return torch.ops.interlock_cpu.int8_kernel() if available() else "none"
 
 

@@ -23,6 +23,7 @@
 #include <ATen/Parallel.h>
 
 #include "int8_amx.h"
+#include "int8_avx2.h"
 #include "int8_quant.h"
 
 namespace interlock_cpu {
@@ -53,8 +54,8 @@ inline void step(const QuantRows& a, const int8_t* q, int64_t K, int64_t n0, int
 
 // NB output rows x MB activation rows: NB * MB independent accumulators.
 template <int NB, int MB>
-inline void block(const QuantRows& a, const int8_t* q, const float* scale, float* y,
-                  int64_t K, int64_t N, int64_t n0, int64_t m0) {
+inline void block_vnni(const QuantRows& a, const int8_t* q, const float* scale, float* y,
+                       int64_t K, int64_t N, int64_t n0, int64_t m0) {
   __m512 acc[NB][MB];
   for (int n = 0; n < NB; ++n)
     for (int m = 0; m < MB; ++m) acc[n][m] = _mm512_setzero_ps();
@@ -65,13 +66,13 @@ inline void block(const QuantRows& a, const int8_t* q, const float* scale, float
     for (int m = 0; m < MB; ++m) y[(m0 + m) * N + n0 + n] = _mm512_reduce_add_ps(acc[n][m]) * scale[n0 + n];
 }
 
-#else
+#endif
 
-// Portable fallback, same per-(m, n) order: exact integer lane dots, fused multiply-add into 16
-// lanes chunk by chunk, a halving tree at the end.
+// Portable kernel, the same per-(m, n) order: exact integer lane dots, fused multiply-add into 16
+// lanes chunk by chunk, a halving tree at the end. What every SIMD kernel must equal bit for bit.
 template <int NB, int MB>
-inline void block(const QuantRows& a, const int8_t* q, const float* scale, float* y,
-                  int64_t K, int64_t N, int64_t n0, int64_t m0) {
+inline void block_portable(const QuantRows& a, const int8_t* q, const float* scale, float* y,
+                           int64_t K, int64_t N, int64_t n0, int64_t m0) {
   for (int n = 0; n < NB; ++n)
     for (int m = 0; m < MB; ++m) {
       float acc[kLanes] = {};
@@ -90,7 +91,17 @@ inline void block(const QuantRows& a, const int8_t* q, const float* scale, float
     }
 }
 
+// NB output rows x MB activation rows on this machine's kernel.
+template <int NB, int MB>
+inline void block(const QuantRows& a, const int8_t* q, const float* scale, float* y,
+                  int64_t K, int64_t N, int64_t n0, int64_t m0) {
+#if defined(INTERLOCK_VNNI)
+  if (simd_enabled()) return block_vnni<NB, MB>(a, q, scale, y, K, N, n0, m0);
+#elif defined(INTERLOCK_AVX2)
+  if (simd_enabled()) return block_avx2<NB, MB>(a, q, scale, y, K, N, n0, m0);
 #endif
+  block_portable<NB, MB>(a, q, scale, y, K, N, n0, m0);
+}
 
 // All M rows against output rows n0 .. n0 + NB, two activation rows at a time: the block's weights
 // come from memory on the first pair and from L1 after it (NB rows of K bytes).
@@ -126,9 +137,9 @@ inline void int8_linear_raw(const float* x, const int8_t* q, const float* scale,
   thread_local QuantRows scratch;      // reused: a step calls this ~150 times on small rows
   const bool amx = amx_enabled();
 #if defined(INTERLOCK_VNNI)
-  quantize_rows(x, M, K, scratch, /*with_fix=*/!amx || M == 1);     // the VNNI kernels read the fix
+  quantize_rows(x, M, K, scratch, /*with_fix=*/simd_enabled() && (!amx || M == 1));   // the VNNI kernels read the fix
 #else
-  quantize_rows(x, M, K, scratch, /*with_fix=*/false);             // the portable kernel is signed x signed
+  quantize_rows(x, M, K, scratch, /*with_fix=*/false);             // signed x signed: no fix
 #endif
   const QuantRows& a = scratch;        // the caller's buffer, named so the workers read this one
   if (amx) {

@@ -65,10 +65,13 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   return y;
 }
 
-// Which int8 x int8 kernel this process runs: "amx", "vnni" or "portable" (kernels/native.py).
+// Which int8 x int8 kernel this process runs: "amx", "vnni", "avx2" or "portable" (kernels/native.py).
 std::string int8_kernel() {
+  if (!simd_enabled()) return "portable";
 #if defined(INTERLOCK_VNNI)
   return amx_enabled() ? "amx" : "vnni";
+#elif defined(INTERLOCK_AVX2)
+  return "avx2";
 #else
   return "portable";
 #endif

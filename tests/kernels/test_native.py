@@ -29,7 +29,7 @@ def test_int8_linear_matches_reference(m: int, n: int, k: int, gen: torch.Genera
     x = torch.randn(m, k, generator=gen)
     x[0, :32] = 0.0                               # an all-zero block: scale 0
     x[-1, 5] = 40.0                               # an outlier: its block's other values lose precision
-    q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)     # -128: AVX2 reads |w| unsigned
     scale = torch.rand(n, generator=gen) * 0.1
     y = native.int8_linear(x, q, scale, backend="native")
     ref = native.int8_linear(x, q, scale, backend="reference")
@@ -56,6 +56,55 @@ def test_int8_linear_vnni_kernel_where_amx_runs() -> None:
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
                            "-k", "int8_linear_matches_reference"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:]
+
+
+# Runs in a child process (the kernel is chosen once per process): int8_linear and the sparse
+# head over the cases in argv[1], results to argv[2].
+_KERNEL_RUN = """
+import sys, torch
+from interlock.kernels import native
+cases = torch.load(sys.argv[1])
+out = [native.int8_linear(x, q, s, backend="native") for x, q, s in cases["linear"]]
+x, q, s, bitmask, rows = cases["head"]
+out += list(native.head_argmax(x, q, s, bitmask, rows, q.shape[0], 8))
+torch.save({"kernel": native.int8_kernel(), "out": out}, sys.argv[2])
+"""
+
+
+@needs_native
+def test_int8_linear_simd_kernel_is_the_portable_kernel_bit_for_bit(tmp_path, gen: torch.Generator) -> None:
+    # VNNI and AVX2 reorder nothing: each lane's integer dot is exact and the FMAs and the final
+    # tree are the portable kernel's. So the machine's SIMD kernel (AMX off: its tile sums differ)
+    # must give the bits INTERLOCK_INT8_SIMD=0 gives, on every shape the engine runs.
+    cases = {"linear": [], "head": None}
+    for m, n, k in ((1, 64, 576), (1, 13, 96), (2, 9, 1536), (4, 40, 160), (3, 7, 32), (17, 33, 576), (40, 8, 96)):
+        x = torch.randn(m, k, generator=gen) * torch.logspace(-3, 3, m)[:, None]
+        x[0, :32] = 0.0
+        q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
+        q[0] = -128                                # the one byte whose |w| needs 8 bits
+        cases["linear"].append((x, q, torch.rand(n, generator=gen) * 0.1))
+    nan_row = torch.randn(2, 64, generator=gen)
+    nan_row[1, 3] = float("nan")
+    cases["linear"].append((nan_row, torch.randint(-128, 128, (5, 64), generator=gen, dtype=torch.int8), torch.ones(5)))
+    bitmask = torch.randint(0, 1 << 8, (3, 10), generator=gen, dtype=torch.int32)
+    bitmask[0, 1:] = 0                             # 8 ids at most: the sparse path; the others: dense
+    cases["head"] = (torch.randn(3, 96, generator=gen), torch.randint(-128, 128, (320, 96), generator=gen, dtype=torch.int8),
+                     torch.rand(320, generator=gen), bitmask, torch.tensor([0, 1, 2]))
+    torch.save(cases, tmp_path / "cases.pt")
+    runs = {}
+    for name, env in (("simd", {"INTERLOCK_AMX": "0"}), ("portable", {"INTERLOCK_INT8_SIMD": "0"})):
+        subprocess.run([sys.executable, "-c", _KERNEL_RUN, str(tmp_path / "cases.pt"), str(tmp_path / f"{name}.pt")],
+                       env={**os.environ, **env}, check=True)
+        runs[name] = torch.load(tmp_path / f"{name}.pt")
+    assert runs["portable"]["kernel"] == "portable"
+    if runs["simd"]["kernel"] == "portable":
+        pytest.skip("this CPU has neither AVX2 nor AVX512-VNNI: the portable kernel is the only one")
+    for i, (a, b) in enumerate(zip(runs["simd"]["out"], runs["portable"]["out"], strict=True)):
+        assert a.dtype == b.dtype and a.shape == b.shape, i
+        assert torch.equal(a.isnan(), b.isnan()), i
+        assert torch.equal(a.view(torch.int32) if a.dtype == torch.float32 else a,
+                           b.view(torch.int32) if b.dtype == torch.float32 else b), i    # the bits: -0 is not +0
+    assert runs["simd"]["out"][-3].isnan()[1].all()          # the NaN row stays NaN on both
 
 
 def test_quantize_activations_round_trips_within_half_a_step(gen: torch.Generator) -> None:
