@@ -12,6 +12,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "avx2_math.h"
 #include "elementwise.h"
 
 #include <algorithm>
@@ -52,6 +53,10 @@ inline float dot(const float* a, const T* b, int64_t D) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), load16(b + d), acc);
   return _mm512_reduce_add_ps(acc);
+#elif defined(INTERLOCK_AVX2_MATH)
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), load8(b + d), acc);
+  return sum_lanes8(acc);
 #else
   float acc = 0.f;
   for (int64_t d = 0; d < D; ++d) acc += a[d] * to_f32(b[d]);
@@ -89,6 +94,16 @@ inline void scores16(const float* q, const T* const* keys, int64_t D, float scal
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, load16(keys[i] + d), acc[i]);
   }
   _mm512_storeu_ps(out, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+#elif defined(INTERLOCK_AVX2_MATH)
+  for (int half = 0; half < 16; half += 8) {      // 8 keys at a time: 8 accumulators, as dot's each
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, load8(keys[half + i] + d), acc[i]);
+    }
+    _mm256_storeu_ps(out + half, _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale)));
+  }
 #else
   for (int i = 0; i < 16; ++i) out[i] = dot(q, keys[i], D) * scale;
 #endif
@@ -181,6 +196,10 @@ inline void axpy(float p, const T* v, float* out, int64_t D) {
   const __m512 pv = _mm512_set1_ps(p);
   for (int64_t d = 0; d < D; d += 16)
     _mm512_storeu_ps(out + d, _mm512_fmadd_ps(pv, load16(v + d), _mm512_loadu_ps(out + d)));
+#elif defined(INTERLOCK_AVX2_MATH)
+  const __m256 pv = _mm256_set1_ps(p);
+  for (int64_t d = 0; d < D; d += 8)
+    _mm256_storeu_ps(out + d, _mm256_fmadd_ps(pv, load8(v + d), _mm256_loadu_ps(out + d)));
 #else
   for (int64_t d = 0; d < D; ++d) out[d] += p * to_f32(v[d]);
 #endif
@@ -207,6 +226,27 @@ inline float exp_shift_(float* s, int64_t L, float* peak_out) {
   }
   *peak_out = top;
   return _mm512_reduce_add_ps(total);
+#elif defined(INTERLOCK_AVX2_MATH)
+  __m256 peak = _mm256_set1_ps(-INFINITY);
+  const __m256 none = _mm256_set1_ps(-INFINITY);
+  for (int64_t l = 0; l < L; l += 8) {
+    const __m256i k = tail_mask8(L - l);
+    peak = _mm256_max_ps(peak, _mm256_blendv_ps(none, _mm256_maskload_ps(s + l, k), _mm256_castsi256_ps(k)));
+  }
+  const __m128 p4 = _mm_max_ps(_mm256_castps256_ps128(peak), _mm256_extractf128_ps(peak, 1));
+  const __m128 p2 = _mm_max_ps(p4, _mm_movehl_ps(p4, p4));
+  const float top = _mm_cvtss_f32(_mm_max_ss(p2, _mm_movehdup_ps(p2)));
+  const __m256 topv = _mm256_set1_ps(top);
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t l = 0; l < L; l += 8) {
+    const __m256i k = tail_mask8(L - l);
+    const __m256 e = _mm256_and_ps(exp_nonpositive8(_mm256_sub_ps(_mm256_maskload_ps(s + l, k), topv)),
+                                   _mm256_castsi256_ps(k));
+    total = _mm256_add_ps(total, e);
+    _mm256_maskstore_ps(s + l, k, e);
+  }
+  *peak_out = top;
+  return sum_lanes8(total);
 #else
   float top = s[0];
   for (int64_t l = 1; l < L; ++l) top = std::max(top, s[l]);
@@ -245,6 +285,26 @@ inline void weighted_sums_g(const float* p, int64_t p_stride, const T* const* va
   }
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < NV; ++j) _mm512_storeu_ps(out + g * out_stride + 16 * j, acc[g][j]);
+#elif defined(INTERLOCK_AVX2_MATH)
+  // 16 ymm registers hold G x S accumulators and S value vectors: the D dims go in slabs of S
+  // vectors, each slab a pass over the keys (the values' other lines wait in L1 for the next).
+  constexpr int kV = 2 * NV, kWant = G <= 3 ? 4 : (G <= 6 ? 2 : 1);
+  constexpr int S = kV % kWant == 0 ? kWant : (kV % 2 == 0 ? 2 : 1);
+  for (int s0 = 0; s0 < kV; s0 += S) {
+    __m256 acc[G][S];
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < S; ++j) acc[g][j] = _mm256_setzero_ps();
+    for (int64_t l = 0; l < L; ++l) {
+      __m256 v[S];
+      for (int j = 0; j < S; ++j) v[j] = load8(values[l] + 8 * (s0 + j));
+      for (int g = 0; g < G; ++g) {
+        const __m256 pl = _mm256_broadcast_ss(p + g * p_stride + l);
+        for (int j = 0; j < S; ++j) acc[g][j] = _mm256_fmadd_ps(pl, v[j], acc[g][j]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < S; ++j) _mm256_storeu_ps(out + g * out_stride + 8 * (s0 + j), acc[g][j]);
+  }
 #else
   for (int g = 0; g < G; ++g) {
     for (int64_t d = 0; d < 16 * NV; ++d) out[g * out_stride + d] = 0.f;

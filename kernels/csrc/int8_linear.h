@@ -108,6 +108,9 @@ inline void block(const QuantRows& a, const int8_t* q, const float* scale, float
 template <int NB>
 inline void rows(const QuantRows& a, const int8_t* q, const float* scale, float* y,
                  int64_t M, int64_t K, int64_t N, int64_t n0) {
+#if defined(INTERLOCK_AVX2)
+  if (simd_enabled()) return rows_avx2(a, q, scale, y, M, K, N, n0, NB);
+#endif
   int64_t m = 0;
   for (; m + 2 <= M; m += 2) block<NB, 2>(a, q, scale, y, K, N, n0, m);
   if (m < M) block<NB, 1>(a, q, scale, y, K, N, n0, m);
