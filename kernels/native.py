@@ -22,13 +22,15 @@ int8_linear backends:
 - "native": our kernels (csrc/int8_linear.h, csrc/int8_amx.h): activations quantized per block
   of 32 (one fp32 scale each, as llama.cpp's Q8_0), int8 dots on AMX tiles (Sapphire Rapids
   and later), AVX512-VNNI or AVX2 (maddubs / madd); 4 rows cost ~1.1x one row; bitwise
-  row-independent. VNNI and AVX2 give the portable kernel's bits (INTERLOCK_INT8_SIMD=0 runs that).
+  row-independent. VNNI and AVX2 give the portable kernel's bits (INTERLOCK_SIMD=0 builds that).
 - "torch": torch's `_weight_int8pack_mm` (activations rounded to bf16; also row-independent).
 - "reference": the obvious float64 matmul of the same quantized activations, for tests.
 - "auto": "native" when it builds and the shapes fit (K a multiple of 32), else "torch". The
   choice is made once per process (`available`), so a model never mixes the two.
 
-Set INTERLOCK_NATIVE_KERNELS=0 to never build or use the native kernels.
+Set INTERLOCK_NATIVE_KERNELS=0 to never build or use the native kernels, INTERLOCK_SIMD=0 to build
+them without any SIMD code (csrc/simd.h): the portable C++ that each SIMD path is tested against
+(bit for bit for int8_linear) and that the benchmarks time as "before".
 """
 from __future__ import annotations
 
@@ -69,7 +71,9 @@ def available() -> bool:
         # torch's build cache hashes the .cpp only; naming the build after every file in csrc/ makes
         # an edited header rebuild too.
         digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))).hexdigest()[:12]
-        load(name=f"interlock_cpu_{digest}", sources=[str(_CSRC / "ops.cpp")], extra_cflags=CFLAGS,
+        simd = os.environ.get("INTERLOCK_SIMD", "1") != "0"
+        load(name=f"interlock_cpu_{digest}{'' if simd else '_portable'}", sources=[str(_CSRC / "ops.cpp")],
+             extra_cflags=CFLAGS + ([] if simd else ["-DINTERLOCK_NO_SIMD"]),
              extra_ldflags=LDFLAGS, is_python_module=False, verbose=False)
         for op in OPS:    # raises if the library did not register
             getattr(torch.ops.interlock_cpu, op)
@@ -113,7 +117,7 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, backend: 
 def int8_kernel() -> str:
     """The native int8_linear this process runs: "amx" (tiles; one row on VNNI, bit-identical),
     "vnni" (AVX512-VNNI; also where INTERLOCK_AMX=0 or the OS refuses the tiles), "avx2" (AVX2 +
-    FMA, bit-identical to "portable"), "portable" (plain C++; also where INTERLOCK_INT8_SIMD=0), or
+    FMA, bit-identical to "portable"), "portable" (plain C++; also where INTERLOCK_SIMD=0), or
     "none" when the native kernels did not build."""
     return torch.ops.interlock_cpu.int8_kernel() if available() else "none"
 

@@ -10,9 +10,7 @@
 #include <cstdint>
 #include <limits>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace interlock_cpu {
 
@@ -45,7 +43,7 @@ inline void masked_argmax_row(const float* row, const int32_t* words, int64_t vo
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   ArgmaxRule rule;
   int64_t i = 0;
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
   __m512 vbest = _mm512_set1_ps(kNegInf);
   __m512i vid = _mm512_setzero_si512();
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);

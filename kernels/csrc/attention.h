@@ -20,9 +20,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace interlock_cpu {
 
@@ -37,7 +35,7 @@ inline float to_f32(float v) { return v; }
 inline float to_f32(bf16 v) { return static_cast<float>(v); }
 inline float to_f32(f16 v) { return static_cast<float>(v); }
 
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const bf16* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -49,7 +47,7 @@ inline __m512 load16(const f16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(r
 // Dot product of two fp32 vectors of length D (a multiple of 16), fixed order.
 template <class T>
 inline float dot(const float* a, const T* b, int64_t D) {
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
   __m512 acc = _mm512_setzero_ps();
   for (int64_t d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), load16(b + d), acc);
   return _mm512_reduce_add_ps(acc);
@@ -64,7 +62,7 @@ inline float dot(const float* a, const T* b, int64_t D) {
 #endif
 }
 
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
 // Horizontal sums of 16 vectors: lane i = sum of v[i]'s lanes, each in a fixed tree of its own
 // lanes (the shuffles only route), so a key's score does not depend on its neighbours.
 inline __m512 sum16(__m512 (&v)[16]) {
@@ -86,7 +84,7 @@ inline __m512 sum16(__m512 (&v)[16]) {
 // accumulators stay in registers.
 template <class T>
 inline void scores16(const float* q, const T* const* keys, int64_t D, float scale, float* out) {
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
   __m512 acc[16];
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t d = 0; d < D; d += 16) {
@@ -109,7 +107,7 @@ inline void scores16(const float* q, const T* const* keys, int64_t D, float scal
 #endif
 }
 
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
 // In place: r[d] lane i <- r[i] lane d (a 16 x 16 fp32 transpose).
 inline void transpose16(__m512 (&r)[16]) {
   __m512 t[16];
@@ -192,7 +190,7 @@ inline void scores16_x4(const float* const (&q)[4], const float* kt, float scale
 // out[0:D] += p * v[0:D]
 template <class T>
 inline void axpy(float p, const T* v, float* out, int64_t D) {
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
   const __m512 pv = _mm512_set1_ps(p);
   for (int64_t d = 0; d < D; d += 16)
     _mm512_storeu_ps(out + d, _mm512_fmadd_ps(pv, load16(v + d), _mm512_loadu_ps(out + d)));
@@ -209,7 +207,7 @@ inline void axpy(float p, const T* v, float* out, int64_t D) {
 // s[0:L] <- exp(s[0:L] - max); returns the sum, the max in *peak_out. 16 lanes at a time, the
 // tail through a masked load.
 inline float exp_shift_(float* s, int64_t L, float* peak_out) {
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
   __m512 peak = _mm512_set1_ps(-INFINITY);
   for (int64_t l = 0; l < L; l += 16) {
     const __mmask16 k = l + 16 <= L ? 0xFFFF : static_cast<__mmask16>((1u << (L - l)) - 1);
@@ -271,7 +269,7 @@ inline const T* kv_at(const T* cache, const int64_t* table, int64_t block_size, 
 template <int G, int NV, class T>
 inline void weighted_sums_g(const float* p, int64_t p_stride, const T* const* values, int64_t L, float* out,
                             int64_t out_stride) {
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
   __m512 acc[G][NV];
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_setzero_ps();
@@ -434,7 +432,7 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
       // computed with the others' and never used. With many queries on the tile (a verify step's
       // or a prompt chunk's rows) the keys are transposed once and scored four queries at a time
       // (scores16_x4, the same bits); a decode row's three heads would not repay the transpose.
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
       if ((sq.n - r0) * G >= kTransposedQueries && (D == 64 || D == 128)) {
         const int64_t groups = (l1 - l0 + 15) / 16;
         kt.resize(groups * 16 * D);

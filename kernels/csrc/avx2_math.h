@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define INTERLOCK_AVX2_MATH 1
-#include <immintrin.h>
+#include "simd.h"
+
+#if defined(INTERLOCK_AVX2_MATH)
 
 namespace interlock_cpu {
 

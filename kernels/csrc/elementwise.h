@@ -9,13 +9,11 @@
 
 #include "avx2_math.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace interlock_cpu {
 
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
 // exp for x <= 0 (softmax inputs after subtracting the max): 2^n * p(r), r = x - n ln2, |r| <= ln2/2.
 inline __m512 exp_nonpositive(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
@@ -38,7 +36,7 @@ inline __m512 exp_nonpositive(__m512 x) {
 inline void rms_norm_row(const float* row, const float* w, int64_t E, float eps, float* y) {
   float sq = 0.f;
   int64_t e = 0;
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
   __m512 acc = _mm512_setzero_ps();
   for (; e + 16 <= E; e += 16) {
     const __m512 v = _mm512_loadu_ps(row + e);
@@ -68,7 +66,7 @@ inline void rms_norm_raw(const float* x, const float* w, int64_t T, int64_t E, f
 // out[i] = silu(gate[i]) * up[i] for n values; sigmoid from exp of a non-positive number only.
 inline void silu_mul_raw(const float* gate, const float* up, int64_t n, float* out) {
   int64_t i = 0;
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
   const __m512 one = _mm512_set1_ps(1.f);
   for (; i + 16 <= n; i += 16) {
     const __m512 g = _mm512_loadu_ps(gate + i);
@@ -97,7 +95,7 @@ inline void silu_mul_raw(const float* gate, const float* up, int64_t n, float* o
 inline void gelu_tanh_mul_raw(const float* gate, const float* up, int64_t n, float* out) {
   constexpr float kC = 0.7978845608028654f, kA = 0.044715f;
   int64_t i = 0;
-#if defined(__AVX512F__)
+#if defined(INTERLOCK_AVX512)
   const __m512 one = _mm512_set1_ps(1.f), half = _mm512_set1_ps(0.5f);
   for (; i + 16 <= n; i += 16) {
     const __m512 g = _mm512_loadu_ps(gate + i);

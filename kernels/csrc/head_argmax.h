@@ -75,7 +75,7 @@ inline void head_argmax_raw(const float* x, const int8_t* q, const float* scale,
   for (const int64_t r : sparse) {
     QuantRows a;
 #if defined(INTERLOCK_VNNI)
-    quantize_rows(x + r * E, 1, E, a, /*with_fix=*/simd_enabled());
+    quantize_rows(x + r * E, 1, E, a, /*with_fix=*/true);
 #else
     quantize_rows(x + r * E, 1, E, a, /*with_fix=*/false);
 #endif

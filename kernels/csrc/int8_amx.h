@@ -44,7 +44,7 @@ constexpr int64_t kRowsPerPass = 4;     // activation rows per pass: 4 columns e
 inline bool amx_enabled() {
   static const bool enabled = [] {
     const char* env = std::getenv("INTERLOCK_AMX");
-    if ((env != nullptr && std::strcmp(env, "0") == 0) || !simd_enabled()) return false;
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
     constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
   }();

@@ -18,7 +18,6 @@
 #include "int8_quant.h"
 
 #if defined(INTERLOCK_AVX2)
-#include <immintrin.h>
 
 namespace interlock_cpu {
 

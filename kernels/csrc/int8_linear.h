@@ -68,7 +68,7 @@ inline void block_vnni(const QuantRows& a, const int8_t* q, const float* scale, 
 
 #endif
 
-// Portable kernel, the same per-(m, n) order: exact integer lane dots, fused multiply-add into 16
+// Portable kernel (INTERLOCK_SIMD=0, or a CPU with neither AVX2 nor VNNI), the same per-(m, n) order: exact integer lane dots, fused multiply-add into 16
 // lanes chunk by chunk, a halving tree at the end. What every SIMD kernel must equal bit for bit.
 template <int NB, int MB>
 inline void block_portable(const QuantRows& a, const int8_t* q, const float* scale, float* y,
@@ -96,11 +96,12 @@ template <int NB, int MB>
 inline void block(const QuantRows& a, const int8_t* q, const float* scale, float* y,
                   int64_t K, int64_t N, int64_t n0, int64_t m0) {
 #if defined(INTERLOCK_VNNI)
-  if (simd_enabled()) return block_vnni<NB, MB>(a, q, scale, y, K, N, n0, m0);
+  block_vnni<NB, MB>(a, q, scale, y, K, N, n0, m0);
 #elif defined(INTERLOCK_AVX2)
-  if (simd_enabled()) return block_avx2<NB, MB>(a, q, scale, y, K, N, n0, m0);
-#endif
+  block_avx2<NB, MB>(a, q, scale, y, K, N, n0, m0);
+#else
   block_portable<NB, MB>(a, q, scale, y, K, N, n0, m0);
+#endif
 }
 
 // All M rows against output rows n0 .. n0 + NB, two activation rows at a time: the block's weights
@@ -109,11 +110,12 @@ template <int NB>
 inline void rows(const QuantRows& a, const int8_t* q, const float* scale, float* y,
                  int64_t M, int64_t K, int64_t N, int64_t n0) {
 #if defined(INTERLOCK_AVX2)
-  if (simd_enabled()) return rows_avx2(a, q, scale, y, M, K, N, n0, NB);
-#endif
+  rows_avx2(a, q, scale, y, M, K, N, n0, NB);      // one weight row at a time (int8_avx2.h)
+#else
   int64_t m = 0;
   for (; m + 2 <= M; m += 2) block<NB, 2>(a, q, scale, y, K, N, n0, m);
   if (m < M) block<NB, 1>(a, q, scale, y, K, N, n0, m);
+#endif
 }
 
 // y for all M rows, output rows split across the threads in blocks of NB.
@@ -140,7 +142,7 @@ inline void int8_linear_raw(const float* x, const int8_t* q, const float* scale,
   thread_local QuantRows scratch;      // reused: a step calls this ~150 times on small rows
   const bool amx = amx_enabled();
 #if defined(INTERLOCK_VNNI)
-  quantize_rows(x, M, K, scratch, /*with_fix=*/simd_enabled() && (!amx || M == 1));   // the VNNI kernels read the fix
+  quantize_rows(x, M, K, scratch, /*with_fix=*/!amx || M == 1);   // the VNNI kernels read the fix
 #else
   quantize_rows(x, M, K, scratch, /*with_fix=*/false);             // signed x signed: no fix
 #endif

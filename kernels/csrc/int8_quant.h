@@ -7,33 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-// The int8 x int8 kernels need AVX512-VNNI (the dot) and AVX512-BW (byte loads and packs).
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define INTERLOCK_VNNI 1
-#elif defined(__AVX2__) && defined(__FMA__)
-#define INTERLOCK_AVX2 1        // int8_avx2.h: the same arithmetic from maddubs / madd
-#endif
+#include "simd.h"
 
 namespace interlock_cpu {
-
-// False where INTERLOCK_INT8_SIMD=0: the portable kernel (and no AMX) for the whole process, so the
-// tests can compare the SIMD kernels with it bit for bit and the benchmarks can time the two.
-inline bool simd_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("INTERLOCK_INT8_SIMD");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  return enabled;
-}
 
 constexpr int64_t kQBlock = 32;      // activations per quantization scale
 constexpr int64_t kChunk = 64;       // weights per VNNI dot (two quantization blocks)

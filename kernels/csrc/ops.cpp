@@ -67,7 +67,6 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
 
 // Which int8 x int8 kernel this process runs: "amx", "vnni", "avx2" or "portable" (kernels/native.py).
 std::string int8_kernel() {
-  if (!simd_enabled()) return "portable";
 #if defined(INTERLOCK_VNNI)
   return amx_enabled() ? "amx" : "vnni";
 #elif defined(INTERLOCK_AVX2)

@@ -47,6 +47,22 @@ def test_extraction_documents_hold_their_record_and_grow_from_500_to_2000_tokens
         extraction(row, 2, tokens=(600, 500))
 
 
+def test_extraction_with_a_shared_head_differs_only_in_its_last_paragraph():
+    from interlock.benchmarks.prompts import describe
+    from interlock.models.loader import load_tokenizer
+
+    tok = load_tokenizer("smollm2-135m-instruct")
+    row = row_by_id(DATASETS / "JME.jsonl", REPEATED_ROW)
+    rows = extraction(row, 3, shared_head=True)
+    assert [r.tests for r in rows] == [r.tests for r in repeated_schema(row, 3)]
+    users = [build_messages(r)[1]["content"] for r in rows]
+    heads = {u.rsplit("\n\n", 1)[0] for u in users}
+    assert len(heads) == 1 and len({u.rsplit("\n\n", 1)[1] for u in users}) == 3    # one body, three tails
+    assert 1700 <= len(tok.encode(heads.pop())) <= 2300
+    for r, user in zip(rows, users, strict=True):
+        assert all(fact in user.rsplit("\n\n", 1)[1] for fact in describe(r.valid_instances[0].data).splitlines())
+
+
 def test_repeated_schema_refuses_what_it_cannot_make():
     row = row_by_id(DATASETS / "JME.jsonl", REPEATED_ROW)
     with pytest.raises(ValueError):

@@ -75,7 +75,7 @@ torch.save({"kernel": native.int8_kernel(), "out": out}, sys.argv[2])
 def test_int8_linear_simd_kernel_is_the_portable_kernel_bit_for_bit(tmp_path, gen: torch.Generator) -> None:
     # VNNI and AVX2 reorder nothing: each lane's integer dot is exact and the FMAs and the final
     # tree are the portable kernel's. So the machine's SIMD kernel (AMX off: its tile sums differ)
-    # must give the bits INTERLOCK_INT8_SIMD=0 gives, on every shape the engine runs.
+    # must give the bits of the build without SIMD (INTERLOCK_SIMD=0), on every shape the engine runs.
     cases = {"linear": [], "head": None}
     for m, n, k in ((1, 64, 576), (1, 13, 96), (2, 9, 1536), (4, 40, 160), (3, 7, 32), (17, 33, 576), (40, 8, 96)):
         x = torch.randn(m, k, generator=gen) * torch.logspace(-3, 3, m)[:, None]
@@ -92,7 +92,7 @@ def test_int8_linear_simd_kernel_is_the_portable_kernel_bit_for_bit(tmp_path, ge
                      torch.rand(320, generator=gen), bitmask, torch.tensor([0, 1, 2]))
     torch.save(cases, tmp_path / "cases.pt")
     runs = {}
-    for name, env in (("simd", {"INTERLOCK_AMX": "0"}), ("portable", {"INTERLOCK_INT8_SIMD": "0"})):
+    for name, env in (("simd", {"INTERLOCK_AMX": "0"}), ("portable", {"INTERLOCK_SIMD": "0"})):
         subprocess.run([sys.executable, "-c", _KERNEL_RUN, str(tmp_path / "cases.pt"), str(tmp_path / f"{name}.pt")],
                        env={**os.environ, **env}, check=True)
         runs[name] = torch.load(tmp_path / f"{name}.pt")
