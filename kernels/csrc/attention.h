@@ -286,7 +286,7 @@ inline void weighted_sums_g(const float* p, int64_t p_stride, const T* const* va
 #elif defined(INTERLOCK_AVX2_MATH)
   // 16 ymm registers hold G x S accumulators and S value vectors: the D dims go in slabs of S
   // vectors, each slab a pass over the keys (the values' other lines wait in L1 for the next).
-  constexpr int kV = 2 * NV, kWant = G <= 3 ? 4 : (G <= 6 ? 2 : 1);
+  constexpr int kV = 2 * NV, kWant = G <= 2 ? 4 : (G <= 6 ? 2 : 1);
   constexpr int S = kV % kWant == 0 ? kWant : (kV % 2 == 0 ? 2 : 1);
   for (int s0 = 0; s0 < kV; s0 += S) {
     __m256 acc[G][S];
