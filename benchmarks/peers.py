@@ -3,6 +3,7 @@
     python -m interlock.benchmarks.peers --workload jme --limit 20
     python -m interlock.benchmarks.peers --workload repeated --limit 50 --modes none,ngram+forced,suffix+forced
     python -m interlock.benchmarks.peers --workload extraction --limit 8 --prefix-caching both --dense-dtype auto,bf16
+    python -m interlock.benchmarks.peers --workload extraction-tail --limit 4 --prefix-caching both
 
 Every system gets the same chat prompts (benchmarks/prompts.py; `repeated`: one schema, many
 documents, benchmarks/workloads.py), greedy decoding, the same max_tokens and the schema as its
@@ -270,8 +271,9 @@ def summarize(name: str, rows: Sequence[Row], samples: list[list[Sample]]) -> di
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workload", choices=["jme", "repeated", "extraction"], default="jme",
-                   help="extraction: --row's schema over --limit documents of 500-2,000 tokens (workloads.py)")
+    p.add_argument("--workload", choices=["jme", "repeated", "extraction", "extraction-tail"], default="jme",
+                   help="extraction: --row's schema over --limit documents of 500-2,000 tokens; extraction-tail: "
+                        "one 2,000-token document, a different last paragraph each (workloads.py)")
     p.add_argument("--dataset", type=dataset_arg, default="JME", help="a JSONSchemaBench set (name or .jsonl path)")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--row", default=REPEATED_ROW, help="the JME row whose schema the repeated workload uses")
@@ -296,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)                # interlock's model lane owns its threads; HF gets them below
     rows = (load_rows(args.dataset, args.limit) if args.workload == "jme" else
             repeated_schema(row_by_id(args.dataset, args.row), args.limit) if args.workload == "repeated" else
-            extraction(row_by_id(args.dataset, args.row), args.limit))
+            extraction(row_by_id(args.dataset, args.row), args.limit, shared_head=args.workload == "extraction-tail"))
     out = Path(args.json) if args.json else RESULTS / f"peers-{args.workload}-{datetime.date.today()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []

@@ -13,8 +13,9 @@ document (jsonschema). Everything is a deterministic function of (row, n, seed);
 `extraction(row, n)` is the same job with the prompt mostly document, as extraction on a CPU is:
 each record's facts (prompts.describe) scattered through filler prose, n documents whose lengths
 step evenly from 500 to 2,000 tokens (about; the prose is English), all after the same system
-message (the schema): a prompt repeated with a different document tail, where prefix caching
-pays for the head and prefill speed decides the rest.
+message (the schema), where prefill speed decides most of the time to first token. With
+`shared_head=True` the documents are one long body and differ only in a last paragraph holding the
+record: a prompt repeated with a different document tail, where the prefix cache pays for the head.
 """
 from __future__ import annotations
 
@@ -139,22 +140,28 @@ _TAILS = ("without reaching a conclusion", "and asked for a follow-up", "in some
 WORDS_PER_TOKEN = 0.82      # filler prose under SmolLM2's tokenizer, about (the tests pin the range)
 
 
-def extraction(row: Row, n: int, *, tokens: tuple[int, int] = (500, 2000), seed: int = 0) -> list[Row]:
+def extraction(row: Row, n: int, *, tokens: tuple[int, int] = (500, 2000), seed: int = 0,
+               shared_head: bool = False) -> list[Row]:
     """n rows with `row`'s schema, each a document of tokens[0]..tokens[1] tokens (evenly stepped)
-    that states one repeated_schema record among filler prose (module docstring)."""
+    that states one repeated_schema record among filler prose (module docstring). shared_head: every
+    document is instead the same tokens[1]-token body of filler followed by its own short tail, the
+    paragraph that states its record: one long prompt repeated with a different tail."""
     from interlock.benchmarks.prompts import describe
 
     lo, hi = tokens
     if not 0 < lo <= hi:
         raise ValueError(f"tokens must be 0 < low <= high, got {tokens}")
+    head = _filler(random.Random(f"{row.id}:extraction-head:{seed}"), hi * WORDS_PER_TOKEN) if shared_head else []
     out = []
     for i, record in enumerate(repeated_schema(row, n, seed=seed)):
         rng = random.Random(f"{row.id}:extraction:{seed}:{i}")
-        target = lo + (hi - lo) * i // max(1, n - 1)
         facts = describe(record.valid_instances[0].data).splitlines()
-        filler = []
-        while sum(len(s.split()) for s in filler) < target * WORDS_PER_TOKEN - sum(len(f.split()) for f in facts):
-            filler.append(f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {rng.choice(_TAILS)}.")
+        if shared_head:
+            body = _paragraphs(head) + [" ".join(facts + _filler(rng, 20))]
+            out.append(Row(f"{record.id}~head{hi}", row.schema, record.tests, "\n\n".join(body)))
+            continue
+        target = lo + (hi - lo) * i // max(1, n - 1)
+        filler = _filler(rng, target * WORDS_PER_TOKEN - sum(len(f.split()) for f in facts))
         # the facts at random places, in their order (an object's fields stay near each other)
         spots = sorted(rng.sample(range(len(filler) + 1), min(len(facts), len(filler) + 1)))
         text: list[str] = []
@@ -164,6 +171,18 @@ def extraction(row: Row, n: int, *, tokens: tuple[int, int] = (500, 2000), seed:
                 text.append(facts.pop(0))
             text.append(sentence)
         text += facts                                   # any left (more facts than places)
-        paragraphs = [" ".join(text[k: k + 6]).strip() for k in range(0, len(text), 6)]
-        out.append(Row(f"{record.id}~{target}", row.schema, record.tests, "\n\n".join(p for p in paragraphs if p)))
+        out.append(Row(f"{record.id}~{target}", row.schema, record.tests, "\n\n".join(_paragraphs(text))))
     return out
+
+
+def _filler(rng: random.Random, words: float) -> list[str]:
+    """Fact-free sentences of about `words` words in all."""
+    filler: list[str] = []
+    while sum(len(s.split()) for s in filler) < words:
+        filler.append(f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {rng.choice(_TAILS)}.")
+    return filler
+
+
+def _paragraphs(sentences: list[str]) -> list[str]:
+    paragraphs = (" ".join(sentences[k: k + 6]).strip() for k in range(0, len(sentences), 6))
+    return [p for p in paragraphs if p]
