@@ -178,8 +178,10 @@ def extraction(row: Row, n: int, *, tokens: tuple[int, int] = (500, 2000), seed:
 def _filler(rng: random.Random, words: float) -> list[str]:
     """Fact-free sentences of about `words` words in all."""
     filler: list[str] = []
-    while sum(len(s.split()) for s in filler) < words:
+    count = 0
+    while count < words:
         filler.append(f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {rng.choice(_TAILS)}.")
+        count += len(filler[-1].split())
     return filler
 
 

@@ -1,6 +1,7 @@
 #pragma once
 // 8-lane fp32 helpers for CPUs with AVX2, FMA and F16C but not AVX-512 (Zen 1-3, Intel client
-// parts): what attention.h and elementwise.h use there in place of their 16-lane AVX-512 code.
+// parts): what attention.h and elementwise.h use there in place of their 16-lane AVX-512 code
+// (the 8-lane exp is elementwise.h's exp_nonpositive8, beside the 16-lane one).
 // Each is a fixed sequence of operations per row, so what they compute stays batch invariant.
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -19,25 +20,6 @@ inline __m256 load8(const c10::BFloat16* p) {       // bf16 is the top half of a
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
 inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-
-// exp for x <= 0 (elementwise.h's AVX-512 exp_nonpositive, 8 lanes): 2^n * p(r), r = x - n ln2.
-// x >= -87 keeps n >= -126, so 2^n is built in the exponent bits as a normal float.
-inline __m256 exp_nonpositive8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-  __m256 p = _mm256_set1_ps(1.f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
 
 // Lane i = the sum of v[i]'s 8 lanes, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) for each
 // vector alone (hadd pairs lanes of one vector; the permutes only route).

@@ -13,22 +13,38 @@
 
 namespace interlock_cpu {
 
+// exp for x <= 0 (softmax inputs after subtracting the max): 2^n * p(r), r = x - n ln2 (ln2 in two
+// parts), |r| <= ln2/2, p the degree-6 Taylor polynomial; within ~4 ulp of exp. One set of constants
+// for the 16-lane (AVX-512) and the 8-lane (AVX2) version.
+namespace exp_poly {
+constexpr float kMin = -87.0f;           // keeps n >= -126, so 2^n is a normal float
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
+constexpr float kCoeffs[] = {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};   // highest power first
+}  // namespace exp_poly
+
 #if defined(INTERLOCK_AVX512)
-// exp for x <= 0 (softmax inputs after subtracting the max): 2^n * p(r), r = x - n ln2, |r| <= ln2/2.
 inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  x = _mm512_max_ps(x, _mm512_set1_ps(exp_poly::kMin));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(exp_poly::kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(exp_poly::kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(exp_poly::kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(exp_poly::kCoeffs[0]);
+  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_poly::kCoeffs[i]));
   return _mm512_scalef_ps(p, n);
+}
+#elif defined(INTERLOCK_AVX2_MATH)
+// 2^n built in the exponent bits (AVX2 has no scalef).
+inline __m256 exp_nonpositive8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(exp_poly::kMin));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(exp_poly::kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(exp_poly::kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(exp_poly::kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(exp_poly::kCoeffs[0]);
+  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_poly::kCoeffs[i]));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 #endif
 
@@ -64,8 +80,8 @@ inline void rms_norm_raw(const float* x, const float* w, int64_t T, int64_t E, f
 }
 
 // out[i] = silu(gate[i]) * up[i] for n values; sigmoid from exp of a non-positive number only.
-// Without AVX-512 the activations keep libm's exp and tanh: an 8-lane version on avx2_math.h's
-// polynomial exp (within ~4 ulp) tipped the embedded model's greedy demo answer on a Zen 3 (role
+// Without AVX-512 the activations keep libm's exp and tanh: an 8-lane version on
+// exp_nonpositive8 (within ~4 ulp) tipped the embedded model's greedy demo answer on a Zen 3 (role
 // and start_year wrong, tests/test_cli.py). That 135M model sits on a knife's edge there; the
 // arithmetic closest to the exact activation is the one to keep.
 inline void silu_mul_raw(const float* gate, const float* up, int64_t n, float* out) {

@@ -2,7 +2,7 @@
 // int8_linear.h's (row, output) arithmetic on AVX2 + FMA, for x86 CPUs without AVX512-VNNI
 // (Zen 1-3, Haswell to Alder Lake client parts). Bit-identical to the portable kernel: the same
 // exact integer dot per lane of four weights, the same FMA per lane and chunk in K order, the same
-// halving tree; only faster (SmolLM2's decode step on a 2-core Zen 3: 86 -> see docs/performance.md).
+// halving tree, only faster (docs/performance.md: SmolLM2's decode step 6x on a 2-core Zen 3).
 //
 // The dot: AVX2 has no int8 x int8 -> int32 instruction. maddubs multiplies unsigned x signed bytes
 // and adds pairs into int16 with saturation; madd with ones then adds int16 pairs into int32. The

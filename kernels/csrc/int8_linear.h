@@ -68,8 +68,9 @@ inline void block_vnni(const QuantRows& a, const int8_t* q, const float* scale, 
 
 #endif
 
-// Portable kernel (INTERLOCK_SIMD=0, or a CPU with neither AVX2 nor VNNI), the same per-(m, n) order: exact integer lane dots, fused multiply-add into 16
-// lanes chunk by chunk, a halving tree at the end. What every SIMD kernel must equal bit for bit.
+// Portable kernel (INTERLOCK_SIMD=0, or a CPU with neither AVX2 nor VNNI), the same per-(m, n)
+// order: exact integer lane dots, fused multiply-add into 16 lanes chunk by chunk, a halving tree at
+// the end. What every SIMD kernel must equal bit for bit.
 template <int NB, int MB>
 inline void block_portable(const QuantRows& a, const int8_t* q, const float* scale, float* y,
                            int64_t K, int64_t N, int64_t n0, int64_t m0) {
