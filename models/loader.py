@@ -104,11 +104,11 @@ def default_kv_dtype(weights: Weights, dtype: Dtype) -> Dtype:
     beside 134 MB of weights; fp16 halves that (the SIMD row attention widens it exactly as it loads
     it), as llama.cpp's default f16 cache does, at a small measured cost against the fp32 cache
     (docs/performance.md, "Quality"). AVX2-only CPUs keep fp32 although their attention widens fp16
-    as cheaply (decode steps 14-25% shorter at 500-1,500 tokens with fp16 there): their prompt path is the
-    dense one, where fp32 is the closest to the checkpoint, and with fp16 the embedded model's greedy
-    demo answer (tests/test_cli.py) goes wrong on such a CPU. The portable build converts scalar by
-    scalar (1.5x slower with fp16). "float" weights keep their own dtype: float32 is the reference
-    that matches HF."""
+    as cheaply (docs/performance.md measures both there): their prompt path is the dense one, where
+    fp32 is the closest to the checkpoint, and with fp16 the embedded model's greedy demo answer
+    (tests/test_cli.py) goes wrong on such a CPU. The portable build converts scalar by scalar
+    (1.5x slower with fp16). "float" weights keep their own dtype: float32 is the reference that
+    matches HF."""
     quantized = weights in ("int8", "int4")
     return "float16" if quantized and native.int8_kernel() in ("amx", "vnni") else dtype
 
