@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "simd.h"
@@ -68,13 +67,47 @@ inline void quantize_block(const float* v, int8_t* q, float* scale_out) {
 // The same arithmetic 16 lanes at a time (cvtps_epi32 rounds to nearest even, as nearbyint).
 inline void quantize_block_avx512(const float* v, int8_t* q, float* scale_out) {
   const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
-  const bool nan = (_mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q)) != 0;
-  const float amax = nan ? std::numeric_limits<float>::quiet_NaN()     // as quantize_block: NaN propagates
-                         : _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  if ((_mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q)) != 0) {
+    quantize_block(v, q, scale_out);             // NaN propagates through the scale, the first NaN's bits
+    return;
+  }
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
   const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16),
                    _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))));
+  *scale_out = amax / 127.f;
+}
+#endif
+
+#if defined(INTERLOCK_AVX2)
+// The same arithmetic 8 lanes at a time (cvtps_epi32 rounds to nearest even, as nearbyint). The
+// int8 value is the int32's low byte, as the scalar conversion and AVX-512's cvtepi32_epi8 keep it
+// (an infinite amax makes a 0 * inf lane NaN, which converts to 0x80000000: low byte 0): masking to
+// the byte first makes the unsigned packs below exact, and the permute undoes their lane order.
+inline void quantize_block_avx2(const float* v, int8_t* q, float* scale_out) {
+  __m256 x[4];
+  __m256 amax8 = _mm256_setzero_ps(), unord = _mm256_setzero_ps();
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm256_loadu_ps(v + 8 * i);
+    amax8 = _mm256_max_ps(amax8, _mm256_and_ps(x[i], abs_mask));
+    unord = _mm256_or_ps(unord, _mm256_cmp_ps(x[i], x[i], _CMP_UNORD_Q));
+  }
+  if (!_mm256_testz_ps(unord, unord)) {        // NaN propagates through the scale: the scalar code
+    quantize_block(v, q, scale_out);            // keeps the first NaN's bits
+    return;
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+  const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  const __m256i low_byte = _mm256_set1_epi32(0xFF);
+  __m256i b[4];
+  for (int i = 0; i < 4; ++i) b[i] = _mm256_and_si256(_mm256_cvtps_epi32(_mm256_mul_ps(x[i], inv)), low_byte);
+  const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(b[0], b[1]), _mm256_packus_epi32(b[2], b[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   *scale_out = amax / 127.f;
 }
 #endif
@@ -92,6 +125,8 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out, 
         float s;
 #if defined(INTERLOCK_VNNI)
         quantize_block_avx512(x + m * K + b * kQBlock, q, &s);
+#elif defined(INTERLOCK_AVX2)
+        quantize_block_avx2(x + m * K + b * kQBlock, q, &s);
 #else
         quantize_block(x + m * K + b * kQBlock, q, &s);
 #endif

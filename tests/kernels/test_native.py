@@ -77,7 +77,7 @@ def test_int8_linear_simd_kernel_is_the_portable_kernel_bit_for_bit(tmp_path, ge
     # tree are the portable kernel's. So the machine's SIMD kernel (AMX off: its tile sums differ)
     # must give the bits of the build without SIMD (INTERLOCK_SIMD=0), on every shape the engine runs.
     cases = {"linear": [], "head": None}
-    for m, n, k in ((1, 64, 576), (1, 13, 96), (2, 9, 1536), (4, 40, 160), (3, 7, 32), (17, 33, 576), (40, 8, 96)):
+    for m, n, k in ((1, 64, 576), (1, 13, 96), (2, 9, 1536), (4, 40, 160), (3, 7, 32), (17, 33, 576), (19, 24, 96), (40, 8, 96)):
         x = torch.randn(m, k, generator=gen) * torch.logspace(-3, 3, m)[:, None]
         x[0, :32] = 0.0
         q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
@@ -86,6 +86,10 @@ def test_int8_linear_simd_kernel_is_the_portable_kernel_bit_for_bit(tmp_path, ge
     nan_row = torch.randn(2, 64, generator=gen)
     nan_row[1, 3] = float("nan")
     cases["linear"].append((nan_row, torch.randint(-128, 128, (5, 64), generator=gen, dtype=torch.int8), torch.ones(5)))
+    odd_row = torch.randn(3, 64, generator=gen)
+    odd_row[0, 5] = float("inf")                   # an infinite block scale: its 0 * inf lanes convert from NaN
+    odd_row[1, 40] = torch.tensor(-0x3FFEDD, dtype=torch.int32).view(torch.float32)   # a NaN with a payload
+    cases["linear"].append((odd_row, torch.randint(-128, 128, (5, 64), generator=gen, dtype=torch.int8), torch.ones(5)))
     bitmask = torch.randint(0, 1 << 8, (3, 10), generator=gen, dtype=torch.int32)
     bitmask[0, 1:] = 0                             # 8 ids at most: the sparse path; the others: dense
     cases["head"] = (torch.randn(3, 96, generator=gen), torch.randint(-128, 128, (320, 96), generator=gen, dtype=torch.int8),
@@ -104,7 +108,7 @@ def test_int8_linear_simd_kernel_is_the_portable_kernel_bit_for_bit(tmp_path, ge
         assert torch.equal(a.isnan(), b.isnan()), i
         assert torch.equal(a.view(torch.int32) if a.dtype == torch.float32 else a,
                            b.view(torch.int32) if b.dtype == torch.float32 else b), i    # the bits: -0 is not +0
-    assert runs["simd"]["out"][-3].isnan()[1].all()          # the NaN row stays NaN on both
+    assert runs["simd"]["out"][-4].isnan()[1].all()          # the NaN row stays NaN on both
 
 
 def test_quantize_activations_round_trips_within_half_a_step(gen: torch.Generator) -> None:
