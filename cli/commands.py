@@ -31,10 +31,29 @@ DEMO_SCHEMA = {
     "required": ["name", "company", "role", "city", "start_year", "languages"],
     "additionalProperties": False,
 }
-# SmolLM2-135M gets every field of this text right (greedy; tests/test_cli.py checks it); of the
-# phrasings tried, most made it write the year as 12 or 1999, or the languages as one "Rust and Python".
+# SmolLM2-135M gets every field of this text right (greedy; tests/test_cli.py checks it) after one
+# worked example in the chat. Without the example its answer sat on the model's margin: right with
+# some kernels and KV-cache dtypes, wrong with others (the year as 12 or 1999, the languages as one
+# "Rust and Python"); with it, right in all eight numeric configurations tried (SIMD and portable
+# kernels, fp16 and fp32 cache, dense and rows prompt path).
 DEMO_TEXT = ("Maria Chen joined Northwind Labs as a staff engineer in 2019. She lives in Lisbon. "
              "She programs in Rust and in Python.")
+DEMO_EXAMPLE = ("Tom Okafor joined Bluefin Systems as a data analyst in 2015. He lives in Nairobi. "
+                "He programs in Go and in SQL.",
+                {"name": "Tom Okafor", "company": "Bluefin Systems", "role": "data analyst", "city": "Nairobi",
+                 "start_year": 2015, "languages": ["Go", "SQL"]})
+
+
+def demo_messages() -> list[dict[str, str]]:
+    """The demo's chat: the instruction, one worked example, then DEMO_TEXT."""
+    example_text, example_answer = DEMO_EXAMPLE
+    return [
+        {"role": "system", "content": "Reply with a JSON object with the fields name, company, role, city, "
+                                      "start_year and languages, taken from the user's text."},
+        {"role": "user", "content": "Text: " + example_text},
+        {"role": "assistant", "content": json.dumps(example_answer)},
+        {"role": "user", "content": "Text: " + DEMO_TEXT},
+    ]
 
 
 def kv_dtype(args: argparse.Namespace) -> str | None:
@@ -94,11 +113,7 @@ async def run_demo(args: argparse.Namespace) -> None:
     from interlock.protocol.grammar import GrammarConfig, JsonSchema
     from interlock.protocol.sampling import SamplingParams
 
-    messages = [
-        {"role": "system", "content": "Reply with a JSON object with the fields name, company, role, city, "
-                                      "start_year and languages, taken from the user's text."},
-        {"role": "user", "content": "Text: " + DEMO_TEXT},
-    ]
+    messages = demo_messages()
     grammar, sampling = JsonSchema(DEMO_SCHEMA), SamplingParams(max_tokens=128)
     console = stderr_console()
     console.print(f"model: {args.model}   grammar: JSON schema   speculative: {args.speculative} "
