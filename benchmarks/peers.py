@@ -205,7 +205,8 @@ def llama_cpp_runner(max_tokens: int, lookup: int, threads: int, model: str | No
 
 def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: int,
                       prefix_caching: bool = True, threads: int = 1, prefill: str = "auto",
-                      model: str = "smollm2-135m-instruct", dense: str = "auto") -> dict[str, Any]:
+                      model: str = "smollm2-135m-instruct", dense: str = "auto",
+                      kv_dtype: str = "auto") -> dict[str, Any]:
     """Like `measure`, inside one event loop: an engine is entered and left by one task."""
     import anyio
 
@@ -230,7 +231,7 @@ def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: 
 
     async def collect() -> list[list[Sample]]:
         engine = Engine.from_pretrained(model, speculative=mode, prefix_caching=prefix_caching, threads=threads,
-                                        prefill=prefill)
+                                        prefill=prefill, kv_dtype=None if kv_dtype == "auto" else kv_dtype)
         if dense != "auto":             # the prompt GEMMs' dtype (models/linear.py dense_dtype): A/B of the old path
             engine.model.model.set_dense_dtype({"bf16": torch.bfloat16, "fp32": torch.float32}[dense])
         async with engine:
@@ -239,7 +240,8 @@ def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: 
 
     label = (f"interlock {mode}" + ("" if prefix_caching else " (no prefix cache)")
              + ("" if prefill == "auto" else f" ({prefill} prefill)")
-             + ("" if dense == "auto" else f" ({dense} prompt GEMMs)"))
+             + ("" if dense == "auto" else f" ({dense} prompt GEMMs)")
+             + ("" if kv_dtype == "auto" else f" ({kv_dtype} KV cache)"))
     return summarize(label, rows, anyio.run(collect))
 
 
@@ -290,6 +292,8 @@ def main(argv: list[str] | None = None) -> None:
                    "auto, rows, dense (EngineConfig.prefill)")
     p.add_argument("--dense-dtype", default="auto", help="interlock's prompt-GEMM dtype, comma-separated to run "
                    "each: auto (models/linear.py dense_dtype), bf16, fp32")
+    p.add_argument("--kv-dtype", default="auto", help="interlock's KV-cache dtype, comma-separated to run each: "
+                   "auto (models/loader.py default_kv_dtype), float32, float16, bfloat16")
     p.add_argument("--model", default=None, help="a GGUF both interlock and llama.cpp run (default: the embedded "
                    "SmolLM2; the hf peers always run SmolLM2)")
     p.add_argument("--json", help="where to save the raw results (default benchmarks/results/peers-...)")
@@ -313,9 +317,11 @@ def main(argv: list[str] | None = None) -> None:
         for on in caching:
             for prefill in filter(None, args.prefill.split(",")):
                 for dense in filter(None, args.dense_dtype.split(",")):
-                    results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens, on, args.threads,
-                                                     prefill, args.model or "smollm2-135m-instruct", dense))
-                    save()
+                    for kv in filter(None, args.kv_dtype.split(",")):
+                        results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens, on,
+                                                         args.threads, prefill,
+                                                         args.model or "smollm2-135m-instruct", dense, kv))
+                        save()
     torch.set_num_threads(args.threads)
     for peer in filter(None, args.peers.split(",")):
         lookup = 3 if peer.endswith("+lookup") else 0

@@ -57,7 +57,7 @@ class EngineConfig:
     # step takes, batch invariant, so a prefix-cache hit may end at any block and cover earlier
     # outputs (multi-turn); "dense": GEMMs with the unquantized weights (bf16 where the CPU has bf16
     # dot products, else fp32), a little closer to the checkpoint, hits at whole prefill chunks only.
-    # "auto": rows where the CPU has AMX or AVX512-VNNI (as fast as dense there: models/llama.py),
+    # "auto": rows where the kernels run SIMD code, AMX, VNNI or AVX2 (as fast as dense there: models/llama.py),
     # else dense. The device runner's
     # forward is batch invariant for every row: it has one path.
     prefill: str = DEFAULT_PREFILL

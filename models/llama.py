@@ -140,14 +140,14 @@ class Transformer(nn.Module):
 
     @property
     def rows_prefill_default(self) -> bool:
-        """Prompt chunks through the rows path too, where its many-row kernel runs on AMX tiles or
-        AVX512-VNNI (as fast as the dense GEMMs at 256-token chunks on either, docs/performance.md): every token's
-        bits are then the same however the prompt is chunked and whichever step computed it, so a
-        prefix-cache hit can start at any block (EngineConfig.prefill), where the dense path can
-        share only whole prompt chunks. That outweighs the dense path's closer fidelity to the
-        checkpoint (docs/performance.md). On AVX2 alone the rows path prefills at 0.73-0.83x the
-        dense one's speed (docs/performance.md), so there the dense path stays the default."""
-        return self.fused_rows is not None and native.int8_kernel() in ("amx", "vnni")
+        """Prompt chunks through the rows path too, where its many-row kernel runs SIMD code (AMX
+        tiles, AVX512-VNNI or AVX2: at least as fast as the dense GEMMs at 256-token chunks on each,
+        docs/performance.md): every token's bits are then the same however the prompt is chunked and
+        whichever step computed it, so a prefix-cache hit can start at any block
+        (EngineConfig.prefill), where the dense path can share only whole prompt chunks. That
+        outweighs the dense path's closer fidelity to the checkpoint (docs/performance.md). The
+        portable build's kernels are scalar: there the dense path stays the default."""
+        return self.fused_rows is not None and native.int8_kernel() in ("amx", "vnni", "avx2")
 
     def set_dense_dtype(self, dtype: torch.dtype) -> None:
         """What the prompt-chunk GEMMs compute in (default: linear.dense_dtype()); the prefill

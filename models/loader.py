@@ -99,18 +99,15 @@ def model_config(name_or_path: str, dtype: Dtype = "float32") -> ModelConfig:
 
 def default_kv_dtype(weights: Weights, dtype: Dtype) -> Dtype:
     """What the KV cache stores when the caller names nothing: fp16 beside quantized weights where
-    the native kernels run on AVX-512 (VNNI or AMX), else the weights' `dtype`. The quantized models
-    run fp32 activations, and an fp32 cache made a step at 1,000 tokens of context read 46 MB of K/V
-    beside 134 MB of weights; fp16 halves that (the SIMD row attention widens it exactly as it loads
-    it), as llama.cpp's default f16 cache does, at a small measured cost against the fp32 cache
-    (docs/performance.md, "Quality"). AVX2-only CPUs keep fp32 although their attention widens fp16
-    as cheaply (docs/performance.md measures both there): their prompt path is the dense one, where
-    fp32 is the closest to the checkpoint, and with fp16 the embedded model's greedy demo answer
-    (tests/test_cli.py) goes wrong on such a CPU. The portable build converts scalar by scalar
-    (1.5x slower with fp16). "float" weights keep their own dtype: float32 is the reference that
-    matches HF."""
+    the native kernels run SIMD code (AMX, AVX512-VNNI or AVX2), else the weights' `dtype`. The
+    quantized models run fp32 activations, and an fp32 cache made a step at 1,000 tokens of context
+    read 46 MB of K/V beside 134 MB of weights; fp16 halves that (the SIMD row attention widens it
+    exactly as it loads it, with F16C on AVX2), as llama.cpp's default f16 cache does, at a small
+    measured cost against the fp32 cache (docs/performance.md, "Quality" and "The KV cache's
+    dtype"). The portable build converts scalar by scalar (1.5x slower with fp16), so it keeps the
+    weights' dtype. "float" weights keep their own dtype: float32 is the reference that matches HF."""
     quantized = weights in ("int8", "int4")
-    return "float16" if quantized and native.int8_kernel() in ("amx", "vnni") else dtype
+    return "float16" if quantized and native.int8_kernel() in ("amx", "vnni", "avx2") else dtype
 
 
 def load_model(name_or_path: str, *, weights: Weights = "int8", dtype: Dtype = "float32",

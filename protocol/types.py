@@ -13,7 +13,7 @@ Dtype: TypeAlias = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16", "float16")
 # How prompt chunks are computed (EngineConfig.prefill): "rows" (the int8 batch-invariant rows path),
 # "dense" (GEMMs with the unquantized weights: bf16 or fp32, models/linear.py dense_dtype), "auto"
-# (rows where the CPU has AMX or AVX512-VNNI).
+# (rows where the native kernels run SIMD code: AMX, AVX512-VNNI or AVX2).
 PrefillMode: TypeAlias = Literal["auto", "rows", "dense"]
 PREFILL_MODES: tuple[PrefillMode, ...] = ("auto", "rows", "dense")
 DEFAULT_PREFILL: PrefillMode = "auto"
