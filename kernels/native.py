@@ -122,6 +122,15 @@ def int8_kernel() -> str:
     return torch.ops.interlock_cpu.int8_kernel() if available() else "none"
 
 
+SIMD_KERNELS = ("amx", "vnni", "avx2")
+
+
+def simd_kernels() -> bool:
+    """Whether int8_kernel() is SIMD code: where the defaults take the rows prompt path and an fp16
+    KV cache (models/llama.py rows_prefill_default, models/loader.py default_kv_dtype)."""
+    return int8_kernel() in SIMD_KERNELS
+
+
 def native_fits(q: torch.Tensor) -> bool:
     return q.device.type == "cpu" and q.shape[1] % ACT_BLOCK == 0 and available()
 

@@ -147,7 +147,7 @@ class Transformer(nn.Module):
         (EngineConfig.prefill), where the dense path can share only whole prompt chunks. That
         outweighs the dense path's closer fidelity to the checkpoint (docs/performance.md). The
         portable build's kernels are scalar: there the dense path stays the default."""
-        return self.fused_rows is not None and native.int8_kernel() in ("amx", "vnni", "avx2")
+        return self.fused_rows is not None and native.simd_kernels()
 
     def set_dense_dtype(self, dtype: torch.dtype) -> None:
         """What the prompt-chunk GEMMs compute in (default: linear.dense_dtype()); the prefill

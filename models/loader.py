@@ -107,7 +107,7 @@ def default_kv_dtype(weights: Weights, dtype: Dtype) -> Dtype:
     dtype"). The portable build converts scalar by scalar (1.5x slower with fp16), so it keeps the
     weights' dtype. "float" weights keep their own dtype: float32 is the reference that matches HF."""
     quantized = weights in ("int8", "int4")
-    return "float16" if quantized and native.int8_kernel() in ("amx", "vnni", "avx2") else dtype
+    return "float16" if quantized and native.simd_kernels() else dtype
 
 
 def load_model(name_or_path: str, *, weights: Weights = "int8", dtype: Dtype = "float32",

@@ -111,7 +111,7 @@ template <int NB>
 inline void rows(const QuantRows& a, const int8_t* q, const float* scale, float* y,
                  int64_t M, int64_t K, int64_t N, int64_t n0) {
 #if defined(INTERLOCK_AVX2)
-  rows_avx2(a, q, scale, y, M, K, N, n0, NB);      // one weight row at a time (int8_avx2.h)
+  rows_avx2(a, q, scale, y, M, K, N, n0, NB);      // its own row / output order (int8_avx2.h)
 #else
   int64_t m = 0;
   for (; m + 2 <= M; m += 2) block<NB, 2>(a, q, scale, y, K, N, n0, m);
