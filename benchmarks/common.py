@@ -83,6 +83,8 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
 
 
 def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return "-" if math.isnan(value) else f"{value:,.2f}"
     return str(value)

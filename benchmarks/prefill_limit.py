@@ -7,10 +7,12 @@
    highest of all is "peak" (a large square alone understates it where its weights leave the
    caches).
 2. One prompt chunk's forward (the engine's 256 tokens) at contexts 0, 512 and 2000, on the path the
-   engine takes, profiled op by op (torch.profiler, top-level ops only) and grouped: the GEMMs
-   (QKV, O, MLP: dense prompt GEMMs), attention, norms and RoPE, dtype conversions, the head's
-   last row, and the rest. Each group's share of the forward, and the GEMMs' achieved rate as a
-   fraction of the peak.
+   engine takes (`--path`: or the dense or rows one), profiled op by op (torch.profiler, top-level
+   ops only) and grouped: the GEMMs (QKV, O, MLP: dense prompt GEMMs), attention, norms and RoPE,
+   dtype conversions, the head's last row, and the rest. Each group's share of the forward, and the
+   GEMMs' achieved rate as a fraction of the peak. The rows path runs every layer in one native call
+   (`rows_forward`), which the profiler cannot see into: there the layers are one group and the GEMM
+   rate is not reported.
 
 Prints tables and one JSON line; saves the JSON (`--out`, default benchmarks/results/).
 """
@@ -36,7 +38,7 @@ from interlock.models.loader import load_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUPS = {      # top-level op name fragments -> group (first match wins: the head's int8_linear before linear)
-    "int8_linear": "head", "_weight_int8pack_mm": "head",
+    "rows_forward": "layers_native", "int8_linear": "head", "_weight_int8pack_mm": "head",
     "linear": "gemm", "addmm": "gemm", "aten::mm": "gemm", "matmul": "gemm",
     "scaled_dot_product": "attention", "row_attention": "attention", "softmax": "attention",
     "rms_norm": "norms_rope", "rsqrt": "norms_rope", "pow": "norms_rope", "mean": "norms_rope",
@@ -111,6 +113,8 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--path", choices=["engine", "dense", "rows"], default="engine",
+                   help="the prompt path: the engine's default for this machine, or one forced")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -122,15 +126,20 @@ def main() -> None:
     print_table(f"attainable GEMM throughput, {args.threads} thread(s) (GOP/s)", ["M x K x N", *kinds],
                 [[shape, *(by_kind.get(k, 0.0) for k in kinds)] for shape, by_kind in peaks.items()])
     lm = load_model(args.model)
+    if args.path != "engine":
+        if args.path == "rows" and lm.model.fused_rows is None:
+            raise SystemExit(f"{args.model} has no rows path here (int8 weights and the native kernels)")
+        lm.model.rows_prefill = args.path == "rows"
     rows = []
     for context in args.contexts:
         runs = [profile_chunk(lm, context, args.chunk) for _ in range(max(1, args.repeats // 2))]
         seconds, groups = min(runs, key=lambda r: r[0])
         total = sum(groups.values())
-        gemm_rate = gemm_ops(lm, args.chunk) / groups.get("gemm", float("nan")) / 1e9
+        gemm_rate = gemm_ops(lm, args.chunk) / groups["gemm"] / 1e9 if "gemm" in groups else None
         row = {"context": context, "chunk": args.chunk, "ms": round(seconds * 1e3, 1),
-               "tokens_per_s": round(args.chunk / seconds, 1), "gemm_gops": round(gemm_rate, 1),
-               "gemm_of_peak": round(gemm_rate / peak, 3),
+               "tokens_per_s": round(args.chunk / seconds, 1),
+               "gemm_gops": None if gemm_rate is None else round(gemm_rate, 1),
+               "gemm_of_peak": None if gemm_rate is None else round(gemm_rate / peak, 3),
                **{f"share_{g}": round(v / total, 3) for g, v in sorted(groups.items())}}
         rows.append(row)
     keys = sorted({k for r in rows for k in r}, key=lambda k: (not k.startswith(("context", "chunk", "ms")), k))

@@ -31,18 +31,37 @@ def test_gemm_ops_count_every_projection_of_every_layer() -> None:
     assert prefill_limit.gemm_ops(lm, 8) == by_hand
 
 
-def test_a_run_reports_shares_that_add_up(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys) -> None:
-    lm = load_model("tiny")
+def run(monkeypatch: pytest.MonkeyPatch, lm, out, path: str) -> dict:
     monkeypatch.setattr(prefill_limit, "load_model", lambda name: lm)
     monkeypatch.setattr(prefill_limit.torch, "set_num_threads", lambda n: None)
     monkeypatch.setattr(prefill_limit, "gemm_peaks", lambda m, k, n, r: {"fp32": 10.0 + m / 1000})
-    out = tmp_path / "limit.json"
     monkeypatch.setattr(sys, "argv", ["prefill_limit", "--contexts", "0,24", "--chunk", "40", "--repeats", "2",
-                                      "--out", str(out)])
+                                      "--path", path, "--out", str(out)])
     prefill_limit.main()
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_a_dense_run_reports_shares_that_add_up_and_a_gemm_rate(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                                                                 capsys) -> None:
+    out = tmp_path / "limit.json"
+    result = run(monkeypatch, load_model("tiny"), out, "dense")
     assert result["peak_gops"] == 10.512 and [r["context"] for r in result["rows"]] == [0, 24]
+    assert result["rows_prefill"] is False
     for row in result["rows"]:
         shares = [v for k, v in row.items() if k.startswith("share_")]
         assert abs(sum(shares) - 1) < 0.01 and row["share_gemm"] > 0 and row["gemm_gops"] > 0
+        assert "share_layers_native" not in row
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["saved"] == str(out)
+
+
+def test_a_rows_run_groups_the_native_layers_and_reports_no_gemm_rate(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path) -> None:
+    lm = load_model("tiny")
+    if lm.model.fused_rows is None:
+        pytest.skip("the native kernels did not build: no rows path")
+    result = run(monkeypatch, lm, tmp_path / "limit.json", "rows")
+    assert result["rows_prefill"] is True
+    for row in result["rows"]:
+        shares = [v for k, v in row.items() if k.startswith("share_")]
+        assert abs(sum(shares) - 1) < 0.01 and row["share_layers_native"] > 0.5
+        assert "share_gemm" not in row and row["gemm_gops"] is None and row["gemm_of_peak"] is None
