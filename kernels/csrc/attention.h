@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -185,6 +186,36 @@ inline void scores16_x4(const float* const (&q)[4], const float* kt, float scale
     }
   }
 }
+#elif defined(INTERLOCK_AVX2_MATH)
+// scores16 for 4 queries at once over keys [0, n) (n even; the caller pads with a zero vector):
+// two keys at a time against the four queries, 8 accumulators, so each key vector is loaded (and,
+// from a half cache, widened) once for the four instead of once per query. Per (query, key) it is
+// scores16's arithmetic -- lane j accumulates q[j + 8t] * k[j + 8t] by FMA from zero, t in order,
+// then sum8's tree of that vector alone and the scale -- so bitwise equal to scores16: a row's
+// scores do not depend on which of the two computed them.
+template <class T>
+inline void scores_x4(const float* const (&q)[4], const T* const* keys, int64_t n, int64_t D, float scale,
+                      float* const (&out)[4]) {
+  const __m256 sv = _mm256_set1_ps(scale);
+  for (int64_t i = 0; i < n; i += 2) {
+    __m256 acc[8];      // acc[2k + j]: query k, key i + j -- sum8's lanes in the order the stores take them
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 k0 = load8(keys[i] + d), k1 = load8(keys[i + 1] + d);
+      for (int k = 0; k < 4; ++k) {
+        const __m256 qv = _mm256_loadu_ps(q[k] + d);
+        acc[2 * k] = _mm256_fmadd_ps(qv, k0, acc[2 * k]);
+        acc[2 * k + 1] = _mm256_fmadd_ps(qv, k1, acc[2 * k + 1]);
+      }
+    }
+    const __m256 s = _mm256_mul_ps(sum8(acc), sv);
+    const __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
+    _mm_storel_pi(reinterpret_cast<__m64*>(out[0] + i), lo);
+    _mm_storeh_pi(reinterpret_cast<__m64*>(out[1] + i), lo);
+    _mm_storel_pi(reinterpret_cast<__m64*>(out[2] + i), hi);
+    _mm_storeh_pi(reinterpret_cast<__m64*>(out[3] + i), hi);
+  }
+}
 #endif
 
 // out[0:D] += p * v[0:D]
@@ -225,23 +256,30 @@ inline float exp_shift_(float* s, int64_t L, float* peak_out) {
   *peak_out = top;
   return _mm512_reduce_add_ps(total);
 #elif defined(INTERLOCK_AVX2_MATH)
+  // Masked loads and stores only for the tail: on Zen 3 a masked store costs many times a plain
+  // one, and this loop stores every score. The lanes and their order are the same either way.
+  const int64_t full = L / 8 * 8;
   __m256 peak = _mm256_set1_ps(-INFINITY);
-  const __m256 none = _mm256_set1_ps(-INFINITY);
-  for (int64_t l = 0; l < L; l += 8) {
-    const __m256i k = tail_mask8(L - l);
-    peak = _mm256_max_ps(peak, _mm256_blendv_ps(none, _mm256_maskload_ps(s + l, k), _mm256_castsi256_ps(k)));
-  }
+  for (int64_t l = 0; l < full; l += 8) peak = _mm256_max_ps(peak, _mm256_loadu_ps(s + l));
+  const __m256i k = tail_mask8(L - full);
+  if (full < L)
+    peak = _mm256_max_ps(peak, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + full, k),
+                                                 _mm256_castsi256_ps(k)));
   const __m128 p4 = _mm_max_ps(_mm256_castps256_ps128(peak), _mm256_extractf128_ps(peak, 1));
   const __m128 p2 = _mm_max_ps(p4, _mm_movehl_ps(p4, p4));
   const float top = _mm_cvtss_f32(_mm_max_ss(p2, _mm_movehdup_ps(p2)));
   const __m256 topv = _mm256_set1_ps(top);
   __m256 total = _mm256_setzero_ps();
-  for (int64_t l = 0; l < L; l += 8) {
-    const __m256i k = tail_mask8(L - l);
-    const __m256 e = _mm256_and_ps(exp_nonpositive8(_mm256_sub_ps(_mm256_maskload_ps(s + l, k), topv)),
+  for (int64_t l = 0; l < full; l += 8) {
+    const __m256 e = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(s + l), topv));
+    total = _mm256_add_ps(total, e);
+    _mm256_storeu_ps(s + l, e);
+  }
+  if (full < L) {
+    const __m256 e = _mm256_and_ps(exp_nonpositive8(_mm256_sub_ps(_mm256_maskload_ps(s + full, k), topv)),
                                    _mm256_castsi256_ps(k));
     total = _mm256_add_ps(total, e);
-    _mm256_maskstore_ps(s + l, k, e);
+    _mm256_maskstore_ps(s + full, k, e);
   }
   *peak_out = top;
   return sum_lanes8(total);
@@ -354,9 +392,14 @@ inline void weighted_sums(const float* p, int64_t p_stride, const T* const* valu
 // depends on its own position only: bitwise the same alone or in a batch, and the tiles keep both
 // cores busy at batch 1 (a 1,000-token context is 8 tiles per head).
 constexpr int64_t kTile = 128;
-// Queries on a tile (rows x query heads per KV head) from which its keys are transposed once
-// and scored four queries at a time (see scores16_x4).
-constexpr int64_t kTransposedQueries = 8;
+// Queries on a tile (rows x query heads per KV head) from which they are scored four at a time:
+// with AVX-512 the keys are transposed once for them (scores16_x4), which a decode row's three heads
+// would not repay; with AVX2 each key is loaded once per four queries (scores_x4), which pays from four.
+#if defined(INTERLOCK_AVX512)
+constexpr int64_t kGroupedQueries = 8;
+#else
+constexpr int64_t kGroupedQueries = 4;
+#endif
 
 struct SeqRows {
   const float* q;          // row r's query heads at q + r * q_stride, [H, D]
@@ -392,7 +435,9 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
   std::vector<int64_t> part_offset(parts + 1, 0);
   for (const Task& t : tasks) part_offset[t.part + 1] = seqs[t.seq].n * G * (2 + D);
   for (int64_t i = 0; i < parts; ++i) part_offset[i + 1] += part_offset[i];
-  std::vector<float> partial(part_offset[parts]);
+  // Not zeroed (a 256-row chunk at 2,000 tokens has ~10 MB of partials): every slot the combine
+  // reads is written below, a tile's D values by weighted_sums for each row that sees it.
+  const std::unique_ptr<float[]> partial(new float[part_offset[parts]]);
 
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores, kt, sink(kTile);
@@ -430,13 +475,18 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
       auto sees = [&](int64_t r) { return r >= r0 && begin_of(r) < len_of(r); };
       // Scores 16 keys at a time from the tile's start; a row's keys past its own position are
       // computed with the others' and never used. With many queries on the tile (a verify step's
-      // or a prompt chunk's rows) the keys are transposed once and scored four queries at a time
-      // (scores16_x4, the same bits); a decode row's three heads would not repay the transpose.
+      // or a prompt chunk's rows) they are scored four at a time (kGroupedQueries), the same bits.
+#if defined(INTERLOCK_AVX512) || defined(INTERLOCK_AVX2_MATH)
 #if defined(INTERLOCK_AVX512)
-      if ((sq.n - r0) * G >= kTransposedQueries && (D == 64 || D == 128)) {
-        const int64_t groups = (l1 - l0 + 15) / 16;
-        kt.resize(groups * 16 * D);
-        transpose_keys(keys, groups * 16, D, kt.data());
+      const bool grouped = (sq.n - r0) * G >= kGroupedQueries && (D == 64 || D == 128);
+      if (grouped) {
+        kt.resize((l1 - l0 + 15) / 16 * 16 * D);
+        transpose_keys(keys, (l1 - l0 + 15) / 16 * 16, D, kt.data());
+      }
+#else
+      const bool grouped = (sq.n - r0) * G >= kGroupedQueries && D % 8 == 0;
+#endif
+      if (grouped) {
         const int64_t nq = (sq.n - r0) * G;
         for (int64_t b = 0; b < nq; b += 4) {
           const float* qs[4];
@@ -448,11 +498,15 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
             outs[k] = b + k < nq ? scores.data() + (r * G + g) * kTile : sink.data();   // a padding query
             need = std::max(need, len_of(r));
           }
+#if defined(INTERLOCK_AVX512)
           for (int64_t c = 0; c < (need + 15) / 16; ++c) {
             float* const at[4] = {outs[0] + 16 * c, outs[1] + 16 * c, outs[2] + 16 * c, outs[3] + 16 * c};
             if (D == 64) scores16_x4<4>(qs, kt.data() + c * 16 * D, scale, at);
             else scores16_x4<8>(qs, kt.data() + c * 16 * D, scale, at);
           }
+#else
+          scores_x4(qs, keys, (need + 1) / 2 * 2, D, scale, outs);
+#endif
         }
       } else
 #endif
@@ -464,7 +518,7 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
             scores16(sq.q + r * sq.q_stride + (t.h * G + g) * D, keys + i, D, scale,
                      scores.data() + (r * G + g) * kTile + i);
       }
-      float* part = partial.data() + part_offset[t.part];
+      float* part = partial.get() + part_offset[t.part];
       for (int64_t r = 0; r < sq.n; ++r) {
         if (!sees(r)) {                               // the row ends before this tile, or its window starts after it
           for (int64_t g = 0; g < G; ++g) {
@@ -509,7 +563,7 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
       const int64_t lo = first_key(sq, r) / kTile, hi = (sq.pos0 + r) / kTile + 1;    // the tiles row r sees
       const int64_t all_tiles = (sq.pos0 + sq.n + kTile - 1) / kTile - first_tile[s];
       auto slot = [&](int64_t j) {
-        return partial.data() + part_offset[first_part[s] + h * all_tiles + j - first_tile[s]] + (r * G + g) * (2 + D);
+        return partial.get() + part_offset[first_part[s] + h * all_tiles + j - first_tile[s]] + (r * G + g) * (2 + D);
       };
       float top = -INFINITY;
       for (int64_t j = lo; j < hi; ++j) top = std::max(top, slot(j)[0]);
