@@ -52,10 +52,6 @@ inline float dot(const float* a, const T* b, int64_t D) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), load16(b + d), acc);
   return _mm512_reduce_add_ps(acc);
-#elif defined(INTERLOCK_AVX2_MATH)
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), load8(b + d), acc);
-  return sum_lanes8(acc);
 #else
   float acc = 0.f;
   for (int64_t d = 0; d < D; ++d) acc += a[d] * to_f32(b[d]);
@@ -80,7 +76,7 @@ inline __m512 sum16(__m512 (&v)[16]) {
 }
 #endif
 
-// out[i] = dot(q, keys[i]) * scale for i < 16 (D a multiple of 16). All 16 pointers must be
+// out[i] = dot(q, keys[i]) * scale for i < 16 (AVX-512 and portable builds; AVX2 ones take scores_t) (D a multiple of 16). All 16 pointers must be
 // valid (the caller pads with a zero vector), so the loop has a fixed count and the 16
 // accumulators stay in registers.
 template <class T>
@@ -93,16 +89,6 @@ inline void scores16(const float* q, const T* const* keys, int64_t D, float scal
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, load16(keys[i] + d), acc[i]);
   }
   _mm512_storeu_ps(out, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
-#elif defined(INTERLOCK_AVX2_MATH)
-  for (int half = 0; half < 16; half += 8) {      // 8 keys at a time: 8 accumulators, as dot's each
-    __m256 acc[8];
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + d);
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, load8(keys[half + i] + d), acc[i]);
-    }
-    _mm256_storeu_ps(out + half, _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale)));
-  }
 #else
   for (int i = 0; i < 16; ++i) out[i] = dot(q, keys[i], D) * scale;
 #endif
@@ -187,33 +173,78 @@ inline void scores16_x4(const float* const (&q)[4], const float* kt, float scale
   }
 }
 #elif defined(INTERLOCK_AVX2_MATH)
-// scores16 for 4 queries at once over keys [0, n) (n even; the caller pads with a zero vector):
-// two keys at a time against the four queries, 8 accumulators, so each key vector is loaded (and,
-// from a half cache, widened) once for the four instead of once per query. Per (query, key) it is
-// scores16's arithmetic -- lane j accumulates q[j + 8t] * k[j + 8t] by FMA from zero, t in order,
-// then sum8's tree of that vector alone and the scale -- so bitwise equal to scores16: a row's
-// scores do not depend on which of the two computed them.
+// In place: r[d] lane i <- r[i] lane d (an 8 x 8 fp32 transpose).
+inline void transpose8(__m256 (&r)[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {            // pairs of rows interleaved by element
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {            // then by pairs of elements: four rows' elements j, j + 4
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int j = 0; j < 4; ++j) {               // halves: rows 0-3 and 4-7
+    r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+    r[j + 4] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+  }
+}
+
+// The keys of a tile as fp32 with the keys in lanes, 8 at a time: kt[(c * D + d) * 8 + i] is
+// dimension d of key 8c + i (n a multiple of 8, D of 8; the caller pads with a zero vector). A
+// half cache is widened here, once per tile, instead of once per query.
 template <class T>
-inline void scores_x4(const float* const (&q)[4], const T* const* keys, int64_t n, int64_t D, float scale,
-                      float* const (&out)[4]) {
+inline void transpose_keys8(const T* const* keys, int64_t n, int64_t D, float* kt) {
+  for (int64_t c = 0; c < n / 8; ++c)
+    for (int64_t d0 = 0; d0 < D; d0 += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = load8(keys[8 * c + i] + d0);
+      transpose8(r);
+      for (int d = 0; d < 8; ++d) _mm256_storeu_ps(kt + (c * D + d0 + d) * 8, r[d]);
+    }
+}
+
+// Scores of Q queries against 16 keys at a time from transposed keys (kt, groups of 8, an even
+// count): out[i][key] = (sum over d = 0 .. D - 1 in order of q[i][d] * key[d], one FMA chain from
+// zero) * scale. Without AVX-512 this is the scores' arithmetic for every row count -- a decode
+// row's heads too -- so a row's scores never depend on how many rows share its step. Q x 2
+// accumulators, 2 key vectors and a broadcast query dim fit AVX2's 16 registers for Q <= 6; each
+// key vector, loaded once, serves Q queries, and no horizontal sums are left to do.
+template <int Q>
+inline void scores_t(const float* const* q, const float* kt, int64_t groups, int64_t D, float scale,
+                     float* const* out) {
   const __m256 sv = _mm256_set1_ps(scale);
-  for (int64_t i = 0; i < n; i += 2) {
-    __m256 acc[8];      // acc[2k + j]: query k, key i + j -- sum8's lanes in the order the stores take them
-    for (auto& a : acc) a = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) {
-      const __m256 k0 = load8(keys[i] + d), k1 = load8(keys[i + 1] + d);
-      for (int k = 0; k < 4; ++k) {
-        const __m256 qv = _mm256_loadu_ps(q[k] + d);
-        acc[2 * k] = _mm256_fmadd_ps(qv, k0, acc[2 * k]);
-        acc[2 * k + 1] = _mm256_fmadd_ps(qv, k1, acc[2 * k + 1]);
+  for (int64_t c = 0; c < groups; c += 2) {
+    const float* k0 = kt + c * 8 * D;
+    const float* k1 = k0 + 8 * D;
+    __m256 acc[Q][2];
+    for (int i = 0; i < Q; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+      const __m256 a = _mm256_loadu_ps(k0 + 8 * d), b = _mm256_loadu_ps(k1 + 8 * d);
+      for (int i = 0; i < Q; ++i) {
+        const __m256 qd = _mm256_broadcast_ss(q[i] + d);
+        acc[i][0] = _mm256_fmadd_ps(qd, a, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(qd, b, acc[i][1]);
       }
     }
-    const __m256 s = _mm256_mul_ps(sum8(acc), sv);
-    const __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
-    _mm_storel_pi(reinterpret_cast<__m64*>(out[0] + i), lo);
-    _mm_storeh_pi(reinterpret_cast<__m64*>(out[1] + i), lo);
-    _mm_storel_pi(reinterpret_cast<__m64*>(out[2] + i), hi);
-    _mm_storeh_pi(reinterpret_cast<__m64*>(out[3] + i), hi);
+    for (int i = 0; i < Q; ++i) {
+      _mm256_storeu_ps(out[i] + 8 * c, _mm256_mul_ps(acc[i][0], sv));
+      _mm256_storeu_ps(out[i] + 8 * c + 8, _mm256_mul_ps(acc[i][1], sv));
+    }
+  }
+}
+
+inline void scores_t(int nq, const float* const* q, const float* kt, int64_t groups, int64_t D, float scale,
+                     float* const* out) {
+  switch (nq) {
+    case 1: return scores_t<1>(q, kt, groups, D, scale, out);
+    case 2: return scores_t<2>(q, kt, groups, D, scale, out);
+    case 3: return scores_t<3>(q, kt, groups, D, scale, out);
+    case 4: return scores_t<4>(q, kt, groups, D, scale, out);
+    case 5: return scores_t<5>(q, kt, groups, D, scale, out);
+    default: return scores_t<6>(q, kt, groups, D, scale, out);
   }
 }
 #endif
@@ -392,14 +423,9 @@ inline void weighted_sums(const float* p, int64_t p_stride, const T* const* valu
 // depends on its own position only: bitwise the same alone or in a batch, and the tiles keep both
 // cores busy at batch 1 (a 1,000-token context is 8 tiles per head).
 constexpr int64_t kTile = 128;
-// Queries on a tile (rows x query heads per KV head) from which they are scored four at a time:
-// with AVX-512 the keys are transposed once for them (scores16_x4), which a decode row's three heads
-// would not repay; with AVX2 each key is loaded once per four queries (scores_x4), which pays from four.
-#if defined(INTERLOCK_AVX512)
-constexpr int64_t kGroupedQueries = 8;
-#else
-constexpr int64_t kGroupedQueries = 4;
-#endif
+// Queries on a tile (rows x query heads per KV head) from which, with AVX-512, its keys are
+// transposed once and scored four queries at a time (see scores16_x4).
+constexpr int64_t kTransposedQueries = 8;
 
 struct SeqRows {
   const float* q;          // row r's query heads at q + r * q_stride, [H, D]
@@ -474,19 +500,36 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
       auto begin_of = [&](int64_t r) { return std::max<int64_t>(0, first_key(sq, r) - l0); };
       auto sees = [&](int64_t r) { return r >= r0 && begin_of(r) < len_of(r); };
       // Scores 16 keys at a time from the tile's start; a row's keys past its own position are
-      // computed with the others' and never used. With many queries on the tile (a verify step's
-      // or a prompt chunk's rows) they are scored four at a time (kGroupedQueries), the same bits.
-#if defined(INTERLOCK_AVX512) || defined(INTERLOCK_AVX2_MATH)
-#if defined(INTERLOCK_AVX512)
-      const bool grouped = (sq.n - r0) * G >= kGroupedQueries && (D == 64 || D == 128);
-      if (grouped) {
-        kt.resize((l1 - l0 + 15) / 16 * 16 * D);
-        transpose_keys(keys, (l1 - l0 + 15) / 16 * 16, D, kt.data());
+      // computed with the others' and never used. With AVX-512 and many queries on the tile (a
+      // verify step's or a prompt chunk's rows) the keys are transposed once and scored four queries
+      // at a time (scores16_x4, the same bits as scores16); a decode row's three heads would not
+      // repay the transpose. With AVX2 every row count takes the transposed keys (scores_t).
+#if defined(INTERLOCK_AVX2_MATH)
+      {
+        const int64_t groups = (l1 - l0 + 15) / 16 * 2;
+        kt.resize(groups * 8 * D);
+        transpose_keys8(keys, groups * 8, D, kt.data());
+        const int64_t nq = (sq.n - r0) * G;
+        for (int64_t b = 0; b < nq; b += 6) {
+          const int n = static_cast<int>(std::min<int64_t>(6, nq - b));
+          const float* qs[6];
+          float* outs[6];
+          int64_t need = 0;
+          for (int k = 0; k < n; ++k) {
+            const int64_t qi = b + k, r = r0 + qi / G, g = qi % G;
+            qs[k] = sq.q + r * sq.q_stride + (t.h * G + g) * D;
+            outs[k] = scores.data() + (r * G + g) * kTile;
+            need = std::max(need, len_of(r));
+          }
+          scores_t(n, qs, kt.data(), (need + 15) / 16 * 2, D, scale, outs);
+        }
       }
 #else
-      const bool grouped = (sq.n - r0) * G >= kGroupedQueries && D % 8 == 0;
-#endif
-      if (grouped) {
+#if defined(INTERLOCK_AVX512)
+      if ((sq.n - r0) * G >= kTransposedQueries && (D == 64 || D == 128)) {
+        const int64_t groups = (l1 - l0 + 15) / 16;
+        kt.resize(groups * 16 * D);
+        transpose_keys(keys, groups * 16, D, kt.data());
         const int64_t nq = (sq.n - r0) * G;
         for (int64_t b = 0; b < nq; b += 4) {
           const float* qs[4];
@@ -498,15 +541,11 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
             outs[k] = b + k < nq ? scores.data() + (r * G + g) * kTile : sink.data();   // a padding query
             need = std::max(need, len_of(r));
           }
-#if defined(INTERLOCK_AVX512)
           for (int64_t c = 0; c < (need + 15) / 16; ++c) {
             float* const at[4] = {outs[0] + 16 * c, outs[1] + 16 * c, outs[2] + 16 * c, outs[3] + 16 * c};
             if (D == 64) scores16_x4<4>(qs, kt.data() + c * 16 * D, scale, at);
             else scores16_x4<8>(qs, kt.data() + c * 16 * D, scale, at);
           }
-#else
-          scores_x4(qs, keys, (need + 1) / 2 * 2, D, scale, outs);
-#endif
         }
       } else
 #endif
@@ -518,6 +557,7 @@ inline void attend_rows(const std::vector<SeqRows>& seqs, int64_t H, int64_t D, 
             scores16(sq.q + r * sq.q_stride + (t.h * G + g) * D, keys + i, D, scale,
                      scores.data() + (r * G + g) * kTile + i);
       }
+#endif
       float* part = partial.get() + part_offset[t.part];
       for (int64_t r = 0; r < sq.n; ++r) {
         if (!sees(r)) {                               // the row ends before this tile, or its window starts after it

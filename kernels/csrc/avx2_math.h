@@ -21,16 +21,7 @@ inline __m256 load8(const c10::BFloat16* p) {       // bf16 is the top half of a
 }
 inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
-// Lane i = the sum of v[i]'s 8 lanes, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) for each
-// vector alone (hadd pairs lanes of one vector; the permutes only route).
-inline __m256 sum8(const __m256 (&v)[8]) {
-  const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
-  const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);    // [v0..v3 low | v0..v3 high], v4..v7
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-// The sum of one vector's lanes in sum8's order.
+// The sum of one vector's lanes, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
 inline float sum_lanes8(__m256 v) {
   const __m256 t = _mm256_hadd_ps(v, v), u = _mm256_hadd_ps(t, t);
   return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
