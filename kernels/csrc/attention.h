@@ -76,9 +76,9 @@ inline __m512 sum16(__m512 (&v)[16]) {
 }
 #endif
 
-// out[i] = dot(q, keys[i]) * scale for i < 16 (AVX-512 and portable builds; AVX2 ones take scores_t) (D a multiple of 16). All 16 pointers must be
-// valid (the caller pads with a zero vector), so the loop has a fixed count and the 16
-// accumulators stay in registers.
+// out[i] = dot(q, keys[i]) * scale for i < 16 (D a multiple of 16), on AVX-512 and portable builds
+// (AVX2 ones score through scores_t). All 16 pointers must be valid (the caller pads with a zero
+// vector), so the loop has a fixed count and the 16 accumulators stay in registers.
 template <class T>
 inline void scores16(const float* q, const T* const* keys, int64_t D, float scale, float* out) {
 #if defined(INTERLOCK_AVX512)
