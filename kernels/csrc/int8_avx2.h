@@ -43,6 +43,9 @@ inline void row_avx2(const QuantRows& a, const int8_t* q, const float* scale, fl
   __m256 lo[MB], hi[MB];
   const int8_t* xq[MB];      // each row's chunk 0: the loop below steps them by a chunk, no re-indexing
   const float* xs[MB];
+  // The m loops are unrolled by pragma: without it GCC kept lo / hi in registers but also stored
+  // them all to the stack every chunk (a 2-, 3- or 7-row GEMV over 63 MB: 1.1-1.3x slower).
+#pragma GCC unroll 4
   for (int m = 0; m < MB; ++m) {
     lo[m] = hi[m] = _mm256_setzero_ps();
     xq[m] = a.qs(m0 + m, 0);
@@ -54,6 +57,7 @@ inline void row_avx2(const QuantRows& a, const int8_t* q, const float* scale, fl
     const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * kChunk));
     const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * kChunk + kQBlock));
     const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+#pragma GCC unroll 4
     for (int m = 0; m < MB; ++m) {
       lo[m] = half_dot_avx2(a0, w0, xq[m] + c * kChunk, xs[m] + c * kLanes, lo[m]);
       hi[m] = half_dot_avx2(a1, w1, xq[m] + c * kChunk + kQBlock, xs[m] + c * kLanes + kLanes / 2, hi[m]);
@@ -64,11 +68,13 @@ inline void row_avx2(const QuantRows& a, const int8_t* q, const float* scale, fl
     // product there (fma(0, 0, acc)), which turns a -0 lane into +0. The same add keeps the bits.
     const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + full * kChunk));
     const __m256i a0 = _mm256_abs_epi8(w0);
+#pragma GCC unroll 4
     for (int m = 0; m < MB; ++m) {
       lo[m] = half_dot_avx2(a0, w0, xq[m] + full * kChunk, xs[m] + full * kLanes, lo[m]);
       hi[m] = _mm256_add_ps(hi[m], _mm256_setzero_ps());
     }
   }
+#pragma GCC unroll 4
   for (int m = 0; m < MB; ++m) y[(m0 + m) * N + n] = halving_sum_avx2(lo[m], hi[m]) * scale[n];
 }
 
