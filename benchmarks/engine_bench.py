@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from interlock.benchmarks.common import percentile, print_table
-from interlock.benchmarks.prompts import Row, build_messages, dataset_arg, is_valid, load_rows
+from interlock.benchmarks.prompts import Row, build_prompt, dataset_arg, is_valid, load_rows
 from interlock.benchmarks.workloads import repeated_schema, row_by_id
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel
@@ -113,7 +113,7 @@ async def run_bench(loaded: LoadedModel, cfg: BenchConfig, progress: bool = True
                 async with limiter:
                     for _ in range(cfg.repeats):
                         try:
-                            c = await engine.complete(build_messages(row), grammar=JsonSchema(row.schema),
+                            c = await engine.complete(build_prompt(row, engine.tokenizer), grammar=JsonSchema(row.schema),
                                                       sampling=sampling)
                         except InterlockError:
                             c = None

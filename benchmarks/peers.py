@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from interlock.benchmarks.common import load_average, percentile, print_json_last, print_table
-from interlock.benchmarks.prompts import Row, build_messages, dataset_arg, is_valid, load_rows
+from interlock.benchmarks.prompts import Row, build_messages, build_prompt, dataset_arg, is_valid, load_rows
 from interlock.benchmarks.workloads import REPEATED_ROW, extraction, repeated_schema, row_by_id
 from interlock.logs import configure_logging
 
@@ -218,7 +218,7 @@ def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: 
 
     async def one(engine: Engine, row: Row) -> Sample:
         start, first, ids, text, stats = time.perf_counter(), 0.0, [], [], None
-        async for delta in engine.generate(build_messages(row), grammar=JsonSchema(row.schema), sampling=sampling):
+        async for delta in engine.generate(build_prompt(row, engine.tokenizer), grammar=JsonSchema(row.schema), sampling=sampling):
             if delta.token_ids and not first:
                 first = time.perf_counter()
             ids.extend(delta.token_ids)

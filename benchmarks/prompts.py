@@ -22,7 +22,10 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from interlock.models.tokenizer import Tokenizer
 
 Message = dict[str, str]
 
@@ -167,6 +170,15 @@ def build_messages(row: Row) -> list[Message]:
             else f"{FACTS_HEADER}\n{describe(valid[0].data)}")
     return [{"role": "system", "content": SYSTEM_TEMPLATE.format(schema=schema)},
             {"role": "user", "content": user}]
+
+
+def build_prompt(row: Row, tokenizer: Tokenizer) -> list[Message] | str:
+    """build_messages(row) for a chat model; for a base model (no chat template) the same text as
+    one plain prompt that ends where the JSON starts."""
+    messages = build_messages(row)
+    if tokenizer.has_chat_template:
+        return messages
+    return "\n\n".join(m["content"] for m in messages) + "\n\nJSON:"
 
 
 def describe(value: Any) -> str:

@@ -145,14 +145,16 @@ async def generate(args: argparse.Namespace) -> None:
     sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
                               guidance_scale=args.guidance_scale, presence_penalty=args.presence_penalty,
                               frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty)
-    prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
-    negative = args.negative_prompt
-    if negative is not None and not args.raw:
-        negative = [{"role": "user", "content": negative}]
     spec = spec_from_args(args)
     if spec is not None:
         await check_grammar(args, spec)
     async with load_engine(args, stderr_console()) as engine:
+        # a base model has no chat template: its prompt is the text itself, as llama.cpp sends it
+        chat = not args.raw and engine.tokenizer.has_chat_template
+        prompt = [{"role": "user", "content": args.prompt}] if chat else args.prompt
+        negative = args.negative_prompt
+        if negative is not None and chat:
+            negative = [{"role": "user", "content": negative}]
         stats = finish = None
         async for delta in engine.generate(prompt, grammar=spec, sampling=sampling, negative_prompt=negative):
             sys.stdout.write(delta.text)

@@ -135,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text for one prompt")
     gen.add_argument("prompt")
     common(gen, 256)
-    gen.add_argument("--raw", action="store_true", help="use the prompt as is (no chat template)")
+    gen.add_argument("--raw", action="store_true",
+                     help="send the prompt as text (with the BOS the model adds to a text), not as a chat "
+                          "message; the default for a model without a chat template")
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--json-stats", action="store_true")
     gen.add_argument("--guidance-scale", type=float, default=None,

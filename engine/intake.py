@@ -55,8 +55,19 @@ class Intake:
         tokens = self.encode(prompt, grammar)
         uncond = None
         if sampling.guidance_scale is not None:
-            uncond = tuple(self.encode(negative_prompt if negative_prompt is not None else EMPTY_CHAT, grammar))
+            uncond = tuple(self.encode(negative_prompt, grammar) if negative_prompt is not None
+                           else self.unconditional(grammar))
         return RequestSpec(rid, tuple(tokens), grammar, sampling, uncond)
+
+    def unconditional(self, grammar: GrammarSpec | None = None) -> list[int]:
+        """Classifier-free guidance's default negative prompt: an empty user turn where the model has
+        a chat template, else its BOS alone (a base model's unconditional start)."""
+        if self.tokenizer.has_chat_template:
+            return self.encode(EMPTY_CHAT, grammar)
+        if not self.tokenizer.prefix:
+            raise InvalidParameterError("negative_prompt", "this model has neither a chat template nor a BOS "
+                                                           "to guide against: give a negative prompt")
+        return list(self.tokenizer.prefix)
 
     def encode(self, prompt: Prompt, grammar: GrammarSpec | None = None) -> list[int]:
         """The prompt's token ids: text as is, chat messages through the chat template (which thinks or

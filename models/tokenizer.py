@@ -6,12 +6,13 @@ take a fraction of a second.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,16 @@ class Tokenizer:
     hf: Any                              # transformers PreTrainedTokenizerBase (fast)
     key: str                             # identifies the vocabulary, for grammar cache keys
     eos_token_ids: tuple[TokenId, ...]
+    # The special ids the model's tokenizer puts around a text it encodes (Gemma's, Llama 3's and
+    # Mistral's BOS before; an EOS after for the few that ask): what llama.cpp and transformers
+    # add to a plain prompt. Empty for SmolLM2, Qwen and Phi, whose tokenizers add none.
+    prefix: tuple[TokenId, ...] = ()
+    suffix: tuple[TokenId, ...] = ()
 
-    @property
+    @functools.cached_property
     def vocab_size(self) -> int:
+        """The tokenizer's ids, added tokens included (len() of an HF tokenizer builds its whole
+        vocabulary, ~0.3 ms at Gemma 3's 262k: read once)."""
         return len(self.hf)
 
     def encode(self, text: str) -> list[TokenId]:
@@ -60,41 +68,94 @@ class Tokenizer:
         </think>): what a Reasoning grammar should use for this model. None: the model has none."""
         return THINK_MARKERS if all(len(self.encode(m)) == 1 for m in THINK_MARKERS) else None
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether chat messages can be sent: base models (Gemma 3 270M, Llama 3.2 1B) have no template."""
+        return bool(getattr(self.hf, "chat_template", None))
+
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True,
                     enable_thinking: bool | None = None) -> str:
         """The chat template's text. enable_thinking reaches templates that have that switch (Qwen3's);
         None leaves the template's default."""
-        template = getattr(self.hf, "chat_template", None)
-        if not template:
-            raise ModelLoadError("this tokenizer has no chat template; pass a plain string prompt instead")
+        if not self.has_chat_template:
+            raise ModelLoadError("this model has no chat template (a base model): send a plain string prompt "
+                                 "instead (Engine.complete(\"text\"), `interlock generate --raw`, or the "
+                                 "server's /v1/completions)")
+        template = self.hf.chat_template
         switch = enable_thinking is not None and "enable_thinking" in template
         extra = {"enable_thinking": enable_thinking} if switch else {}
         return self.hf.apply_chat_template(list(messages), tokenize=False,
                                            add_generation_prompt=add_generation_prompt, **extra)
 
     def encode_prompt(self, prompt: str | Sequence[Message], grammar: GrammarSpec | None = None) -> list[TokenId]:
-        """A plain string is encoded as is; a list of chat messages goes through the chat template.
+        """A prompt's ids as the model expects them: a plain string with the tokenizer's special ids
+        around it (`prefix`, `suffix`), a list of chat messages through the chat template, with the
+        BOS put in front only where the template did not write it (an EOS after the generation
+        prompt would end the turn, so chat gets no suffix). Never doubled: a string that already
+        starts with the BOS (typed as "<bos>") keeps one.
 
         grammar: the request's. A template with a thinking switch thinks for a Reasoning grammar and
         answers at once for any other grammar (which constrains the answer from its first token);
         with no grammar the template decides."""
         if isinstance(prompt, str):
-            return self.encode(prompt)
+            return self._framed(self.encode(prompt), self.suffix)
         thinking = None if grammar is None else isinstance(grammar, Reasoning)
-        return self.encode(self.render_chat(prompt, enable_thinking=thinking))
+        return self._framed(self.encode(self.render_chat(prompt, enable_thinking=thinking)), ())
+
+    def _framed(self, ids: list[TokenId], suffix: tuple[TokenId, ...]) -> list[TokenId]:
+        head = [] if tuple(ids[:len(self.prefix)]) == self.prefix else list(self.prefix)
+        tail = [] if not suffix or tuple(ids[len(ids) - len(suffix):]) == suffix else list(suffix)
+        return head + ids + tail
 
 
-def _wrap(hf: Any, key: str) -> Tokenizer:
+def _wrap(hf: Any, key: str, specials: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Tokenizer:
     eos = [hf.eos_token_id] if hf.eos_token_id is not None else []
-    return Tokenizer(hf=hf, key=key, eos_token_ids=tuple(eos))
+    prefix, suffix = specials if specials is not None else added_specials(hf)
+    return Tokenizer(hf=hf, key=key, eos_token_ids=tuple(eos), prefix=prefix, suffix=suffix)
 
 
-def _save(hf: Any, target: Path, generation: dict[str, Any] | None = None) -> None:
+def added_specials(hf: Any) -> tuple[tuple[TokenId, ...], tuple[TokenId, ...]]:
+    """The ids an HF tokenizer adds before and after a text when asked for its special tokens (its
+    post-processor, or a slow tokenizer's add_bos_token / add_eos_token): read off one encoding
+    with and without them, which covers every way a tokenizer can be told to add them."""
+    bare = hf.encode("a", add_special_tokens=False)
+    full = hf.encode("a", add_special_tokens=True)
+    for i in range(len(full) - len(bare) + 1):
+        if full[i:i + len(bare)] == bare:
+            return tuple(full[:i]), tuple(full[i + len(bare):])
+    return (), ()                        # a tokenizer that rewrites the text itself: add nothing
+
+
+def gguf_specials(fields: Any) -> tuple[tuple[TokenId, ...], tuple[TokenId, ...]] | None:
+    """The special ids a GGUF file's metadata asks to be added around a text, as llama.cpp adds them
+    (`tokenizer.ggml.add_bos_token` / `add_eos_token` with the BOS / EOS id). None: the file does
+    not say, and the converted tokenizer's own rule stands."""
+    def flag(name: str) -> bool | None:
+        field = fields.get(f"tokenizer.ggml.{name}")
+        return None if field is None else bool(field.contents())
+
+    def token(name: str) -> tuple[TokenId, ...]:
+        field = fields.get(f"tokenizer.ggml.{name}_token_id")
+        return () if field is None else (int(field.contents()),)
+
+    bos, eos = flag("add_bos_token"), flag("add_eos_token")
+    if bos is None and eos is None:
+        return None
+    return (token("bos") if bos else ()), (token("eos") if eos else ())
+
+
+SPECIALS_FILE = "interlock_specials.json"      # a converted GGUF's prefix and suffix ids, from its metadata
+
+
+def _save(hf: Any, target: Path, generation: dict[str, Any] | None = None,
+          specials: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> None:
     """Write to a temporary folder, then rename: a concurrent loader never sees half a tokenizer."""
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
     hf.save_pretrained(str(tmp))
     if generation is not None:
         (tmp / "generation_config.json").write_text(json.dumps(generation))
+    if specials is not None:
+        (tmp / SPECIALS_FILE).write_text(json.dumps({"prefix": specials[0], "suffix": specials[1]}))
     try:
         os.replace(tmp, target)
     except OSError:                      # another process got there first; theirs is as good
@@ -111,18 +172,18 @@ def load_gguf_tokenizer(path: Path) -> Tokenizer:
     """The tokenizer stored in a GGUF file's metadata, converted once and cached (as an HF tokenizer
     directory, with generation_config.json listing the file's end-of-turn id, `tokenizer.ggml.eot_token_id`:
     Gemma 3's <end_of_turn>, which load_hf_tokenizer then stops at too)."""
-    key = "gguf-" + file_key(path)
+    key = "gguf2-" + file_key(path)      # gguf2: the cache holds the metadata's special-token rule
     cached = cache_dir("tokenizers", key)
     if not (cached / "tokenizer.json").exists():
         import gguf
         from transformers import AutoTokenizer
 
         hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-        field = gguf.GGUFReader(str(path)).fields.get("tokenizer.ggml.eot_token_id")
+        fields = gguf.GGUFReader(str(path)).fields
+        field = fields.get("tokenizer.ggml.eot_token_id")
         stops = [] if field is None else [int(field.contents())]
-        _save(hf, cached, {"eos_token_id": stops})
-    tok = load_hf_tokenizer(cached)
-    return Tokenizer(hf=tok.hf, key=key, eos_token_ids=tok.eos_token_ids)
+        _save(hf, cached, {"eos_token_id": stops}, gguf_specials(fields) or added_specials(hf))
+    return replace(load_hf_tokenizer(cached), key=key)
 
 
 def load_hf_tokenizer(path: Path) -> Tokenizer:
@@ -130,14 +191,22 @@ def load_hf_tokenizer(path: Path) -> Tokenizer:
     generation_config.json lists: chat models end a turn with a token of their own (Gemma 3's
     <end_of_turn>, Phi-3's <|end|>) that the tokenizer's eos is not."""
     keyed = path / "tokenizer.json" if (path / "tokenizer.json").exists() else path
-    tok = _wrap(_load_dir(path), "hf-" + file_key(keyed))
+    tok = _wrap(_load_dir(path), "hf-" + file_key(keyed), _saved_specials(path))
     try:
         listed = json.loads((path / "generation_config.json").read_text()).get("eos_token_id")
     except (OSError, json.JSONDecodeError):
         return tok
     listed = [listed] if isinstance(listed, int) else list(listed or [])
     extra = tuple(int(i) for i in listed if int(i) not in tok.eos_token_ids and 0 <= int(i) < tok.vocab_size)
-    return Tokenizer(hf=tok.hf, key=tok.key, eos_token_ids=tok.eos_token_ids + extra)
+    return replace(tok, eos_token_ids=tok.eos_token_ids + extra)
+
+
+def _saved_specials(path: Path) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    try:
+        saved = json.loads((path / SPECIALS_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return tuple(saved["prefix"]), tuple(saved["suffix"])
 
 
 def truncated_tokenizer(base: Tokenizer, n_vocab: int) -> Tokenizer:

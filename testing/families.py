@@ -122,9 +122,11 @@ _GGUF_NORMS = {"gemma3": {"post_attention_layernorm": "post_attention_norm", "pr
                           "post_feedforward_layernorm": "post_ffw_norm"}}
 
 
-def write_gguf(model: torch.nn.Module, path: Path) -> Path:
+def write_gguf(model: torch.nn.Module, path: Path, *, add_bos: bool | None = None) -> Path:
     """The model's weights as an F32 GGUF file of llama.cpp's architecture for it (qwen3, gemma3, phi3),
-    with its metadata and a byte-level vocabulary of VOCAB tokens."""
+    with its metadata and a byte-level vocabulary of VOCAB tokens. add_bos: write
+    `tokenizer.ggml.add_bos_token` (as Gemma's, Llama 3's and Mistral's files do) with BOS id 1;
+    None writes no such key."""
     import gguf
 
     cfg = model.config
@@ -169,6 +171,9 @@ def write_gguf(model: torch.nn.Module, path: Path) -> Path:
     w.add_token_types([1] * VOCAB)
     w.add_token_scores([0.0] * VOCAB)
     w.add_eos_token_id(2)
+    if add_bos is not None:
+        w.add_bos_token_id(1)
+        w.add_add_bos_token(add_bos)
     if arch == "gemma3":
         w.add_eot_token_id(GEMMA3_EOT)              # <end_of_turn>'s role
     shift = 1.0 if arch == "gemma3" else 0.0         # llama.cpp stores Gemma's norms as 1 + w
