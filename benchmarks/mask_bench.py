@@ -17,7 +17,7 @@ same cuts, rows and verdicts (a digest per step); the table gives median ms per 
 per-row / batched ratio. Raw results (per-step times, the scripts' token ids) go to
 benchmarks/results/.
 
-    python -m interlock.benchmarks.mask_bench [--quick] [--data DIR] [--out FILE]
+    python -m interlock.benchmarks.mask_bench [--quick] [--model FILE] [--data DIR] [--out FILE]
 The data: --data, else $INTERLOCK_DATA, else ../shared/data/jsonschemabench beside the checkout.
 """
 from __future__ import annotations
@@ -162,6 +162,8 @@ def main() -> None:
                         "../shared/data/jsonschemabench beside the checkout)")
     p.add_argument("--vocab", type=int, default=None,
                    help="only this vocabulary size, the embedded tokenizer widened to it (262144: Gemma 3's)")
+    p.add_argument("--model", default=None,
+                   help="only this model's own vocabulary (a .gguf file or checkpoint: Gemma 3's real 262,144 ids)")
     p.add_argument("--batches", default=None, help="batch sizes, comma-separated (default 1,8,32,64; --quick 1,4)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -180,6 +182,9 @@ def main() -> None:
     vocabularies = {"49K": base} if quick else {"49K": base, "128K": wide_tokenizer(base)}
     if args.vocab:
         vocabularies = {f"{args.vocab // 1024}K": wide_tokenizer(base, args.vocab)}
+    if args.model:
+        tok = load_tokenizer(args.model)
+        vocabularies = {f"{Path(args.model).stem} ({tok.vocab_size // 1024}K)": tok}
     load_before = load_average()
     records: list[dict[str, Any]] = []
     table = []

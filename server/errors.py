@@ -55,7 +55,7 @@ def from_interlock(exc: InterlockError, grammar_param: str | None = None, prompt
     if isinstance(exc, CapacityError):
         return APIError(400, str(exc), code="over_capacity")
     if isinstance(exc, ModelLoadError):      # e.g. chat messages to a model without a chat template
-        return APIError(400, str(exc), code="unsupported_by_model")
+        return APIError(400, str(exc), param=prompt_param, code="unsupported_by_model")
     if isinstance(exc, EngineClosedError):
         return APIError(503, str(exc), code="engine_closed")
     if isinstance(exc, EngineError):
