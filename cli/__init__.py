@@ -9,12 +9,13 @@
 """
 from __future__ import annotations
 
+import re
 import sys
 
 import anyio
 
 from interlock.cli.parser import build_parser
-from interlock.protocol.errors import InterlockError, user_message
+from interlock.protocol.errors import InterlockError, InvalidParameterError, user_message
 
 __all__ = ["build_parser", "main"]
 
@@ -22,6 +23,13 @@ __all__ = ["build_parser", "main"]
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from interlock.cli import commands
+
+    if args.command == "generate":           # the rules between flags, before any wait
+        try:
+            commands.sampling_from_args(args)
+        except InvalidParameterError as exc:
+            print(f"interlock generate: error: {flag_message(exc)}", file=sys.stderr)
+            return 2
     from interlock.logs import configure_logging
 
     configure_logging(json=args.log_json, level=args.log_level)
@@ -43,3 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def flag_message(exc: InvalidParameterError) -> str:
+    """A parameter error as argparse words it, with flags for field names ("argument --max-tokens: ..."):
+    the CLI's flags are the fields' names with dashes."""
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    why = re.sub(r"\b(?:sampling\.)?([a-z]+(?:_[a-z]+)+)\b", lambda m: flag(m.group(1)), exc.reason)
+    return f"argument {flag(exc.field)}: {why}"

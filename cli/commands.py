@@ -139,16 +139,26 @@ async def run_demo(args: argparse.Namespace) -> None:
           f"exposed grammar {stats.exposed_grammar_ms:.1f} ms")
 
 
-async def generate(args: argparse.Namespace) -> None:
-    from interlock.protocol.sampling import SamplingParams
+def sampling_from_args(args: argparse.Namespace) -> Any:
+    """generate's SamplingParams, checked with the library's own rules (its ranges, and a negative
+    prompt only with guidance): cheap, so main runs it before anything heavy is imported."""
+    from interlock.protocol.sampling import SamplingParams, check_guidance
 
     sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
                               guidance_scale=args.guidance_scale, presence_penalty=args.presence_penalty,
                               frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty)
+    check_guidance(sampling, args.negative_prompt)
+    return sampling
+
+
+async def generate(args: argparse.Namespace) -> None:
+    sampling = sampling_from_args(args)
     spec = spec_from_args(args)
+    console = stderr_console()
     if spec is not None:
-        await check_grammar(args, spec)
-    async with load_engine(args, stderr_console()) as engine:
+        with step(console, "checking the grammar"):
+            await check_grammar(args, spec)
+    async with load_engine(args, console) as engine:
         # a base model has no chat template: its prompt is the text itself, as llama.cpp sends it
         chat = not args.raw and engine.tokenizer.has_chat_template
         prompt = [{"role": "user", "content": args.prompt}] if chat else args.prompt
@@ -167,7 +177,8 @@ async def generate(args: argparse.Namespace) -> None:
                 "mean_acceptance_length": round(stats.mean_acceptance_length, 3),
                 "tokens_per_s": None if rate is None else round(rate, 2), "ttft_s": round(stats.ttft_s, 4),
                 "exposed_grammar_ms": round(stats.exposed_grammar_ms, 3)}
-        print(json.dumps(line) if args.json_stats else "  ".join(f"{k}={v}" for k, v in line.items()),
+        # text mode leaves out what has no value (no rate for a one-token output); JSON keeps its null
+        print(json.dumps(line) if args.json_stats else "  ".join(f"{k}={v}" for k, v in line.items() if v is not None),
               file=sys.stderr)
 
 

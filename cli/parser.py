@@ -8,7 +8,7 @@ from pathlib import Path
 from interlock.benchmarks.prompts import dataset_arg
 from interlock.protocol.grammar import BACKENDS, DEFAULT_BACKEND
 from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE, MAX_DRAFT_LEN
-from interlock.protocol.types import DEFAULT_PREFILL, DTYPES, PREFILL_MODES
+from interlock.protocol.types import DEFAULT_PREFILL, DEVICE_PATTERN, DTYPES, PREFILL_MODES
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -23,8 +23,6 @@ TP_HELP = ("N > 1: the model's forward on N worker processes (torch.distributed 
 
 def _device(text: str) -> str:
     """--device: cpu, cuda, cuda:N or auto (EngineConfig.device), a usage error otherwise."""
-    from interlock.engine.config import DEVICE_PATTERN
-
     if not DEVICE_PATTERN.match(text):
         raise argparse.ArgumentTypeError(f"expected cpu, cuda, cuda:N or auto, got {text!r}")
     return text

@@ -16,8 +16,11 @@ def stderr_console() -> Console:
 
 @contextmanager
 def step(console: Console, what: str) -> Iterator[None]:
-    """`with step(console, "loading tiny"):` a spinner (on a terminal), then "loading tiny: 1.2 s"."""
+    """`with step(console, "loading tiny"):` a spinner on a terminal, a "loading tiny ..." line
+    elsewhere (a pipe or a log sees the wait start too), then "loading tiny: 1.2 s"."""
     start = time.perf_counter()
+    if not console.is_terminal:
+        console.print(f"{what} ...", style="dim")
     with console.status(f"{what} ..."):
         yield
     console.print(f"{what}: {time.perf_counter() - start:.1f} s", style="dim")

@@ -2,7 +2,6 @@
 device and runner it resolves to."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -11,11 +10,10 @@ import torch
 from interlock.protocol.errors import DeviceUnavailableError, UnsupportedModelError
 from interlock.protocol.grammar import GrammarConfig
 from interlock.protocol.speculative import SpeculativeConfig
-from interlock.protocol.types import DEFAULT_PREFILL, PREFILL_MODES
+from interlock.protocol.types import DEFAULT_PREFILL, DEVICE_PATTERN, PREFILL_MODES
 
 RUNNERS = ("auto", "host", "device")
 Runner = Literal["host", "device"]
-DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 @dataclass(frozen=True)

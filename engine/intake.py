@@ -21,7 +21,7 @@ from interlock.protocol.errors import (
 )
 from interlock.protocol.grammar import GrammarSpec
 from interlock.protocol.messages import RequestSpec
-from interlock.protocol.sampling import SamplingParams
+from interlock.protocol.sampling import SamplingParams, check_guidance
 from interlock.protocol.types import RequestId
 
 Prompt = str | Sequence[Message] | Sequence[int]   # text, chat messages, or token ids
@@ -44,9 +44,7 @@ class Intake:
             raise InvalidParameterError("ignore_eos", "cannot be combined with a grammar (a complete document "
                                                       "ends the request); use max_tokens or drop ignore_eos")
         check_regexes(grammar)          # a regex no output could pass: refused before anything runs
-        if negative_prompt is not None and sampling.guidance_scale is None:
-            raise InvalidParameterError("negative_prompt", "needs classifier-free guidance: set "
-                                                           "sampling.guidance_scale")
+        check_guidance(sampling, negative_prompt)
 
     def request(self, rid: RequestId, prompt: Prompt, grammar: GrammarSpec | None, sampling: SamplingParams,
                 negative_prompt: Prompt | None) -> RequestSpec:

@@ -48,6 +48,7 @@ class InvalidParameterError(RequestError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.reason = message
 
 
 class GrammarError(RequestError):

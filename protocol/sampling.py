@@ -247,3 +247,9 @@ class Completion:
         return cls("".join(d.text for d in deltas), tuple(t for d in deltas for t in d.token_ids),
                    last.finish_reason, last.stats, "".join(d.reasoning_text for d in deltas),
                    tuple(lp for d in deltas for lp in d.logprobs or ()) if with_logprobs else None)
+
+
+def check_guidance(sampling: SamplingParams, negative_prompt: object) -> None:
+    """A negative prompt only means something under classifier-free guidance."""
+    if negative_prompt is not None and sampling.guidance_scale is None:
+        raise InvalidParameterError("negative_prompt", "needs classifier-free guidance: set guidance_scale")

@@ -1,6 +1,7 @@
 """Small aliases shared by every folder, so signatures say what an int means."""
 from __future__ import annotations
 
+import re
 from typing import Literal, TypeAlias
 
 TokenId: TypeAlias = int
@@ -17,4 +18,6 @@ DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16", "float16")
 PrefillMode: TypeAlias = Literal["auto", "rows", "dense"]
 PREFILL_MODES: tuple[PrefillMode, ...] = ("auto", "rows", "dense")
 DEFAULT_PREFILL: PrefillMode = "auto"
+# EngineConfig.device: checked by the engine and by the CLI before anything heavy is imported
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 FinishReason: TypeAlias = Literal["stop", "length", "grammar", "cancelled", "error"]

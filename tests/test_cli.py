@@ -199,3 +199,22 @@ def test_the_readme_and_usage_cli_commands_parse_as_written(monkeypatch: pytest.
         if any(part.startswith("[") or part in ("PROMPT", "...") for part in argv):
             continue                                     # a usage synopsis, not a command
         build_parser().parse_args(argv)                  # a usage error exits 2: the test fails
+
+
+@pytest.mark.parametrize("argv,flag,said", [
+    (["generate", "hi", "--max-tokens", "0"], "--max-tokens", "got 0"),
+    (["generate", "hi", "--temperature", "-1"], "--temperature", "got -1.0"),
+    (["generate", "hi", "--negative-prompt", "x"], "--negative-prompt", "set --guidance-scale"),
+])
+def test_rules_between_flags_fail_at_once_in_argparse_style(argv, flag, said) -> None:
+    """Checked by the library's own rules before anything heavy is imported: the message names
+    flags, not Python fields, and neither torch nor the engine was imported to say it."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from interlock.cli import main; rc = main(sys.argv[1:]); "
+             "print(rc, 'torch' in sys.modules, 'interlock.engine.build' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False", "False"], done.stderr
+    assert done.stderr.startswith(f"interlock generate: error: argument {flag}: ")
+    assert said in done.stderr and "InvalidParameterError" not in done.stderr
