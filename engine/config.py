@@ -80,8 +80,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
             raise ValueError(f"prefill must be one of {PREFILL_MODES}, got {self.prefill!r}")
-        if self.max_batch_size < 1 or self.output_buffer < 1 or self.block_size < 1 or self.kv_cache_bytes < 1:
-            raise ValueError("max_batch_size, output_buffer, block_size and kv_cache_bytes must be >= 1")
+        for name in ("max_batch_size", "output_buffer", "block_size", "kv_cache_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
                                          or self.threads < 1):
             raise ValueError(f"threads must be None or an int >= 1, got {self.threads!r}")

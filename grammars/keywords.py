@@ -64,7 +64,8 @@ class Gap:
     why: str
 
     def __str__(self) -> str:
-        return f"'{self.keyword}' at {self.path or '/'} ({self.why})"
+        at = f"'{self.keyword}' at {self.path or '/'}"
+        return f"{at} ({self.why})" if self.why else at
 
 
 def subschemas(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -114,7 +115,7 @@ def _xgrammar_node(where: str, node: dict[str, Any], ref_replaces: bool) -> Iter
         if dropper is not None and key != dropper:
             yield Gap(key, where, f"xgrammar drops keywords beside '{dropper}'")
         elif key not in XGRAMMAR_EXACT:
-            yield Gap(key, where, "xgrammar does not enforce it")
+            yield Gap(key, where, "")
         else:
             why = _xgrammar_condition(key, node)
             if why:

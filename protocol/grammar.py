@@ -271,8 +271,9 @@ class GrammarConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")
-        if self.compile_timeout_s <= 0 or self.cache_max_entries <= 0:
-            raise ValueError("compile_timeout_s and cache_max_entries must be positive")
+        for name in ("compile_timeout_s", "cache_max_entries"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if not isinstance(self.mask_threads, int) or isinstance(self.mask_threads, bool) or self.mask_threads < 1:
             raise ValueError(f"mask_threads must be a positive int, got {self.mask_threads!r}")
         if self.batched_masks not in (None, True, False):

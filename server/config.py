@@ -31,7 +31,8 @@ class ServerConfig:
     access_log: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_queue < 0 or self.max_body_bytes < 1 or self.max_n < 1 or self.default_max_tokens < 1:
-            raise ValueError("max_queue must be >= 0; max_body_bytes, max_n and default_max_tokens >= 1")
+        for name, least in (("max_queue", 0), ("max_body_bytes", 1), ("max_n", 1), ("default_max_tokens", 1)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port}")

@@ -126,11 +126,17 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, seed: int | Non
 
 
 def structured_grammar(so: StructuredOutputs) -> GrammarSpec:
-    given = [k for k, v in (("json", so.json_), ("regex", so.regex), ("choice", so.choice),
-                            ("grammar", so.grammar), ("json_object", so.json_object)) if v]
+    fields = {"json": so.json_, "regex": so.regex, "choice": so.choice, "grammar": so.grammar,
+              "json_object": so.json_object}
+    given = [k for k, v in fields.items() if v is not None and v is not False]
     if len(given) != 1:
         raise APIError(400, f"structured_outputs needs exactly one of json, regex, choice, grammar, json_object; "
                             f"got {given or 'none'}", param="structured_outputs")
+    name = given[0]
+    if not fields[name] and name != "json":      # {} is a schema (anything); [] and "" say nothing
+        unit = "option" if name == "choice" else "character"
+        raise APIError(400, f"structured_outputs.{name} is empty: give at least one {unit}",
+                       param=f"structured_outputs.{name}")
     try:
         if so.json_ is not None:
             return JsonSchema(so.json_)

@@ -272,3 +272,24 @@ def test_shaper_logprobs_ride_on_chunks_and_add_up_to_the_whole(chat):
         merged = {k: [x for c in chunks if c.logprobs for x in c.logprobs[k]] for k in full}
         assert merged == full and full["tokens"] == ["a", "b", "c", "d"] and full["text_offset"] == [0, 1, 2, 3]
         assert full["top_logprobs"][0] == {"a": -0.1, "z": -9.0}
+
+
+@pytest.mark.parametrize("so,said,param", [
+    ({"choice": []}, "structured_outputs.choice is empty", "structured_outputs.choice"),
+    ({"regex": ""}, "structured_outputs.regex is empty", "structured_outputs.regex"),
+    ({}, "got none", "structured_outputs"),
+    ({"regex": "a", "choice": ["b"]}, "got ['regex', 'choice']", "structured_outputs"),
+])
+def test_structured_outputs_say_what_was_wrong_with_what_was_given(so, said, param):
+    with pytest.raises(APIError) as info:
+        plan_chat(chat(structured_outputs=so), FACTS, ServerConfig())
+    assert said in info.value.message and info.value.param == param
+
+
+@pytest.mark.parametrize("make,said", [
+    (lambda: ServerConfig(max_queue=-1), "max_queue must be >= 0, got -1"),
+    (lambda: ServerConfig(max_n=0), "max_n must be >= 1, got 0"),
+])
+def test_a_bad_server_config_names_its_field_and_value(make, said):
+    with pytest.raises(ValueError, match=said):
+        make()
