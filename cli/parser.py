@@ -8,7 +8,7 @@ from pathlib import Path
 from interlock.benchmarks.prompts import dataset_arg
 from interlock.protocol.grammar import BACKENDS, DEFAULT_BACKEND
 from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE, MAX_DRAFT_LEN
-from interlock.protocol.types import DEFAULT_PREFILL, DEVICE_PATTERN, DTYPES, PREFILL_MODES
+from interlock.protocol.types import DEFAULT_PREFILL, DEVICE_PATTERN, DTYPES, PREFILL_MODES, SIMD_CPUS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -108,10 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefill", default=DEFAULT_PREFILL, choices=PREFILL_MODES,
                         help="how prompt chunks are computed (EngineConfig.prefill): rows (int8, batch invariant: "
                              "prefix-cache hits at any block), dense (bf16, unquantized weights), auto (rows "
-                             "where the CPU has AMX or AVX512-VNNI)")
+                             f"where the CPU has {SIMD_CPUS})")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *DTYPES],
                         help="what the KV cache stores (load_model's kv_dtype): auto is float16 beside int8 "
-                             "weights on an AVX-512 CPU (half the bytes a long context's step reads), else float32")
+                             f"weights where the CPU has {SIMD_CPUS} (half the bytes a long context's step "
+                             "reads), else float32")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:

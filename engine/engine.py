@@ -68,15 +68,16 @@ class Engine:
                         device: str = "cpu", **options: Any) -> Engine:
         """Load a model (see models.loader.load_model) and build an engine around it.
 
-        speculative: a SpeculativeConfig, a string such as "ngram+forced" / "ngram" / "forced", or
-        None / "none" for one token per step. kv_dtype: what the KV cache stores (None: the
-        loader's default, fp16 beside int8 weights on AVX-512 CPUs). tensor_parallel: N > 1 runs the target's
-        forward on N worker processes, each holding 1/N of the weights (parallel/group.py); they
-        start with the engine. device: "cpu" (default), "cuda", "cuda:N" or "auto" (CUDA when
-        available); on CUDA the weights are loaded in bf16 (dequantized from a GGUF) and `weights`
-        and `kv_dtype` do not apply. options: the other EngineConfig fields (each of its own type).
-        What the config alone decides (a tensor-parallel size the model does not divide by) is
-        checked before any weight is read (engine/load.py).
+        speculative: a SpeculativeConfig, a string such as "ngram+forced" / "ngram" / "forced", or None /
+        "none" for one token per step. kv_dtype: what the KV cache stores (None: the loader's default,
+        models.loader.default_kv_dtype: fp16 beside int8 weights where the kernels run SIMD code).
+        tensor_parallel: N > 1 runs the target's forward on N worker processes, each holding 1/N of the
+        weights (parallel/group.py); they start with the engine. device: "cpu" (default), "cuda", "cuda:N"
+        or "auto" (CUDA when available); on CUDA the weights are loaded in bf16 (dequantized from a GGUF)
+        and `weights` and `kv_dtype` do not apply. options: the other EngineConfig fields (each of its own
+        type).
+        What the config alone decides (a tensor-parallel size the model does not divide by) is checked
+        before any weight is read (engine/load.py).
         """
         if isinstance(speculative, str) or speculative is None:
             speculative = SpeculativeConfig.parse(speculative, max_draft_len=draft_len)

@@ -218,3 +218,25 @@ def test_rules_between_flags_fail_at_once_in_argparse_style(argv, flag, said) ->
     assert done.stdout.split() == ["2", "False", "False"], done.stderr
     assert done.stderr.startswith(f"interlock generate: error: argument {flag}: ")
     assert said in done.stderr and "InvalidParameterError" not in done.stderr
+
+
+def test_the_help_and_usage_md_agree_on_the_auto_defaults() -> None:
+    """--prefill and --kv-cache-dtype: the choices usage.md lists are the parser's, and both say which
+    CPUs "auto" means with protocol.types.SIMD_CPUS, which names every SIMD kernel there is."""
+    import argparse
+    import re
+    from pathlib import Path
+
+    from interlock.kernels.native import SIMD_KERNELS
+    from interlock.protocol.types import SIMD_CPUS
+
+    names = {"amx": "AMX", "vnni": "AVX512-VNNI", "avx2": "AVX2"}
+    assert sorted(names[k] for k in SIMD_KERNELS) == sorted(re.split(r", | or ", SIMD_CPUS))
+    usage = " ".join((Path(__file__).parents[1] / "docs" / "usage.md").read_text().split())
+    actions = {a.option_strings[0]: a for a in build_parser()._actions if isinstance(a, argparse.Action)
+               and a.option_strings}
+    for flag in ("--prefill", "--kv-cache-dtype"):
+        listed = re.search(rf"`{flag} ([a-z0-9|]+)`", usage)
+        assert listed and set(listed.group(1).split("|")) == set(actions[flag].choices), flag
+        assert SIMD_CPUS in " ".join(actions[flag].help.split()), flag
+    assert usage.count(f"({SIMD_CPUS})") + usage.count(f"({SIMD_CPUS};") == 2     # each flag's paragraph
