@@ -20,7 +20,8 @@ from starlette.exceptions import HTTPException
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from interlock.engine import Engine
-from interlock.protocol.sampling import Delta
+from interlock.protocol.grammar import Choice
+from interlock.protocol.sampling import Delta, SamplingParams
 from interlock.server.admission import Admission
 from interlock.server.config import ServerConfig
 from interlock.server.errors import APIError, body_error
@@ -128,6 +129,14 @@ class Server:
         return None
 
 
+async def warm_up(engine: Engine) -> None:
+    """One two-token constrained request before the server says it is ready: the grammar backend's
+    vocabulary tables and the forward's first calls are paid here, not by the first client (whose
+    request took ~10 s on the embedded model before)."""
+    ids = engine.tokenizer.encode("Hi") or [0]
+    await engine.complete(ids, grammar=Choice(["yes", "no"]), sampling=SamplingParams(temperature=0.0, max_tokens=2))
+
+
 def chunk_encoder(chat: bool, rid: str, model: str) -> Callable[[list[Any], Usage | None], bytes]:
     """The `data:` event for some chunk choices (or none and the usage, at the end of a stream)."""
     created, cls = int(time.time()), ChatCompletionChunk if chat else TextCompletion
@@ -173,6 +182,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI
         server.loop = asyncio.get_running_loop()
         server._stopping = anyio.Event()
         async with engine:
+            await warm_up(engine)
             log.info("server_ready", model=config.model_name)
             yield
             server.admission.draining = True
