@@ -15,7 +15,7 @@ import sys
 import anyio
 
 from interlock.cli.parser import build_parser
-from interlock.protocol.errors import InterlockError, InvalidParameterError, user_message
+from interlock.protocol.errors import GrammarError, InterlockError, InvalidParameterError, user_message
 
 __all__ = ["build_parser", "main"]
 
@@ -27,8 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "generate":           # the rules between flags, before any wait
         try:
             commands.sampling_from_args(args)
+            commands.check_grammar_text(args)
         except InvalidParameterError as exc:
             print(f"interlock generate: error: {flag_message(exc)}", file=sys.stderr)
+            return 2
+        except GrammarError as exc:
+            print(f"interlock generate: error: argument {commands.grammar_flag(args)}: {user_message(exc)}",
+                  file=sys.stderr)
             return 2
     from interlock.logs import configure_logging
 

@@ -94,6 +94,26 @@ def spec_from_args(args: argparse.Namespace) -> GrammarSpec | None:
     return None
 
 
+GRAMMAR_FLAGS = ("schema", "json_object", "regex", "grammar", "choice")    # generate's, at most one given
+
+
+def grammar_flag(args: argparse.Namespace) -> str:
+    """The flag that gave generate its grammar, as the user typed it."""
+    return next("--" + f.replace("_", "-") for f in GRAMMAR_FLAGS if getattr(args, f, None))
+
+
+def check_grammar_text(args: argparse.Namespace) -> None:
+    """What needs no tokenizer (a schema that is no schema, a regex Python cannot compile, an empty
+    grammar): grammars/checks.py imports neither torch nor a backend, so this answers at once."""
+    from interlock.grammars.checks import check_regexes, check_spec
+    from interlock.protocol.grammar import GrammarConfig
+
+    spec = spec_from_args(args)
+    if spec is not None:
+        check_spec(spec, GrammarConfig())
+        check_regexes(spec)
+
+
 async def check_grammar(args: argparse.Namespace, spec: GrammarSpec) -> None:
     """Compile the grammar with the model's tokenizer alone, as the engine will (its intake's checks,
     its compile timeout): a bad one is a GrammarError now, not after seconds of loading the model."""

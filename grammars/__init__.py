@@ -19,11 +19,33 @@ bit-identical to the matchers' per-row path.
 Entry points: `make_backend(name, tokenizer, vocab_size, config)` and `BackendRouter` (a matcher
 for a compiled grammar of whichever backend compiled it), in backends.py.
 """
-from interlock.grammars.backends import BackendRouter, make_backend
-from interlock.grammars.bitmask import allocate_bitmask, allowed_ids
-from interlock.grammars.compiled import CompiledGrammar
-from interlock.grammars.matcher import BaseMatcher
-from interlock.grammars.validate import validate_output
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names are imported on first use (PEP 562): the backends import xgrammar and torch (seconds), and
+# the checks a CLI runs on a grammar before loading anything (checks.py, validate.py) need neither.
+_EXPORTS = {
+    "BackendRouter": "interlock.grammars.backends", "make_backend": "interlock.grammars.backends",
+    "allocate_bitmask": "interlock.grammars.bitmask", "allowed_ids": "interlock.grammars.bitmask",
+    "CompiledGrammar": "interlock.grammars.compiled", "BaseMatcher": "interlock.grammars.matcher",
+    "validate_output": "interlock.grammars.validate",
+}
+
+if TYPE_CHECKING:
+    from interlock.grammars.backends import BackendRouter, make_backend
+    from interlock.grammars.bitmask import allocate_bitmask, allowed_ids
+    from interlock.grammars.compiled import CompiledGrammar
+    from interlock.grammars.matcher import BaseMatcher
+    from interlock.grammars.validate import validate_output
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'interlock.grammars' has no attribute {name!r}")
+
 
 __all__ = ["BackendRouter", "BaseMatcher", "CompiledGrammar", "allocate_bitmask", "allowed_ids", "make_backend",
            "validate_output"]

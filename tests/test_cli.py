@@ -205,6 +205,7 @@ def test_the_readme_and_usage_cli_commands_parse_as_written(monkeypatch: pytest.
     (["generate", "hi", "--max-tokens", "0"], "--max-tokens", "got 0"),
     (["generate", "hi", "--temperature", "-1"], "--temperature", "got -1.0"),
     (["generate", "hi", "--negative-prompt", "x"], "--negative-prompt", "set --guidance-scale"),
+    (["generate", "hi", "--regex", "ab\\"], "--regex", "does not compile in Python"),
 ])
 def test_rules_between_flags_fail_at_once_in_argparse_style(argv, flag, said) -> None:
     """Checked by the library's own rules before anything heavy is imported: the message names
