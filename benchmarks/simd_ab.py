@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         for step in ("decode_ms", "verify4_ms"):
             simd, portable = (median([rd[side]["steps"][c][step] for rd in rounds]) for side in SIDES)
             rows.append((c, step.removesuffix("_ms"), round(portable, 2), round(simd, 2), portable / simd))
-            summary[f"ctx{c}_{step}"] = {"portable": round(portable, 2), "simd": round(simd, 2),
+            # 4 decimals: a tiny model's steps are fractions of a ms, where 2 decimals misstate the ratio
+            summary[f"ctx{c}_{step}"] = {"portable": round(portable, 4), "simd": round(simd, 4),
                                         "speedup": round(portable / simd, 2)}
     floor = median([rd["simd"]["floor_ms"] for rd in rounds])
     print_table(f"step costs, {args.threads} thread(s), kernels {kernels}, weight floor {floor:.2f} ms, "
