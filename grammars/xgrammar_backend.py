@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -62,7 +63,7 @@ class XGrammarBackend:
         self._compiler = xgr.GrammarCompiler(self._info, max_threads=min(8, os.cpu_count() or 1),
                                              cache_enabled=False)
         # Built here, not on first use: matcher() runs on the event loop and must stay cheap.
-        self._control = ControlFilter.build_both(tokenizer, vocab_size)   # flexible? -> filter
+        self._control = ControlFilter.build_both(self.token_bytes, vocab_size)   # flexible? -> filter
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         if is_switch(spec):                      # Reasoning / StructuralTag: grammars/switch/
@@ -184,11 +185,11 @@ class ControlFilter:
         self.keep_columns = keep[self.columns]
 
     @classmethod
-    def build_both(cls, tokenizer: Tokenizer, vocab_size: int) -> dict[bool, ControlFilter]:
-        """flexible? -> filter, from one decode of the vocabulary."""
-        n = min(tokenizer.vocab_size, vocab_size)
-        texts = tokenizer.hf.batch_decode([[i] for i in range(n)])
-        controls = [(i, {c for c in text if ord(c) < 0x20}) for i, text in enumerate(texts)]
+    def build_both(cls, token_bytes: Sequence[bytes], vocab_size: int) -> dict[bool, ControlFilter]:
+        """flexible? -> filter, from each token's bytes: in UTF-8 a byte below 0x20 is always that
+        control character itself (every byte of a longer sequence is >= 0x80), so the bytes say what
+        the decoded text would, without decoding the vocabulary again (3.8 s at Gemma 3's 262k)."""
+        controls = [(i, {chr(b) for b in piece if b < 0x20}) for i, piece in enumerate(token_bytes[:vocab_size])]
         return {flexible: cls.of(frozenset(i for i, found in controls if found - ({"\t", "\n", "\r"} if flexible
                                                                                   else set())), vocab_size)
                 for flexible in (False, True)}

@@ -60,3 +60,20 @@ def test_flexible_whitespace_still_allows_tabs_between_tokens(backends, tok):
 def test_non_json_grammars_keep_control_characters(backends, tok):
     m = backends["xgrammar"].matcher(backends["xgrammar"].compile(Regex("a\tb")))
     assert m.accept(tok.encode("a\tb")) and m.is_accepting()
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "bytes"])
+def test_the_filter_from_token_bytes_bans_what_the_decoded_text_holds(name, tok):
+    """ControlFilter reads each token's bytes; the slow reference decodes every token to text (what it
+    did before) and bans the same ids, under both whitespace modes."""
+    from interlock.grammars.xgrammar_backend import ControlFilter, XGrammarBackend
+    from interlock.models.loader import load_tokenizer
+
+    real = tok if name == "bytes" else load_tokenizer(name)
+    backend = XGrammarBackend(real, real.vocab_size)
+    texts = real.hf.batch_decode([[i] for i in range(real.vocab_size)])
+    built = ControlFilter.build_both(backend.token_bytes, real.vocab_size)
+    for flexible, allowed in ((False, set()), (True, {"\t", "\n", "\r"})):
+        expected = {i for i, text in enumerate(texts) if {c for c in text if ord(c) < 0x20} - allowed}
+        assert built[flexible].banned == expected
+    assert built[False].banned                      # the vocabulary has some: the check is not vacuous
