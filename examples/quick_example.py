@@ -2,7 +2,9 @@
 
 Run: python -m interlock.examples.quick_example     (prints {"name":"Ada Lovelace","age":36})
 
-tests/examples/test_quick_example.py runs this file and checks that answer.
+tests/examples/test_quick_example.py runs this file and checks that answer. Its model lane runs
+torch at 1 thread (this main thread runs torch at its default, more than 1); call
+torch.set_num_threads(1) before from_pretrained to give the lane 2 (engine/build.py lane_threads).
 """
 import anyio
 
