@@ -119,10 +119,16 @@ def auto_tools_grammar(tools: Sequence[Tool]) -> StructuralTag:
     return StructuralTag([CALL_OPEN], [Tag(CALL_OPEN, tools_grammar(tools), CALL_CLOSE)], at_most=1)
 
 
+# How the instruction for tool_choice "auto" opens. A small model may answer by repeating it;
+# AutoToolStream drops such an echo at the start of the output, so the instruction never comes back.
+AUTO_PREAMBLE = "You can call these tools. To call one, write "
+AUTO_FIRST_SENTENCE = AUTO_PREAMBLE[:AUTO_PREAMBLE.index(".") + 1]
+
+
 def auto_tools_prompt(tools: Sequence[Tool]) -> str:
     listing = [{"name": t.function.name, "description": t.function.description or "",
                 "parameters": t.function.parameters or EMPTY_PARAMETERS} for t in tools]
-    return ("You can call these tools. To call one, write " + CALL_OPEN
+    return (AUTO_PREAMBLE + CALL_OPEN
             + '{"name": <tool name>, "arguments": <its arguments>}' + CALL_CLOSE
             + "; otherwise answer in plain text.\nTools: " + json.dumps(listing))
 
@@ -140,7 +146,8 @@ class AutoToolStream:
     Text before CALL_OPEN is content (a possible partial marker at the end is held back); after it,
     the call goes through a ToolCallStream until the CALL_CLOSE that follows a complete JSON call
     (one inside a string argument is part of the call). The pieces concatenate to `content()` and
-    `calls()`, so streamed == non-streamed.
+    `calls()`, so streamed == non-streamed. An output that opens by repeating the injected
+    instruction (AUTO_PREAMBLE) loses that echo: it is held back while it still could be one.
     """
 
     def __init__(self) -> None:
@@ -150,6 +157,7 @@ class AutoToolStream:
         self._body = ""                 # text after CALL_OPEN
         self._fed = 0                   # of _body, characters given to the ToolCallStream
         self._end: int | None = None    # where the call body ends (CALL_CLOSE found)
+        self._opened = False            # past the point where the output could still echo AUTO_PREAMBLE
 
     @property
     def closed(self) -> bool:
@@ -160,6 +168,13 @@ class AutoToolStream:
         if self.call is not None:
             return "", self._feed_call(piece)
         self._pending += piece
+        if not self._opened:
+            head = self._pending.lstrip()
+            if len(head) < len(AUTO_PREAMBLE) and AUTO_PREAMBLE.startswith(head):
+                return "", []            # could still be the instruction, echoed: hold it
+            self._opened = True
+            if head.startswith(AUTO_PREAMBLE):
+                self._pending = head[len(AUTO_PREAMBLE):]
         at = self._pending.find(CALL_OPEN)
         if at >= 0:
             content, rest = self._pending[:at], self._pending[at + len(CALL_OPEN):]
@@ -177,6 +192,8 @@ class AutoToolStream:
         """What is still held back: a partial marker that never completed (content), or the call's tail."""
         if self.call is None:
             rest, self._pending = self._pending, ""
+            if not self._opened and rest.lstrip().startswith(AUTO_FIRST_SENTENCE):
+                rest = ""                # the output ended inside an echo of the instruction
             self._content.append(rest)
             return rest, []
         deltas = self._feed_upto(self._end if self._end is not None else len(self._body))

@@ -293,3 +293,23 @@ def test_structured_outputs_say_what_was_wrong_with_what_was_given(so, said, par
 def test_a_bad_server_config_names_its_field_and_value(make, said):
     with pytest.raises(ValueError, match=said):
         make()
+
+
+@pytest.mark.parametrize("pieces,content", [
+    (["You can call these", " tools. To call one, write ", "It is sunny."], "It is sunny."),
+    (["You can call these tools."], ""),                        # cut inside the echo: nothing of it
+    (["You can", " go now."], "You can go now."),                # not the instruction: all of it
+    (["Yes", "."], "Yes."),
+])
+def test_the_tool_instruction_echoed_never_comes_back(pieces, content):
+    """A model that opens its answer by repeating the injected tool_choice "auto" instruction does not
+    send it back: streamed piece by piece and whole alike."""
+    from interlock.server.tools import AUTO_PREAMBLE, AutoToolStream, auto_tools_prompt
+
+    assert auto_tools_prompt([]).startswith(AUTO_PREAMBLE)          # the instruction opens with it
+    for split in (pieces, ["".join(pieces)]):
+        stream, said = AutoToolStream(), ""
+        for piece in split:
+            said += stream.feed(piece)[0]
+        said += stream.finish()[0]
+        assert said == content and stream.content() == content and stream.calls() == []
