@@ -284,3 +284,10 @@ def test_the_leniency_table_is_this_table():
     for probe, (xgr, llg, auto) in rows.items():
         expected_auto = PROBES[probe][5] if PROBES[probe][5] in ("exact", "siblings") else "refused"
         assert (xgr, llg, auto) == (*PROBES[probe][3:5], expected_auto), probe
+
+
+def test_a_keyword_xgrammar_does_not_enforce_is_said_once() -> None:
+    from interlock.grammars.keywords import gaps
+
+    (gap,) = gaps({"not": {"type": "string"}}, "xgrammar")
+    assert str(gap) == "'not' at /"
