@@ -14,7 +14,7 @@ import sys
 
 import anyio
 
-from interlock.cli.parser import build_parser
+from interlock.cli.parser import build_parser, flag
 from interlock.protocol.errors import GrammarError, InterlockError, InvalidParameterError, user_message
 
 __all__ = ["build_parser", "main"]
@@ -59,10 +59,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def flag_message(exc: InvalidParameterError) -> str:
-    """A parameter error as argparse words it, with flags for field names ("argument --max-tokens: ..."):
-    the CLI's flags are the fields' names with dashes."""
-    def flag(name: str) -> str:
-        return "--" + name.replace("_", "-")
-
+    """A parameter error as argparse words it, with flags for field names ("argument --max-tokens: ...")."""
     why = re.sub(r"\b(?:sampling\.)?([a-z]+(?:_[a-z]+)+)\b", lambda m: flag(m.group(1)), exc.reason)
     return f"argument {flag(exc.field)}: {why}"

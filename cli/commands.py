@@ -99,7 +99,9 @@ GRAMMAR_FLAGS = ("schema", "json_object", "regex", "grammar", "choice")    # gen
 
 def grammar_flag(args: argparse.Namespace) -> str:
     """The flag that gave generate its grammar, as the user typed it."""
-    return next("--" + f.replace("_", "-") for f in GRAMMAR_FLAGS if getattr(args, f, None))
+    from interlock.cli.parser import flag
+
+    return next(flag(f) for f in GRAMMAR_FLAGS if getattr(args, f, None))
 
 
 def check_grammar_text(args: argparse.Namespace) -> None:
@@ -115,14 +117,13 @@ def check_grammar_text(args: argparse.Namespace) -> None:
 
 
 async def check_grammar(args: argparse.Namespace, spec: GrammarSpec) -> None:
-    """Compile the grammar with the model's tokenizer alone, as the engine will (its intake's checks,
-    its compile timeout): a bad one is a GrammarError now, not after seconds of loading the model."""
+    """Compile the grammar with the model's tokenizer alone, as the engine will (its compile
+    timeout; the intake's checks ran in check_grammar_text): a bad one is a GrammarError now, not
+    after seconds of loading the model."""
     from interlock.actors.grammar_layer import GrammarLayer
-    from interlock.grammars.checks import check_regexes
     from interlock.models.loader import load_tokenizer
     from interlock.protocol.grammar import GrammarConfig
 
-    check_regexes(spec)
     tokenizer = load_tokenizer(args.model)
     await GrammarLayer(tokenizer, tokenizer.vocab_size, GrammarConfig(backend=args.backend)).compile(spec)
 

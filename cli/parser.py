@@ -21,6 +21,11 @@ TP_HELP = ("N > 1: the model's forward on N worker processes (torch.distributed 
            "the weights; N must divide the model's heads, KV heads and MLP width")
 
 
+def flag(dest: str) -> str:
+    """The flag of an option's dest (or of the library field it sets): every option is its name with dashes."""
+    return "--" + dest.replace("_", "-")
+
+
 def _device(text: str) -> str:
     """--device: cpu, cuda, cuda:N or auto (EngineConfig.device), a usage error otherwise."""
     if not DEVICE_PATTERN.match(text):

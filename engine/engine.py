@@ -74,10 +74,9 @@ class Engine:
         tensor_parallel: N > 1 runs the target's forward on N worker processes, each holding 1/N of the
         weights (parallel/group.py); they start with the engine. device: "cpu" (default), "cuda", "cuda:N"
         or "auto" (CUDA when available); on CUDA the weights are loaded in bf16 (dequantized from a GGUF)
-        and `weights` and `kv_dtype` do not apply. options: the other EngineConfig fields (each of its own
-        type).
-        What the config alone decides (a tensor-parallel size the model does not divide by) is checked
-        before any weight is read (engine/load.py).
+        and `weights` and `kv_dtype` do not apply. options: the other EngineConfig fields (each of its
+        own type). What the config alone decides (a tensor-parallel size the model does not divide by)
+        is checked before any weight is read (engine/load.py).
         """
         if isinstance(speculative, str) or speculative is None:
             speculative = SpeculativeConfig.parse(speculative, max_draft_len=draft_len)
