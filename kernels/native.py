@@ -53,8 +53,11 @@ ACT_BLOCK = 32           # activations per int8 quantization scale in the native
 # it links is the libgomp.so.1 torch has already loaded (same soname), one pool.
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
+# INTERLOCK_SIMD=avx2: AVX-512 (and so VNNI and AMX) compiled out, so that an AVX-512 machine builds
+# and tests the AVX2 kernels too (every SIMD path must give the portable kernel's bits).
+AVX2_ONLY = ["-mno-avx512f"]
 # What the library registers under torch.ops.interlock_cpu (and what the model and verifier call).
-OPS = ("int8_linear", "int8_kernel", "row_attention", "rms_norm", "rows_forward", "masked_argmax", "head_argmax")
+OPS = ("int8_linear", "int8_kernel", "int4_linear", "int4_kernel", "row_attention", "rms_norm", "rows_forward", "masked_argmax", "head_argmax")
 
 
 @functools.cache
@@ -71,9 +74,10 @@ def available() -> bool:
         # torch's build cache hashes the .cpp only; naming the build after every file in csrc/ makes
         # an edited header rebuild too.
         digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))).hexdigest()[:12]
-        simd = os.environ.get("INTERLOCK_SIMD", "1") != "0"
-        load(name=f"interlock_cpu_{digest}{'' if simd else '_portable'}", sources=[str(_CSRC / "ops.cpp")],
-             extra_cflags=CFLAGS + ([] if simd else ["-DINTERLOCK_NO_SIMD"]),
+        simd = os.environ.get("INTERLOCK_SIMD", "1")
+        flags = {"0": ["-DINTERLOCK_NO_SIMD"], "avx2": AVX2_ONLY}.get(simd, [])
+        suffix = {"0": "_portable", "avx2": "_avx2"}.get(simd, "")
+        load(name=f"interlock_cpu_{digest}{suffix}", sources=[str(_CSRC / "ops.cpp")], extra_cflags=CFLAGS + flags,
              extra_ldflags=LDFLAGS, is_python_module=False, verbose=False)
         for op in OPS:    # raises if the library did not register
             getattr(torch.ops.interlock_cpu, op)
@@ -114,6 +118,36 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, backend: 
     return torch.ops.interlock_cpu.int8_linear(x.float().contiguous(), q.contiguous(), scale.float().contiguous())
 
 
+def int4_linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, backend: str = "native") -> torch.Tensor:
+    """x: [M, K] float; w: [N, row_bytes(K)] uint8 records and offsets [N, K / 32] fp16
+    (models/int4_pack.py) -> [M, N] fp32.
+
+    "native": csrc/int4_linear.h (activations quantized to int8 per super-block of 256);
+    "reference": the obvious float64 matmul of the same quantized activations and the weights the
+    records stand for, for tests."""
+    from interlock.models.int4_pack import row_bytes
+
+    k = x.shape[-1]
+    if x.dim() != 2 or w.dim() != 2 or w.dtype != torch.uint8 or k % 64 or w.shape[1] != row_bytes(k) \
+            or offsets.shape != (w.shape[0], k // 32) or offsets.dtype != torch.float16:
+        raise ValueError(f"int4_linear: x [M, K] (K % 64 == 0), uint8 records [N, row_bytes(K)] and fp16 offsets "
+                         f"[N, K / 32]; got x {tuple(x.shape)}, w {tuple(w.shape)} {w.dtype}, offsets "
+                         f"{tuple(offsets.shape)} {offsets.dtype}")
+    if backend == "reference":
+        from interlock.models.int4_pack import dequantize_int4
+
+        return (quantize_activations_int4(x).double() @ dequantize_int4(w, offsets).double().T).float()
+    if backend != "native" or not available():
+        raise ValueError(f"int4_linear backends: 'native' (built: {available()}) and 'reference'")
+    return torch.ops.interlock_cpu.int4_linear(x.float().contiguous(), w.contiguous(), offsets.contiguous())
+
+
+def int4_kernel() -> str:
+    """The native int4_linear this process runs: "vnni" (also on AMX machines), "avx2", "portable",
+    or "none" when the native kernels did not build."""
+    return torch.ops.interlock_cpu.int4_kernel() if available() else "none"
+
+
 def int8_kernel() -> str:
     """The native int8_linear this process runs: "amx" (tiles; one row on VNNI, bit-identical),
     "vnni" (AVX512-VNNI; also where INTERLOCK_AMX=0 or the OS refuses the tiles), "avx2" (AVX2 +
@@ -149,6 +183,19 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     values = torch.round(blocks * inv[..., None]).to(torch.int8).reshape(m, k)
     return values, amax / 127.0
+
+
+def quantize_activations_int4(x: torch.Tensor) -> torch.Tensor:
+    """What the native int4_linear computes with instead of x [M, K]: per super-block of 256 (the
+    last of a row shorter), int8 values round(x * (127 / amax)) times amax / 127, in fp32."""
+    from interlock.models.int4_pack import super_sizes
+
+    parts = []
+    for block in x.float().split(super_sizes(x.shape[1]), dim=1):
+        amax = block.abs().amax(-1, keepdim=True)
+        inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+        parts.append(torch.round(block * inv) * (amax / 127.0))
+    return torch.cat(parts, dim=1)
 
 
 def row_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,

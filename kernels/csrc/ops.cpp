@@ -1,4 +1,4 @@
-// torch.ops.interlock_cpu: argument checks around the kernels in int8_linear.h and attention.h,
+// torch.ops.interlock_cpu: argument checks around the kernels in int8_linear.h, int4_linear.h and attention.h,
 // and rows_forward, the whole decoder stack for decode / verify rows in one call.
 //
 // Why rows_forward: a decode step of a 30-layer model is ~900 small torch ops, and at batch 1
@@ -13,6 +13,7 @@
 #include "argmax.h"
 #include "attention.h"
 #include "head_argmax.h"
+#include "int4_linear.h"
 #include "int8_linear.h"
 
 namespace interlock_cpu {
@@ -47,6 +48,34 @@ void check_int8(const at::Tensor& q, const at::Tensor& scale, int64_t K, const c
   TORCH_CHECK(scale.size(0) == q.size(0), name, ": one scale per output row");
 }
 
+void check_int4(const at::Tensor& w, const at::Tensor& off, int64_t K, const char* name) {
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() &&
+              K % kI4Chunk == 0 && w.size(1) == i4_row_bytes(K), name,
+              ": contiguous uint8 int4 records [N, ", i4_row_bytes(K), "], K (", K, ") a multiple of 64");
+  TORCH_CHECK(off.device().is_cpu() && off.scalar_type() == at::kHalf && off.dim() == 2 && off.is_contiguous() &&
+              off.size(0) == w.size(0) && off.size(1) == K / kI4Block, name, ": contiguous fp16 offsets [N, K / 32]");
+}
+
+// A projection's weight: int8 rows with one scale each (q int8 [N, K], s fp32 [N]), or int4 (q the
+// uint8 records, s the fp16 block offsets: int4_linear.h). Both give [M, N] from the same quantized
+// activations.
+void check_weight(const at::Tensor& q, const at::Tensor& s, int64_t K, const char* name) {
+  if (q.scalar_type() == at::kByte) {
+    check_int4(q, s, K, name);
+  } else {
+    check_int8(q, s, K, name);
+  }
+}
+
+inline void project(const at::Tensor& q, const at::Tensor& s, const float* x, float* y, int64_t M, int64_t K,
+                    int64_t N) {
+  if (q.scalar_type() == at::kByte) {
+    int4_linear_raw(x, q.data_ptr<uint8_t>(), s.data_ptr<at::Half>(), y, M, K, N);
+  } else {
+    int8_linear_raw(x, q.data_ptr<int8_t>(), s.data_ptr<float>(), y, M, K, N);
+  }
+}
+
 void check_table(const at::Tensor& blocks, int64_t positions, int64_t block_size, int64_t slots) {
   TORCH_CHECK(blocks.scalar_type() == at::kLong && blocks.dim() == 1 && blocks.is_contiguous(), "blocks: long [nb]");
   const int64_t need = (positions + block_size - 1) / block_size;
@@ -65,10 +94,30 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   return y;
 }
 
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& off) {
+  check_f32(x, 2, "x");
+  check_int4(w, off, x.size(1), "w");
+  at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
+  int4_linear_raw(x.data_ptr<float>(), w.data_ptr<uint8_t>(), off.data_ptr<at::Half>(), y.data_ptr<float>(),
+                  x.size(0), x.size(1), w.size(0));
+  return y;
+}
+
 // Which int8 x int8 kernel this process runs: "amx", "vnni", "avx2" or "portable" (kernels/native.py).
 std::string int8_kernel() {
 #if defined(INTERLOCK_VNNI)
   return amx_enabled() ? "amx" : "vnni";
+#elif defined(INTERLOCK_AVX2)
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
+// Which int4 kernel: "vnni", "avx2" or "portable" (AMX machines run the VNNI one: all have VNNI).
+std::string int4_kernel() {
+#if defined(INTERLOCK_VNNI)
+  return "vnni";
 #elif defined(INTERLOCK_AVX2)
   return "avx2";
 #else
@@ -171,15 +220,15 @@ void check_layers(const LayerWeights& w, int64_t E, int64_t H, int64_t Hkv, int6
     TORCH_CHECK(list->empty() || list->size() == L, "optional weights: none, or one per layer");
   TORCH_CHECK(w.q_norms.size() == w.k_norms.size() && w.post_attn_norms.size() == w.post_ffn_norms.size(),
               "q/k norms, and the two post norms, come together");
-  const int64_t I = L ? w.down_q[0].size(1) : 0;
+  const int64_t I = L ? w.up_q[0].size(0) / 2 : 0;
   for (size_t l = 0; l < L; ++l) {
     check_f32(w.attn_norms[l], 1, "attn_norm");
     check_f32(w.ffn_norms[l], 1, "ffn_norm");
     TORCH_CHECK(w.attn_norms[l].size(0) == E && w.ffn_norms[l].size(0) == E, "norms: [E]");
-    check_int8(w.qkv_q[l], w.qkv_s[l], E, "wqkv");
-    check_int8(w.o_q[l], w.o_s[l], H * D, "wo");
-    check_int8(w.up_q[l], w.up_s[l], E, "w13");
-    check_int8(w.down_q[l], w.down_s[l], I, "w2");
+    check_weight(w.qkv_q[l], w.qkv_s[l], E, "wqkv");
+    check_weight(w.o_q[l], w.o_s[l], H * D, "wo");
+    check_weight(w.up_q[l], w.up_s[l], E, "w13");
+    check_weight(w.down_q[l], w.down_s[l], I, "w2");
     TORCH_CHECK(w.qkv_q[l].size(0) == QKV && w.o_q[l].size(0) == E && w.up_q[l].size(0) == 2 * I &&
                 w.down_q[l].size(0) == E, "projection shapes do not match the config");
     if (!w.qkv_b.empty()) {
@@ -254,7 +303,7 @@ at::Tensor rows_forward(const at::Tensor& x_in, at::TensorList cos, at::TensorLi
   const int64_t* ws = write_slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t) TORCH_CHECK(ws[t] >= 0 && ws[t] < slots, "write slot out of range");
   check_layers(w, E, H, Hkv, D, QKV);
-  const int64_t I = layers ? down_q[0].size(1) : 0;
+  const int64_t I = layers ? up_q[0].size(0) / 2 : 0;
 
   at::Tensor x = x_in.clone();
   float* xp = x.data_ptr<float>();
@@ -281,7 +330,7 @@ at::Tensor rows_forward(const at::Tensor& x_in, at::TensorList cos, at::TensorLi
     auto* vc = v_base + l * layer_slots;
     const float *cp = cos[rope_index[l]].data_ptr<float>(), *sp = sin[rope_index[l]].data_ptr<float>();
     rms_norm_raw(xp, attn_norms[l].data_ptr<float>(), T, E, epsf, h);
-    int8_linear_raw(h, qkv_q[l].data_ptr<int8_t>(), qkv_s[l].data_ptr<float>(), qkv, T, E, QKV);
+    project(qkv_q[l], qkv_s[l], h, qkv, T, E, QKV);
     each_row([&](int64_t t) {
       float* row = qkv + t * QKV;
       if (!qkv_b.empty()) {
@@ -302,16 +351,16 @@ at::Tensor rows_forward(const at::Tensor& x_in, at::TensorList cos, at::TensorLi
       seqs.push_back({qkv + seq_offsets[s] * QKV, QKV, seq_lengths[s], seq_starts[s],
                       tables[s].data_ptr<int64_t>(), attn + seq_offsets[s] * H * D, H * D});
     attend_rows(seqs, H, D, kc, vc, Hkv, block_size, scale, windows[l]);
-    int8_linear_raw(attn, o_q[l].data_ptr<int8_t>(), o_s[l].data_ptr<float>(), tmp, T, H * D, E);
+    project(o_q[l], o_s[l], attn, tmp, T, H * D, E);
     if (!post_attn_norms.empty()) rms_norm_raw(tmp, post_attn_norms[l].data_ptr<float>(), T, E, epsf, tmp);
     each_row(add_tmp);
     rms_norm_raw(xp, ffn_norms[l].data_ptr<float>(), T, E, epsf, h);
-    int8_linear_raw(h, up_q[l].data_ptr<int8_t>(), up_s[l].data_ptr<float>(), gu, T, E, 2 * I);
+    project(up_q[l], up_s[l], h, gu, T, E, 2 * I);
     each_row([&](int64_t t) {
       if (gelu) gelu_tanh_mul_raw(gu + t * 2 * I, gu + t * 2 * I + I, I, act + t * I);
       else silu_mul_raw(gu + t * 2 * I, gu + t * 2 * I + I, I, act + t * I);
     });
-    int8_linear_raw(act, down_q[l].data_ptr<int8_t>(), down_s[l].data_ptr<float>(), tmp, T, I, E);
+    project(down_q[l], down_s[l], act, tmp, T, I, E);
     if (!post_ffn_norms.empty()) rms_norm_raw(tmp, post_ffn_norms[l].data_ptr<float>(), T, E, epsf, tmp);
     each_row(add_tmp);
   }
@@ -326,6 +375,8 @@ at::Tensor rows_forward(const at::Tensor& x_in, at::TensorList cos, at::TensorLi
 TORCH_LIBRARY(interlock_cpu, m) {
   m.def("int8_linear(Tensor x, Tensor q, Tensor scale) -> Tensor");
   m.def("int8_kernel() -> str", &interlock_cpu::int8_kernel);
+  m.def("int4_linear(Tensor x, Tensor w, Tensor offsets) -> Tensor");
+  m.def("int4_kernel() -> str", &interlock_cpu::int4_kernel);
   m.def("row_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor blocks, int block_size, int start, "
         "float scale, int window=0) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
@@ -342,6 +393,7 @@ TORCH_LIBRARY(interlock_cpu, m) {
 
 TORCH_LIBRARY_IMPL(interlock_cpu, CPU, m) {
   m.impl("int8_linear", &interlock_cpu::int8_linear);
+  m.impl("int4_linear", &interlock_cpu::int4_linear);
   m.impl("row_attention", &interlock_cpu::row_attention);
   m.impl("rms_norm", &interlock_cpu::rms_norm);
   m.impl("masked_argmax", &interlock_cpu::masked_argmax);
