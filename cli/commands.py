@@ -67,7 +67,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     from_pretrained with them) build the same engine, and run / generate the same but for the batch."""
     return {"speculative": args.speculative, "draft_len": args.draft_len, "grammar_backend": args.backend,
             "max_batch_size": getattr(args, "max_batch_size", 1), "tensor_parallel": args.tensor_parallel,
-            "threads": args.threads, "prefill": args.prefill, "kv_dtype": kv_dtype(args), "device": args.device}
+            "threads": args.threads, "prefill": args.prefill, "kv_dtype": kv_dtype(args), "device": args.device,
+            "weights": args.weights}
 
 
 def load_engine(args: argparse.Namespace, console: Console) -> Engine:
@@ -233,14 +234,14 @@ async def bench(args: argparse.Namespace) -> None:
 
 
 def bench_model(args: argparse.Namespace) -> Any:
-    """The model `bench` runs: int8 for the CPU engine, float weights for the device runner (CUDA)."""
+    """The model `bench` runs: --weights for the CPU engine, float weights for the device runner (CUDA)."""
     from interlock.engine import EngineConfig
     from interlock.models.loader import load_model
 
     config = EngineConfig(device=args.device)
     if config.runner_for(config.torch_device()) == "device":
         return load_model(args.model, weights="float", dtype="bfloat16")
-    return load_model(args.model, kv_dtype=kv_dtype(args))
+    return load_model(args.model, weights=args.weights, kv_dtype=kv_dtype(args))
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:

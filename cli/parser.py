@@ -11,6 +11,7 @@ from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIV
 from interlock.protocol.types import DEFAULT_PREFILL, DEVICE_PATTERN, DTYPES, PREFILL_MODES, SIMD_CPUS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+WEIGHTS = ("auto", "int4", "int8", "float")         # models.linear.WeightsChoice
 
 MODEL_HELP = ("smollm2-135m-instruct (embedded), a .gguf file, an HF checkpoint folder or a Hugging Face hub id "
               "such as Qwen/Qwen2.5-0.5B-Instruct (HF_HUB_OFFLINE=1: from the local cache only)")
@@ -114,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how prompt chunks are computed (EngineConfig.prefill): rows (int8, batch invariant: "
                              "prefix-cache hits at any block), dense (bf16, unquantized weights), auto (rows "
                              f"where the CPU has {SIMD_CPUS})")
+    parser.add_argument("--weights", default="auto", choices=WEIGHTS,
+                        help="how the CPU forward holds the weights (load_model's weights): auto is int4 for a "
+                             "4-bit GGUF (Q4_0, Q4_1, Q4_K_M: ~4.8 bits a weight, the fewest bytes a decode step "
+                             "reads) and int8 for everything else; float keeps the checkpoint's values (the "
+                             "reference, 4 bytes a weight); the device runner (CUDA) always runs bf16")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *DTYPES],
                         help="what the KV cache stores (load_model's kv_dtype): auto is float16 beside int8 "
                              f"weights where the CPU has {SIMD_CPUS} (half the bytes a long context's step "

@@ -23,7 +23,7 @@ from interlock.engine.config import EngineConfig
 from interlock.engine.intake import Intake, Prompt
 from interlock.engine.load import draft_lm_for, for_runner, load_target
 from interlock.logs import get_logger
-from interlock.models.linear import Weights
+from interlock.models.linear import WeightsChoice
 from interlock.models.loader import LoadedModel
 from interlock.output.stream import OutputStream
 from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError
@@ -64,12 +64,13 @@ class Engine:
                         speculative: SpeculativeConfig | str | None = DEFAULT_SPECULATIVE,
                         draft_len: int = DEFAULT_DRAFT_LEN, grammar_backend: BackendName = DEFAULT_BACKEND,
                         max_batch_size: int = 8,
-                        weights: Weights = "int8", kv_dtype: Dtype | None = None, tensor_parallel: int = 1,
+                        weights: WeightsChoice = "auto", kv_dtype: Dtype | None = None, tensor_parallel: int = 1,
                         device: str = "cpu", **options: Any) -> Engine:
         """Load a model (see models.loader.load_model) and build an engine around it.
 
         speculative: a SpeculativeConfig, a string such as "ngram+forced" / "ngram" / "forced", or None /
-        "none" for one token per step. kv_dtype: what the KV cache stores (None: the loader's default,
+        "none" for one token per step. weights: "auto" (int4 for a 4-bit GGUF such as a Q4_K_M file,
+        else int8), "int4", "int8" or "float" (models.loader.load_model). kv_dtype: what the KV cache stores (None: the loader's default,
         models.loader.default_kv_dtype: fp16 beside int8 weights where the kernels run SIMD code).
         tensor_parallel: N > 1 runs the target's forward on N worker processes, each holding 1/N of the
         weights (parallel/group.py); they start with the engine. device: "cpu" (default), "cuda", "cuda:N"

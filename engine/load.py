@@ -16,7 +16,7 @@ from interlock.drafters.model import DraftLM
 from interlock.engine.config import EngineConfig, Runner
 from interlock.logs import get_logger
 from interlock.models.device_llama import DeviceLlama
-from interlock.models.linear import Weights
+from interlock.models.linear import Weights, WeightsChoice
 from interlock.models.llama import Transformer
 from interlock.models.loader import LoadedModel, load_model, model_config
 from interlock.parallel.group import TensorParallelModel, load_tensor_parallel
@@ -59,7 +59,7 @@ def check_before_loading(name_or_path: str, tensor_parallel: int) -> None:
         Shard(0, tensor_parallel).check(model_config(name_or_path))
 
 
-def load_target(name_or_path: str, config: EngineConfig, *, weights: Weights = "int8",
+def load_target(name_or_path: str, config: EngineConfig, *, weights: WeightsChoice = "auto",
                 kv_dtype: Dtype | None = None, tensor_parallel: int = 1) -> LoadedModel:
     """The target as `config`'s runner computes it: float weights in the forward's dtype for the
     device runner (for_runner moves them), the ranks' metadata under tensor parallelism, else
@@ -76,11 +76,12 @@ def load_target(name_or_path: str, config: EngineConfig, *, weights: Weights = "
     elif device_runner:
         dtype: Dtype = "bfloat16" if target.type == "cuda" else "float32"
         loaded = load_model(name_or_path, weights="float", dtype=dtype)
-    elif tensor_parallel > 1:
-        loaded = load_tensor_parallel(name_or_path, tensor_parallel, weights=weights, kv_dtype=kv_dtype)
+    elif tensor_parallel > 1:     # the ranks shard float slices: "auto" is int8 there (docs/scaling.md)
+        loaded = load_tensor_parallel(name_or_path, tensor_parallel, weights="int8" if weights == "auto" else weights,
+                                      kv_dtype=kv_dtype)
     else:
         loaded = load_model(name_or_path, weights=weights, kv_dtype=kv_dtype)
-    log.info("model_loaded", source=name_or_path, weights="float" if config.runner_for(target) == "device" else weights,
+    log.info("model_loaded", source=name_or_path, weights=getattr(loaded.model, "weights", None) or "float",
              dtype=loaded.config.dtype, kv_dtype=loaded.config.kv_dtype, device=str(target),
              tensor_parallel=tensor_parallel, seconds=round(time.perf_counter() - start, 2))
     return loaded

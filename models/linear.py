@@ -1,4 +1,4 @@
-"""Linear layers: plain float, and weight-only int8 (the default on CPU).
+"""Linear layers: plain float, weight-only int8, and 4-bit (int4, the default for 4-bit GGUFs).
 
 Why int8 weight-only: decoding one token reads every weight once, so a CPU decoder is bound by
 weight bytes. int8 weights are 1/4 of the fp32 bytes, and the int8 kernels (kernels/native.py: ours, or
@@ -17,10 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from interlock.kernels import native
 from interlock.kernels.native import int8_linear, native_fits
+from interlock.models.int4_pack import quantize_int4
 
 Weights: TypeAlias = Literal["float", "int8", "int4"]
-INT4_GROUP = 32                     # the block size of GGUF's Q4_0/Q4_1, so those weights map exactly
+WeightsChoice: TypeAlias = Literal["auto", "float", "int8", "int4"]     # "auto": loader.resolve_weights
 
 
 class Linear(nn.Module):
@@ -73,6 +75,8 @@ class _Quantized(nn.Module):
         self.dense_dtype = dense_dtype()
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dense_weight is None:            # loaded quantized (models/packed.py): the kernel serves chunks too
+            return self.forward(x)
         dt = self.dense_dtype
         y = F.linear(x.to(dt), self.dense_weight.to(dt)).float()
         return y if self.bias is None else y + self.bias
@@ -92,11 +96,27 @@ class Int8Linear(_Quantized):
         qweight, scales = quantize_int8(weight.float())
         self._set_quantized(qweight, scales)
 
+    @classmethod
+    def from_quantized(cls, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+        """From int8 rows and their bf16 scales, with no float copy: prompt chunks take the int8 kernel."""
+        out = cls.__new__(cls)
+        nn.Module.__init__(out)
+        out.dense_weight = None
+        out.dense_dtype = dense_dtype()
+        out.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+        out._set_quantized(qweight, scales)
+        return out
+
     def _set_quantized(self, qweight: torch.Tensor, scales: torch.Tensor) -> None:
         self.register_buffer("qweight", qweight)                # [N, K] int8
         self.register_buffer("scales", scales)                  # [N] bf16: the quantization
         self.register_buffer("scales_f32", scales.float())      # the same values, as the native kernel takes them
         self.native = native_fits(qweight)
+
+    @property
+    def kernel_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What rows_forward takes for this projection (ops.cpp check_weight)."""
+        return self.qweight, self.scales_f32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native:
@@ -106,41 +126,36 @@ class Int8Linear(_Quantized):
         return y if self.bias is None else y + self.bias
 
 
-class Int4Linear(_Quantized):
-    """Weight-only int4, asymmetric, one (scale, offset) per group of 32 inputs; bf16 activations.
+class Int4Linear(nn.Module):
+    """4-bit weights (models/int4_pack.py: 256-weight super-blocks, ~4.8 bits a weight) through the
+    native int4 kernel (kernels/csrc/int4_linear.h), for every row count: decode and verify rows
+    (memory-bound: 0.57x the bytes of int8) and prompt chunks alike, so no float copy is kept and a
+    row's bits never depend on the other rows (batch invariant). Needs the native kernels."""
 
-    A GGUF Q4_1 block (32 weights, w = d*q + m) is exactly such a group, so Q4_1 checkpoints keep
-    their values (up to bf16 rounding of d and m). Half the bytes of int8, and the kernel is as
-    row-independent as the int8 one.
-    """
+    def __init__(self, records: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if not native.available():
+            raise ValueError("int4 weights need the native CPU kernels (kernels/native.py), which did not build here")
+        self.register_buffer("records", records)          # [N, row_bytes(K)] uint8
+        self.register_buffer("offsets", offsets)          # [N, K / 32] fp16
+        self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+        self.native = True
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        super().__init__(weight, bias)
-        packed, scales_zeros = quantize_int4(weight.float())
-        self.register_buffer("packed", packed)
-        self.register_buffer("scales_zeros", scales_zeros)   # [K/32, N, 2] bf16
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int4Linear:
+        records, offsets = quantize_int4(weight.float())
+        return cls(torch.from_numpy(records), torch.from_numpy(offsets), bias)
+
+    @property
+    def kernel_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What rows_forward takes for this projection (ops.cpp check_weight)."""
+        return self.records, self.offsets
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, INT4_GROUP,
-                                                       self.scales_zeros).float()
+        y = torch.ops.interlock_cpu.int4_linear(x.float().contiguous(), self.records, self.offsets)
         return y if self.bias is None else y + self.bias
 
-
-def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-group asymmetric int4 in the layout `_weight_int4pack_mm_for_cpu` wants.
-
-    The kernel computes w = (q - 8) * scale + zero, so zero = min + 8 * scale.
-    """
-    n, k = w.shape
-    if k % INT4_GROUP:
-        raise ValueError(f"int4 weights need in_features divisible by {INT4_GROUP}, got {k}")
-    groups = w.view(n, k // INT4_GROUP, INT4_GROUP)
-    low, high = groups.amin(-1), groups.amax(-1)
-    scale = torch.where(high > low, (high - low) / 15, torch.ones_like(low))
-    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.int32).view(n, k)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-    scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()
-    return packed, scales_zeros.to(torch.bfloat16)
+    dense = forward
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,11 +166,18 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def head_weights(weights: Weights) -> Weights:
+    """The head's kind under `weights`: int8 under int4 too. The head decides every token (its
+    error reaches the logits unmixed), GGUFs keep it at 6 or 8 bits, and greedy verification's
+    head_argmax reads int8 rows."""
+    return "int8" if weights == "int4" else weights
+
+
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, weights: Weights) -> nn.Module:
     if weights == "int8":
         return Int8Linear(weight, bias)
     if weights == "int4":
-        return Int4Linear(weight, bias)
+        return Int4Linear.from_float(weight, bias)
     if weights == "float":
         return Linear(weight, bias)
     raise ValueError(f"weights must be 'float', 'int8' or 'int4', got {weights!r}")
@@ -169,7 +191,7 @@ def select_rows(linear: nn.Module, index: torch.Tensor) -> nn.Module:
     if isinstance(linear, Int8Linear):      # per-row scales: rows are independent, no re-quantizing
         out = Int8Linear.__new__(Int8Linear)
         nn.Module.__init__(out)
-        out.register_buffer("dense_weight", linear.dense_weight[index].clone())
+        out.dense_weight = None if linear.dense_weight is None else linear.dense_weight[index].clone()
         out.dense_dtype = linear.dense_dtype
         out.bias = None if linear.bias is None else nn.Parameter(linear.bias[index].clone(), requires_grad=False)
         out._set_quantized(linear.qweight[index].contiguous(), linear.scales[index].contiguous())

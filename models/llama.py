@@ -21,7 +21,7 @@ from interlock.models.batch import ForwardBatch, SeqView, split_rows
 from interlock.models.checkpoint import CheckpointReader, Layout, StateDictSource, fill
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import _DTYPES, PagedKVCache
-from interlock.models.linear import Weights, make_linear
+from interlock.models.linear import Weights, head_weights, make_linear
 from interlock.models.rope import apply_rope, cos_sin_table, local_cos_sin_table
 
 NATIVE_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)      # the KV caches the native kernels read
@@ -66,32 +66,35 @@ def _ones(n: int, present: bool = True) -> nn.Parameter | None:
 
 
 class Layer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, matrices: bool = True) -> None:
         super().__init__()
         e, i, d = config.hidden_size, config.intermediate_size, config.head_dim
         qkv = config.q_size + 2 * config.kv_size
+        param = _param if matrices else lambda *shape: None
         self.attention_norm = _ones(e)
-        self.wqkv = _param(qkv, e)
-        self.bqkv = nn.Parameter(torch.zeros(qkv), requires_grad=False) if config.qkv_bias else None
+        self.wqkv = param(qkv, e)
+        self.bqkv = nn.Parameter(torch.zeros(qkv), requires_grad=False) if config.qkv_bias and matrices else None
         self.q_norm, self.k_norm = _ones(d, config.qk_norm), _ones(d, config.qk_norm)   # [D]: one per head dim
-        self.wo = _param(e, config.q_size)
+        self.wo = param(e, config.q_size)
         self.post_attention_norm = _ones(e, config.post_norms)
         self.ffn_norm = _ones(e)
-        self.w13 = _param(2 * i, e)          # gate rows, then up rows
-        self.w2 = _param(e, i)
+        self.w13 = param(2 * i, e)          # gate rows, then up rows
+        self.w2 = param(e, i)
         self.post_ffn_norm = _ones(e, config.post_norms)
 
 
 class Transformer(nn.Module):
     """Weights plus the forward. Fill with `load_hf_state_dict` / `load_state_dict`, then `build()`."""
 
-    def __init__(self, config: ModelConfig, inv_freq: torch.Tensor | None = None) -> None:
+    def __init__(self, config: ModelConfig, inv_freq: torch.Tensor | None = None, matrices: bool = True) -> None:
+        """matrices=False: no float projection matrices (nor embedding storage): the caller installs
+        ready Linear modules and the embedding (models/packed.py)."""
         super().__init__()
         self.config = config
-        self.tok_embeddings = _param(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Layer(config) for _ in range(config.n_layers))
+        self.tok_embeddings = _param(*((config.vocab_size, config.hidden_size) if matrices else (0,)))
+        self.layers = nn.ModuleList(Layer(config, matrices) for _ in range(config.n_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
-        self.output = None if config.tie_embeddings else _param(config.vocab_size, config.hidden_size)
+        self.output = None if config.tie_embeddings or not matrices else _param(config.vocab_size, config.hidden_size)
         cos, sin = cos_sin_table(config, inv_freq)
         self.register_buffer("rope_cos", cos, persistent=False)      # [P, R]: the global layers'
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -115,19 +118,22 @@ class Transformer(nn.Module):
         return torch.float32 if self.weights in ("int8", "int4") else self.dtype
 
     def build(self, weights: Weights = "float") -> Transformer:
-        """Create the Linear modules from the fused weights (int8 quantizes them). Returns self."""
-        self._linears = [
+        """Create the Linear modules from the fused weights (int8 and int4 quantize them). Returns self."""
+        linears = [
             {"wqkv": make_linear(layer.wqkv, layer.bqkv, weights), "wo": make_linear(layer.wo, None, weights),
              "w13": make_linear(layer.w13, None, weights), "w2": make_linear(layer.w2, None, weights)}
             for layer in self.layers
         ]
         head = self.tok_embeddings if self.output is None else self.output
-        # The head stays int8 under int4: embeddings are usually stored at 8 bits (Q8_0), and
-        # the head decides every token.
-        self._head = make_linear(head, None, "int8" if weights == "int4" else weights)
+        return self.install(linears, make_linear(head, None, head_weights(weights)), weights)
+
+    def install(self, linears: list[dict[str, nn.Module]], head: nn.Module, weights: Weights) -> Transformer:
+        """Take ready Linear modules (build's, or models/packed.py's, made without float matrices)."""
+        self._linears = linears
+        self._head = head
         self.weights = weights
         self.native = self.act_dtype == torch.float32 and self.norm.device.type == "cpu" and native.available()
-        self.fused_rows = self._fused_weights() if self.native and weights == "int8" and self.FUSABLE else None
+        self.fused_rows = self._fused_weights() if self.native and weights != "float" and self.FUSABLE else None
         self.rows_prefill = self.rows_prefill_default
         if weights != "float":     # the float matrices are no longer needed: drop them, keep the embedding
             for layer in self.layers:
@@ -170,11 +176,11 @@ class Transformer(nn.Module):
 
         return {
             "attn_norms": norms("attention_norm"), "ffn_norms": norms("ffn_norm"),
-            "qkv_q": [l["wqkv"].qweight for l in lin], "qkv_s": [l["wqkv"].scales_f32 for l in lin],
+            "qkv_q": [l["wqkv"].kernel_weights[0] for l in lin], "qkv_s": [l["wqkv"].kernel_weights[1] for l in lin],
             "qkv_b": [] if lin[0]["wqkv"].bias is None else [l["wqkv"].bias.float().contiguous() for l in lin],
-            "o_q": [l["wo"].qweight for l in lin], "o_s": [l["wo"].scales_f32 for l in lin],
-            "up_q": [l["w13"].qweight for l in lin], "up_s": [l["w13"].scales_f32 for l in lin],
-            "down_q": [l["w2"].qweight for l in lin], "down_s": [l["w2"].scales_f32 for l in lin],
+            "o_q": [l["wo"].kernel_weights[0] for l in lin], "o_s": [l["wo"].kernel_weights[1] for l in lin],
+            "up_q": [l["w13"].kernel_weights[0] for l in lin], "up_s": [l["w13"].kernel_weights[1] for l in lin],
+            "down_q": [l["w2"].kernel_weights[0] for l in lin], "down_s": [l["w2"].kernel_weights[1] for l in lin],
             "q_norms": norms("q_norm"), "k_norms": norms("k_norm"),
             "post_attn_norms": norms("post_attention_norm"), "post_ffn_norms": norms("post_ffn_norm"),
         }

@@ -19,10 +19,12 @@ from interlock.models.device_llama import DeviceLlama
 from interlock.models.gguf_loader import load_gguf, read_config
 from interlock.models.hf_loader import hf_config, load_hf_dir
 from interlock.models.hub import hub_snapshot, is_hub_id
-from interlock.models.linear import Weights
+from interlock.models.linear import Weights, WeightsChoice
+from interlock.models.packed import cached_config as packed_config, four_bit_share, load_quantized
 from interlock.models.llama import Transformer, random_transformer
 from interlock.models.weight_cache import cached_config, load_cached, save_cached
-from interlock.models.tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer, truncated_tokenizer
+from interlock.models.tokenizer import (Tokenizer, cache_dir, file_key, load_gguf_tokenizer, load_hf_tokenizer,
+                                       truncated_tokenizer)
 from interlock.protocol.errors import ModelLoadError, ModelNotFoundError
 from interlock.protocol.types import Dtype
 
@@ -85,7 +87,7 @@ def model_config(name_or_path: str, dtype: Dtype = "float32") -> ModelConfig:
     path = _resolve(name_or_path)
     if path.suffix != ".gguf":
         return hf_config(path, dtype)
-    cached = cached_config(path)
+    cached = cached_config(path) or packed_config(path, "int4") or packed_config(path, "int8")
     if cached is not None:
         return cached.replace(dtype=dtype)
     import gguf
@@ -110,24 +112,58 @@ def default_kv_dtype(weights: Weights, dtype: Dtype) -> Dtype:
     return "float16" if quantized and native.simd_kernels() else dtype
 
 
-def load_model(name_or_path: str, *, weights: Weights = "int8", dtype: Dtype = "float32",
+def resolve_weights(path: Path, weights: WeightsChoice) -> Weights:
+    """What "auto" means for a checkpoint: int4 for a GGUF whose layer weights are mostly 4-bit
+    blocks (Q4_0, Q4_1, Q4_K: a Q4_K_M file) where the native kernels run, else int8. Read from the
+    file's tensor list once, then from a note in the weight cache."""
+    if weights != "auto":
+        return weights
+    if path.suffix != ".gguf" or not native.available():
+        return "int8"
+    note = cache_dir("weights", f"auto-{file_key(path)}") / "weights"
+    try:
+        chosen = note.read_text().strip()
+        if chosen in ("int8", "int4"):
+            return chosen  # type: ignore[return-value]
+    except OSError:
+        pass
+    chosen = "int4" if four_bit_share(path) >= 0.5 else "int8"
+    try:
+        note.write_text(chosen)
+    except OSError:
+        pass
+    return chosen  # type: ignore[return-value]
+
+
+def load_model(name_or_path: str, *, weights: WeightsChoice = "auto", dtype: Dtype = "float32",
                kv_dtype: Dtype | None = None, seed: int = 0) -> LoadedModel:
     """Load a model by name, path or hub id. Raises ModelNotFoundError / UnsupportedModelError / ModelLoadError.
 
-    weights: "int8" (default: weight-only int8, fast and batch-invariant on CPU, see linear.py) or
-    "float" (the checkpoint's values in `dtype`; float32 is the reference that matches HF).
+    weights: "auto" (default: `resolve_weights`), "int4" (4-bit blocks, ~4.8 bits a weight: the
+    memory-bound decode reads the fewest bytes), "int8" (weight-only int8, one scale per row) or
+    "float" (the checkpoint's values in `dtype`; float32 is the reference that matches HF). int8 and
+    int4 are fast and batch-invariant on CPU (linear.py); from a GGUF they are converted tensor by
+    tensor and cached memory-mapped (packed.py).
     kv_dtype: what the KV cache stores ("float32", "float16", "bfloat16"); None: `default_kv_dtype`.
     seed: the random weights of the "tiny" preset.
     """
     start = time.perf_counter()
-    kv_dtype = kv_dtype or default_kv_dtype(weights, dtype)
     if name_or_path == TINY:
+        weights = "int8" if weights == "auto" else weights
+        kv_dtype = kv_dtype or default_kv_dtype(weights, dtype)
         config = tiny_config(TINY_PADDED_VOCAB, dtype=dtype).replace(kv_dtype=kv_dtype)
         tokenizer = load_tokenizer(TINY)
         config = config.replace(eos_token_id=tokenizer.eos_token_ids[0])
         model = random_transformer(config, seed=seed).build(weights)
         return LoadedModel(TINY, config, model, tokenizer, time.perf_counter() - start)
     path = _resolve(name_or_path)
+    weights = resolve_weights(path, weights)
+    kv_dtype = kv_dtype or default_kv_dtype(weights, dtype)
+    if path.suffix == ".gguf" and weights != "float":
+        model = load_quantized(path, weights, dtype)
+        model.config = model.config.replace(kv_dtype=kv_dtype)
+        tokenizer = load_gguf_tokenizer(path)
+        return LoadedModel(name_or_path, model.config, model, tokenizer, time.perf_counter() - start)
     if path.suffix == ".gguf":
         model = _load_gguf_model(path, dtype)
         tokenizer = load_gguf_tokenizer(path)

@@ -1,0 +1,229 @@
+"""Quantized models (int8, int4) straight from a GGUF file, one tensor at a time, and the cache of
+what their forward reads.
+
+The float path (loader.py `_load_gguf_model`) dequantizes the whole file to an fp32 state dict
+and quantizes again at every start: 4 bytes a weight in memory and on disk, ~45 s to start a 1B
+model, more memory than a machine has at 8B. Here each projection goes from the file to the form
+its kernel reads: Q4_0 / Q4_1 / Q4_K blocks to int4 without passing through floats
+(int4_pack.py), any other tensor through its own floats only (a few hundred MB at 8B). The result
+is saved per layer (torch.save) and read back memory-mapped, so a warm start maps files and reads
+pages as the first steps touch them: no conversion, no copy.
+
+Entries live under $XDG_CACHE_HOME/interlock/weights/q{FORMAT}-<kind>-<file key>/: config.json,
+model.pt (embedding, final norm, head, RoPE frequencies) and layer-<i>.pt.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from interlock.models.checkpoint import CheckpointReader, Layout
+from interlock.models.config import ModelConfig, RopeScaling
+from interlock.models.int4_pack import FROM_BLOCKS, from_gguf, quantize_int4
+from interlock.models.linear import Int4Linear, Int8Linear, Weights, head_weights, quantize_int8
+from interlock.models.tokenizer import cache_dir, file_key
+from interlock.protocol.errors import ModelLoadError, UnsupportedModelError
+
+FORMAT = 1
+PROJECTIONS = {"wqkv": ("q", "k", "v"), "wo": ("o",), "w13": ("gate", "up"), "w2": ("down",)}
+FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
+
+
+class GGUFSource:
+    """A GGUF file's tensors by HF name (checkpoint.TensorSource), plus `packed`: rows of a matrix
+    in the form a quantized projection's kernel reads."""
+
+    def __init__(self, reader: Any, arch: str, config: ModelConfig) -> None:
+        from interlock.models.gguf_loader import _ROPE_TENSORS, SUPPORTED_QUANTS, hf_name
+
+        self.tensors = {hf_name(arch, t.name): t for t in reader.tensors if t.name not in _ROPE_TENSORS}
+        for t in self.tensors.values():
+            if t.tensor_type.name not in SUPPORTED_QUANTS:
+                raise UnsupportedModelError(
+                    f"tensor {t.name} uses quantization {t.tensor_type.name}, which is not supported "
+                    f"(supported: {', '.join(SUPPORTED_QUANTS)}); re-quantize the GGUF (e.g. Q8_0 or Q4_K_M)")
+        self.arch, self.config = arch, config
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def _heads(self, name: str) -> int | None:
+        """The head count whose rows llama.cpp interleaved in this tensor (gguf_loader.unpermute)."""
+        from interlock.models.gguf_loader import _PERMUTED_ARCHS
+
+        if self.arch not in _PERMUTED_ARCHS:
+            return None
+        if ".self_attn.q_proj." in name:
+            return self.config.n_heads
+        return self.config.n_kv_heads if ".self_attn.k_proj." in name else None
+
+    def _rows_of(self, name: str, data: np.ndarray) -> np.ndarray:
+        from interlock.models.gguf_loader import unpermute
+
+        heads = self._heads(name)
+        return data if heads is None else unpermute(data, heads)
+
+    def _float(self, name: str) -> np.ndarray:
+        from gguf import quants
+
+        t = self.tensors[name]
+        w = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        return self._rows_of(name, w)
+
+    def rows(self, name: str, lo: int, hi: int) -> torch.Tensor:
+        return torch.from_numpy(np.array(self._float(name)[lo:hi], dtype=np.float32))
+
+    def cols(self, name: str, lo: int, hi: int) -> torch.Tensor:
+        return torch.from_numpy(np.array(self._float(name)[:, lo:hi], dtype=np.float32))
+
+    def kind(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def int4(self, name: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows [lo, hi) as int4 (records, offsets): from the blocks where they are 4-bit."""
+        t = self.tensors[name]
+        n, k = int(t.shape[1]), int(t.shape[0])
+        if self.kind(name) in FROM_BLOCKS:
+            records, offsets = (self._rows_of(name, a) for a in from_gguf(t.data, self.kind(name), n, k))
+            return np.ascontiguousarray(records[lo:hi]), np.ascontiguousarray(offsets[lo:hi])
+        return quantize_int4(self._float(name)[lo:hi])
+
+
+def _projection(src: GGUFSource, layout: Layout, layer: int, pieces: tuple[str, ...], bias: torch.Tensor | None,
+                weights: Weights) -> nn.Module:
+    """One fused projection (its pieces' rows stacked) as `weights`. Under int4, a projection whose
+    pieces are all stored in 4-bit blocks is int4 (from those blocks); one with a piece the file keeps
+    at more bits (a Q4_K_M file's Q6_K attn_v and ffn_down, Gemma 3's Q5_0) is int8, and so is one
+    whose K is not a multiple of 64. Quantizing those to 4 bits too cost Gemma 3 270M 3.3 nats of
+    top-5 logprob error against 1.1 this way (docs/models.md)."""
+    where = [(*layout.where(p, layer), layout.size(p)) for p in pieces]
+    k = int(src.tensors[where[0][0]].shape[0])
+    if weights == "int4" and k % 64 == 0 and all(src.kind(name) in FROM_BLOCKS for name, _, _ in where):
+        parts = [src.int4(name, at, at + size) for name, at, size in where]
+        records, offsets = (torch.from_numpy(np.concatenate(p)) for p in zip(*parts))
+        return Int4Linear(records, offsets, bias)
+    floats = torch.cat([src.rows(name, at, at + size) for name, at, size in where])
+    return Int8Linear.from_quantized(*quantize_int8(floats), bias)
+
+
+def _layer_state(ckpt: CheckpointReader, src: GGUFSource, layer: int, weights: Weights) -> dict[str, torch.Tensor]:
+    bias = torch.cat([ckpt.rows(f"{n}_bias", layer) for n in "qkv"]) if ckpt.has("q_bias", layer) else None
+    state: dict[str, torch.Tensor] = {}
+    for name, pieces in PROJECTIONS.items():
+        lin = _projection(src, ckpt.layout, layer, pieces, bias if name == "wqkv" else None, weights)
+        q, s = (lin.records, lin.offsets) if isinstance(lin, Int4Linear) else (lin.qweight, lin.scales)
+        state |= {f"{name}.q": q, f"{name}.s": s}
+        if lin.bias is not None:
+            state[f"{name}.bias"] = lin.bias.data
+    for norm in layer_norms(ckpt.layout.config):
+        state[norm] = ckpt.rows(norm, layer)
+    return state
+
+
+def layer_norms(config: ModelConfig) -> tuple[str, ...]:
+    """The norm weights a layer of this family holds (llama.py Layer)."""
+    return ("attention_norm", "ffn_norm", *(("q_norm", "k_norm") if config.qk_norm else ()),
+            *(("post_attention_norm", "post_ffn_norm") if config.post_norms else ()))
+
+
+def _linear(state: dict[str, torch.Tensor], name: str) -> nn.Module:
+    q, s, bias = state[f"{name}.q"], state[f"{name}.s"], state.get(f"{name}.bias")
+    return Int4Linear(q, s, bias) if q.dtype == torch.uint8 else Int8Linear.from_quantized(q, s, bias)
+
+
+def _entry(path: Path, weights: Weights) -> Path:
+    return cache_dir("weights", f"q{FORMAT}-{weights}-{file_key(path)}")
+
+
+def cached_config(path: Path, weights: Weights) -> ModelConfig | None:
+    try:
+        raw = json.loads((_entry(path, weights) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if raw.get("rope_scaling"):
+        raw["rope_scaling"] = RopeScaling(**raw["rope_scaling"])
+    return ModelConfig(**raw)
+
+
+def convert(path: Path, weights: Weights, progress: Any = None) -> Path:
+    """Write the cache entry of `path` as `weights` (one layer in memory at a time); its folder."""
+    import gguf
+
+    from interlock.models.gguf_loader import _field, read_config
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, OSError) as exc:
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
+    config, inv_freq = read_config(reader, "float32")
+    src = GGUFSource(reader, _field(reader, "general.architecture"), config)
+    ckpt = CheckpointReader(src, Layout(config))
+    entry = _entry(path, weights)
+    tmp = entry.with_name(f"{entry.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        embed = ckpt.rows("embed")
+        head = embed if config.tie_embeddings else ckpt.rows("output")
+        q, s = quantize_int8(head) if head_weights(weights) == "int8" else (head, torch.empty(0))
+        top = {"embed": embed, "norm": ckpt.rows("norm"), "head.q": q, "head.s": s}
+        if inv_freq is not None:
+            top["inv_freq"] = inv_freq
+        torch.save(top, tmp / "model.pt")
+        del embed, head, top
+        for i in range(config.n_layers):
+            torch.save(_layer_state(ckpt, src, i, weights), tmp / f"layer-{i}.pt")
+            if progress is not None:
+                progress(i + 1, config.n_layers)
+        (tmp / "config.json").write_text(json.dumps(dataclasses.asdict(config)))
+        shutil.rmtree(entry, ignore_errors=True)
+        os.replace(tmp, entry)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return entry
+
+
+def load_quantized(path: Path, weights: Weights, dtype: str = "float32", progress: Any = None) -> Any:
+    """The built Transformer of a GGUF as `weights` ("int8" or "int4"), converted on first use."""
+    from interlock.models.llama import Transformer
+
+    config = cached_config(path, weights)
+    entry = _entry(path, weights)
+    if config is None:
+        convert(path, weights, progress)
+        config = cached_config(path, weights)
+        assert config is not None
+    top = torch.load(entry / "model.pt", mmap=True, weights_only=True)
+    model = Transformer(config.replace(dtype=dtype), top.get("inv_freq"), matrices=False)
+    model.tok_embeddings = nn.Parameter(top["embed"], requires_grad=False)
+    model.norm.data = top["norm"]
+    linears = []
+    for i, layer in enumerate(model.layers):
+        state = torch.load(entry / f"layer-{i}.pt", mmap=True, weights_only=True)
+        linears.append({name: _linear(state, name) for name in PROJECTIONS})
+        for norm in layer_norms(config):
+            getattr(layer, norm).data = state[norm]
+    head = Int8Linear.from_quantized(top["head.q"], top["head.s"])
+    return model.install(linears, head, weights)
+
+
+def four_bit_share(path: Path) -> float:
+    """The share of a GGUF's layer weights stored in 4-bit blocks (what weights="auto" reads)."""
+    import gguf
+
+    total = four = 0
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.name.startswith("blk.") and len(t.shape) == 2:
+            n = int(np.prod(t.shape))
+            total += n
+            four += n if t.tensor_type.name in FOUR_BIT else 0
+    return four / total if total else 0.0
