@@ -202,10 +202,10 @@ def read_weights(reader: Any, config: ModelConfig, arch: str) -> dict[str, torch
 
 
 def load_gguf(path: Path, dtype: Dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], torch.Tensor | None]:
-    import gguf
+    from interlock.models.gguf_file import GGUFFile
 
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = GGUFFile(path)
     except (ValueError, OSError) as exc:
         raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
     config, inv_freq = read_config(reader, dtype)

@@ -9,8 +9,8 @@ fp16; ~4.8 bits a weight.
 From GGUF (numpy, a whole tensor at a time, never through floats):
 - Q4_K (w = d * sc_j * q - dmin * m_j): D = d, sc = sc_j, the nibbles as they are; o = -dmin * m_j
   rounded to fp16 (relative error <= 2^-11).
-- Q4_0 (w = d * (q - 8)) and Q4_1 (w = d * q + m): o = -8d or m, exact; the block scales d become
-  D * sc with an 8-bit sc (D = the super-block's largest |d| / 127).
+- Q4_0 (w = d * (q - 8)) and Q4_1 (w = d * q + m): each block scale d becomes D * sc with an 8-bit
+  sc (D = the super-block's largest |d| / 127); o = m exactly (Q4_1), or -8 * D * sc (Q4_0).
 Any other tensor is quantized from its floats (`quantize_int4`).
 """
 from __future__ import annotations
@@ -134,8 +134,11 @@ def from_gguf(data: np.ndarray, kind: str, n: int, k: int) -> Int4:
         d = b[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
         qs = b[:, :, size - 16:]
         q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k)      # weight j: low of j, j + 16: high
-        off = -8 * d if kind == "Q4_0" else b[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
         dd, sc = _super_scales(d, k, ceil=False)
+        if kind == "Q4_0":          # centred on the rounded scale: the rounding error then scales with |q - 8|
+            off = -8 * np.repeat(dd, [w // BLOCK for w in super_sizes(k)], axis=1) * sc
+        else:
+            off = b[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
         return pack(q, dd, sc, off)
     if kind == "Q4_K":
         b = raw.reshape(n, k // 256, 144)

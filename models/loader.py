@@ -90,10 +90,10 @@ def model_config(name_or_path: str, dtype: Dtype = "float32") -> ModelConfig:
     cached = cached_config(path) or packed_config(path, "int4") or packed_config(path, "int8")
     if cached is not None:
         return cached.replace(dtype=dtype)
-    import gguf
+    from interlock.models.gguf_file import GGUFFile
 
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = GGUFFile(path)
     except (ValueError, OSError) as exc:
         raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
     return read_config(reader, dtype)[0]

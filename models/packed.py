@@ -155,12 +155,12 @@ def cached_config(path: Path, weights: Weights) -> ModelConfig | None:
 
 def convert(path: Path, weights: Weights, progress: Any = None) -> Path:
     """Write the cache entry of `path` as `weights` (one layer in memory at a time); its folder."""
-    import gguf
+    from interlock.models.gguf_file import GGUFFile
 
     from interlock.models.gguf_loader import _field, read_config
 
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = GGUFFile(path)
     except (ValueError, OSError) as exc:
         raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
     config, inv_freq = read_config(reader, "float32")
@@ -218,10 +218,10 @@ def load_quantized(path: Path, weights: Weights, dtype: str = "float32", progres
 
 def four_bit_share(path: Path) -> float:
     """The share of a GGUF's layer weights stored in 4-bit blocks (what weights="auto" reads)."""
-    import gguf
+    from interlock.models.gguf_file import GGUFFile
 
     total = four = 0
-    for t in gguf.GGUFReader(str(path)).tensors:
+    for t in GGUFFile(path).tensors:
         if t.name.startswith("blk.") and len(t.shape) == 2:
             n = int(np.prod(t.shape))
             total += n

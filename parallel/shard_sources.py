@@ -115,10 +115,10 @@ def open_source(name_or_path: str, dtype: Dtype = "float32", seed: int = 0, conf
                                         Layout(config)), None
     path = loader._resolve(name_or_path)
     if path.suffix == ".gguf":
-        import gguf
+        from interlock.models.gguf_file import GGUFFile
 
         try:
-            reader = gguf.GGUFReader(str(path))
+            reader = GGUFFile(path)
         except (ValueError, OSError) as exc:
             raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
         config, inv_freq = read_config(reader, dtype)
