@@ -186,15 +186,23 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_activations_int4(x: torch.Tensor) -> torch.Tensor:
-    """What the native int4_linear computes with instead of x [M, K]: per super-block of 256 (the
-    last of a row shorter), int8 values round(x * (127 / amax)) times amax / 127, in fp32."""
+    """What the native int4_linear computes with instead of x [M, K], in fp32 as it does: per
+    super-block of 256 (the last of a row shorter) A = amax / 127; per block of 32 the largest e in
+    0..7 with 2^e * (block amax) <= amax; values round(x * ((127 / amax) * 2^e)) times A / 2^e."""
     from interlock.models.int4_pack import super_sizes
 
     parts = []
     for block in x.float().split(super_sizes(x.shape[1]), dim=1):
+        m, w = block.shape
         amax = block.abs().amax(-1, keepdim=True)
         inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-        parts.append(torch.round(block * inv) * (amax / 127.0))
+        b = block.reshape(m, w // 32, 32)
+        bmax = b.abs().amax(-1)
+        e = torch.zeros_like(bmax)
+        for _ in range(7):                               # the kernel's loop: one more doubling while it fits
+            e = torch.where((e < 7) & (bmax * 2 ** (e + 1) <= amax), e + 1, e)
+        values = torch.round(b * (inv * 2 ** e)[..., None])
+        parts.append((values * ((amax / 127.0) / 2 ** e)[..., None]).reshape(m, w))
     return torch.cat(parts, dim=1)
 
 

@@ -109,8 +109,6 @@ class GGUFFile:
         rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
         if kind.name in _FLOATS:
             data = raw.view(_FLOATS[kind.name]).reshape(*reversed(shape))
-        elif kind.name == "BF16":
-            data = raw.view(np.uint16).reshape(*reversed(shape))
-        else:
+        else:                                   # quantized and BF16: raw bytes, one row of blocks a row
             data = raw.reshape(rows, -1)
         return Tensor(name, np.array(shape), kind, data)

@@ -1,0 +1,70 @@
+"""Quantized models straight from a GGUF (models/packed.py): "auto" picks int4 for a 4-bit file, the
+cache a warm start maps gives the bits the conversion gave, and int4 keeps the forward's laws."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from interlock.kernels import native
+from interlock.models.batch import SeqChunk, build_batch
+from interlock.models.kv_cache import PagedKVCache
+from interlock.models.linear import Int4Linear, Int8Linear
+from interlock.models.loader import EMBEDDED, embedded_gguf_path, load_model, resolve_weights
+from interlock.models import packed
+from interlock.testing.greedy import greedy_generate
+
+needs_native = pytest.mark.skipif(not native.available(), reason="int4 needs the native kernels")
+PROMPT = "The capital of France is"
+
+
+def logits(loaded, ids: list[int]) -> torch.Tensor:
+    kv = PagedKVCache(loaded.config, num_blocks=8)
+    kv.add_sequence(0)
+    kv.reserve(0, len(ids))
+    return loaded.model(build_batch([SeqChunk(0, tuple(ids), 0, tuple(range(len(ids))))], kv), kv)
+
+
+@needs_native
+def test_auto_is_int4_for_the_embedded_q4_1_file_and_int8_for_tiny() -> None:
+    assert resolve_weights(embedded_gguf_path(), "auto") == "int4"
+    assert load_model("tiny").model.weights == "int8"
+
+
+@needs_native
+def test_a_warm_start_maps_what_the_conversion_wrote(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))        # a cold cache: the file is converted
+    cold = load_model(EMBEDDED, weights="int4")
+    entry = packed._entry(embedded_gguf_path(), "int4")
+    assert (entry / "model.pt").is_file() and (entry / "layer-0.pt").is_file()
+    warm = load_model(EMBEDDED, weights="int4")
+    ids = cold.tokenizer.encode_prompt(PROMPT)
+    assert torch.equal(logits(cold, ids), logits(warm, ids))
+    lin = warm.model._linears[0]
+    # Q4_1 projections are int4 from their blocks; the head is int8 rows
+    assert all(isinstance(m, Int4Linear) for m in lin.values()) and isinstance(warm.model._head, Int8Linear)
+    assert warm.model._head.dense_weight is None                 # no float copy of anything kept
+
+
+@needs_native
+def test_int4_answers_like_the_float_model() -> None:
+    floats, int4 = load_model(EMBEDDED, weights="float"), load_model(EMBEDDED, weights="int4")
+    ids = floats.tokenizer.encode_prompt(PROMPT)
+    assert greedy_generate(int4.model, ids, 2) == greedy_generate(floats.model, ids, 2)   # " Paris."
+    lf, l4 = logits(floats, ids).log_softmax(-1), logits(int4, ids).log_softmax(-1)
+    top5 = lf.topk(5, dim=-1).indices
+    assert (l4.gather(-1, top5) - lf.gather(-1, top5)).abs().max().item() < 1.5
+
+
+@needs_native
+def test_int4_rows_alone_equal_rows_in_a_batch_and_prompt_chunks_equal_decode_rows() -> None:
+    # batch invariance: what makes speculative == plain and a prefix-cache hit exact under int4
+    m = load_model(EMBEDDED, weights="int4")
+    ids = m.tokenizer.encode_prompt(PROMPT)
+    whole = logits(m, ids)
+    kv = PagedKVCache(m.config, num_blocks=8)
+    kv.add_sequence(0)
+    rows = []
+    for i, t in enumerate(ids):                                   # one token a step
+        kv.reserve(0, 1)
+        rows.append(m.model(build_batch([SeqChunk(0, (t,), i, (i,))], kv), kv))
+    assert torch.equal(torch.cat(rows), whole)
