@@ -20,11 +20,10 @@ from interlock.models.gguf_loader import load_gguf, read_config
 from interlock.models.hf_loader import hf_config, load_hf_dir
 from interlock.models.hub import hub_snapshot, is_hub_id
 from interlock.models.linear import Weights, WeightsChoice
-from interlock.models.packed import cached_config as packed_config, four_bit_share, load_quantized
+from interlock.models.packed import cached_config as packed_config, load_quantized
 from interlock.models.llama import Transformer, random_transformer
 from interlock.models.weight_cache import cached_config, load_cached, save_cached
-from interlock.models.tokenizer import (Tokenizer, cache_dir, file_key, load_gguf_tokenizer, load_hf_tokenizer,
-                                       truncated_tokenizer)
+from interlock.models.tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer, truncated_tokenizer
 from interlock.protocol.errors import ModelLoadError, ModelNotFoundError
 from interlock.protocol.types import Dtype
 
@@ -113,26 +112,12 @@ def default_kv_dtype(weights: Weights, dtype: Dtype) -> Dtype:
 
 
 def resolve_weights(path: Path, weights: WeightsChoice) -> Weights:
-    """What "auto" means for a checkpoint: int4 for a GGUF whose layer weights are mostly 4-bit
-    blocks (Q4_0, Q4_1, Q4_K: a Q4_K_M file) where the native kernels run, else int8. Read from the
-    file's tensor list once, then from a note in the weight cache."""
+    """What "auto" means for a checkpoint: int4 for a GGUF where the native kernels run (its 4-bit
+    blocks as int4, every other tensor int8: packed.py; on Gemma 3 270M and SmolLM2 that is closer
+    to the file than int8 throughout, docs/models.md), else int8."""
     if weights != "auto":
         return weights
-    if path.suffix != ".gguf" or not native.available():
-        return "int8"
-    note = cache_dir("weights", f"auto-{file_key(path)}") / "weights"
-    try:
-        chosen = note.read_text().strip()
-        if chosen in ("int8", "int4"):
-            return chosen  # type: ignore[return-value]
-    except OSError:
-        pass
-    chosen = "int4" if four_bit_share(path) >= 0.5 else "int8"
-    try:
-        note.write_text(chosen)
-    except OSError:
-        pass
-    return chosen  # type: ignore[return-value]
+    return "int4" if path.suffix == ".gguf" and native.available() else "int8"
 
 
 def load_model(name_or_path: str, *, weights: WeightsChoice = "auto", dtype: Dtype = "float32",

@@ -34,7 +34,6 @@ from interlock.protocol.errors import ModelLoadError, UnsupportedModelError
 
 FORMAT = 1
 PROJECTIONS = {"wqkv": ("q", "k", "v"), "wo": ("o",), "w13": ("gate", "up"), "w2": ("down",)}
-FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
 
 
 class GGUFSource:
@@ -214,16 +213,3 @@ def load_quantized(path: Path, weights: Weights, dtype: str = "float32", progres
             getattr(layer, norm).data = state[norm]
     head = Int8Linear.from_quantized(top["head.q"], top["head.s"])
     return model.install(linears, head, weights)
-
-
-def four_bit_share(path: Path) -> float:
-    """The share of a GGUF's layer weights stored in 4-bit blocks (what weights="auto" reads)."""
-    from interlock.models.gguf_file import GGUFFile
-
-    total = four = 0
-    for t in GGUFFile(path).tensors:
-        if t.name.startswith("blk.") and len(t.shape) == 2:
-            n = int(np.prod(t.shape))
-            total += n
-            four += n if t.tensor_type.name in FOUR_BIT else 0
-    return four / total if total else 0.0

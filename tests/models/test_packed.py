@@ -25,7 +25,7 @@ def logits(loaded, ids: list[int]) -> torch.Tensor:
 
 
 @needs_native
-def test_auto_is_int4_for_the_embedded_q4_1_file_and_int8_for_tiny() -> None:
+def test_auto_is_int4_for_a_gguf_and_int8_for_tiny() -> None:
     assert resolve_weights(embedded_gguf_path(), "auto") == "int4"
     assert load_model("tiny").model.weights == "int8"
 
@@ -52,7 +52,8 @@ def test_int4_answers_like_the_float_model() -> None:
     assert greedy_generate(int4.model, ids, 2) == greedy_generate(floats.model, ids, 2)   # " Paris."
     lf, l4 = logits(floats, ids).log_softmax(-1), logits(int4, ids).log_softmax(-1)
     top5 = lf.topk(5, dim=-1).indices
-    assert (l4.gather(-1, top5) - lf.gather(-1, top5)).abs().max().item() < 1.5
+    # measured 0.58 nats over four prompts (int8 rows: 0.63): docs/models.md
+    assert (l4.gather(-1, top5) - lf.gather(-1, top5)).abs().max().item() <= 0.75
 
 
 @needs_native
@@ -66,5 +67,5 @@ def test_int4_rows_alone_equal_rows_in_a_batch_and_prompt_chunks_equal_decode_ro
     rows = []
     for i, t in enumerate(ids):                                   # one token a step
         kv.reserve(0, 1)
-        rows.append(m.model(build_batch([SeqChunk(0, (t,), i, (i,))], kv), kv))
+        rows.append(m.model(build_batch([SeqChunk(0, (t,), i, (0,))], kv), kv))
     assert torch.equal(torch.cat(rows), whole)
