@@ -28,7 +28,7 @@ from torch import nn
 from interlock.models.checkpoint import CheckpointReader, Layout
 from interlock.models.config import ModelConfig, RopeScaling
 from interlock.models.int4_pack import FROM_BLOCKS, from_gguf, quantize_int4
-from interlock.models.linear import Int4Linear, Int8Linear, Weights, head_weights, quantize_int8
+from interlock.models.linear import Int4Linear, Int8Linear, Weights, quantize_int8
 from interlock.models.tokenizer import cache_dir, file_key
 from interlock.protocol.errors import ModelLoadError, UnsupportedModelError
 
@@ -96,32 +96,29 @@ class GGUFSource:
         return quantize_int4(self._float(name)[lo:hi])
 
 
-def _projection(src: GGUFSource, layout: Layout, layer: int, pieces: tuple[str, ...], bias: torch.Tensor | None,
-                weights: Weights) -> nn.Module:
-    """One fused projection (its pieces' rows stacked) as `weights`. Under int4, a projection whose
-    pieces are all stored in 4-bit blocks is int4 (from those blocks); one with a piece the file keeps
-    at more bits (a Q4_K_M file's Q6_K attn_v and ffn_down, Gemma 3's Q5_0) is int8, and so is one
-    whose K is not a multiple of 64. Quantizing those to 4 bits too cost Gemma 3 270M 3.3 nats of
-    top-5 logprob error against 1.1 this way (docs/models.md)."""
+def _projection(src: GGUFSource, layout: Layout, layer: int, pieces: tuple[str, ...],
+                weights: Weights) -> dict[str, torch.Tensor]:
+    """One fused projection (its pieces' rows stacked) as its kernel reads it: {"q", "s"} = int4
+    records and offsets (uint8 q), or int8 rows and their bf16 scales (int8 q). Under int4 a
+    projection whose pieces are all stored in 4-bit blocks is int4, from those blocks; one with a
+    piece the file keeps at more bits (a Q4_K_M file's Q6_K attn_v and ffn_down, Gemma 3's Q5_0) is
+    int8, and so is one whose K is not a multiple of 64 (docs/models.md, "Weights")."""
     where = [(*layout.where(p, layer), layout.size(p)) for p in pieces]
     k = int(src.tensors[where[0][0]].shape[0])
     if weights == "int4" and k % 64 == 0 and all(src.kind(name) in FROM_BLOCKS for name, _, _ in where):
         parts = [src.int4(name, at, at + size) for name, at, size in where]
-        records, offsets = (torch.from_numpy(np.concatenate(p)) for p in zip(*parts))
-        return Int4Linear(records, offsets, bias)
-    floats = torch.cat([src.rows(name, at, at + size) for name, at, size in where])
-    return Int8Linear.from_quantized(*quantize_int8(floats), bias)
+        q, s = (torch.from_numpy(np.concatenate(p)) for p in zip(*parts))
+    else:
+        q, s = quantize_int8(torch.cat([src.rows(name, at, at + size) for name, at, size in where]))
+    return {"q": q, "s": s}
 
 
 def _layer_state(ckpt: CheckpointReader, src: GGUFSource, layer: int, weights: Weights) -> dict[str, torch.Tensor]:
-    bias = torch.cat([ckpt.rows(f"{n}_bias", layer) for n in "qkv"]) if ckpt.has("q_bias", layer) else None
     state: dict[str, torch.Tensor] = {}
     for name, pieces in PROJECTIONS.items():
-        lin = _projection(src, ckpt.layout, layer, pieces, bias if name == "wqkv" else None, weights)
-        q, s = (lin.records, lin.offsets) if isinstance(lin, Int4Linear) else (lin.qweight, lin.scales)
-        state |= {f"{name}.q": q, f"{name}.s": s}
-        if lin.bias is not None:
-            state[f"{name}.bias"] = lin.bias.data
+        state |= {f"{name}.{part}": t for part, t in _projection(src, ckpt.layout, layer, pieces, weights).items()}
+    if ckpt.has("q_bias", layer):
+        state["wqkv.bias"] = torch.cat([ckpt.rows(f"{n}_bias", layer) for n in "qkv"])
     for norm in layer_norms(ckpt.layout.config):
         state[norm] = ckpt.rows(norm, layer)
     return state
@@ -172,7 +169,7 @@ def convert(path: Path, weights: Weights, progress: Any = None) -> Path:
     try:
         embed = ckpt.rows("embed")
         head = embed if config.tie_embeddings else ckpt.rows("output")
-        q, s = quantize_int8(head) if head_weights(weights) == "int8" else (head, torch.empty(0))
+        q, s = quantize_int8(head)                  # int8 rows under both kinds (linear.head_weights)
         top = {"embed": embed, "norm": ckpt.rows("norm"), "head.q": q, "head.s": s}
         if inv_freq is not None:
             top["inv_freq"] = inv_freq
