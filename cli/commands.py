@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from interlock.cli.progress import stderr_console, step
+from interlock.cli.progress import counted, stderr_console, step
 
 if TYPE_CHECKING:
     from interlock.engine import Engine
@@ -74,8 +74,19 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
 def load_engine(args: argparse.Namespace, console: Console) -> Engine:
     from interlock.engine import Engine
 
+    if args.device == "cpu" and args.tensor_parallel == 1:
+        convert_weights(args, console)
     with step(console, f"loading {args.model}"):
         return Engine.from_pretrained(args.model, **engine_options(args))
+
+
+def convert_weights(args: argparse.Namespace, console: Console) -> None:
+    """A GGUF's first start: its conversion into the weight cache, layer by layer, shown as it goes
+    (seconds for the embedded model, minutes for an 8B one); nothing when the cache has it."""
+    from interlock.models.loader import convert_if_needed
+
+    with counted(console, f"converting {args.model}'s weights, once, layer") as report:
+        convert_if_needed(args.model, args.weights, report)
 
 
 def spec_from_args(args: argparse.Namespace) -> GrammarSpec | None:

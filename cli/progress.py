@@ -3,7 +3,7 @@ runs on a terminal, then one line saying what it took, which a log or a pipe get
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -24,3 +24,29 @@ def step(console: Console, what: str) -> Iterator[None]:
     with console.status(f"{what} ..."):
         yield
     console.print(f"{what}: {time.perf_counter() - start:.1f} s", style="dim")
+
+
+@contextmanager
+def counted(console: Console, what: str) -> Iterator[Callable[[int, int], None]]:
+    """`with counted(console, "converting") as report:` a step that may not happen: nothing shows
+    until report(done, total) is first called; then "what: done/total" (a spinner on a terminal, a
+    line every tenth elsewhere) and, at the end, the time it took."""
+    start, shown, status = time.perf_counter(), [-1], None
+
+    def report(done: int, total: int) -> None:
+        nonlocal status
+        if status is None:
+            status = console.status(f"{what} ...")
+            status.start()
+        status.update(f"{what}: {done}/{total}")
+        tenth = 10 * done // max(total, 1)
+        if not console.is_terminal and tenth > shown[0]:
+            shown[0] = tenth
+            console.print(f"{what}: {done}/{total}", style="dim")
+
+    try:
+        yield report
+    finally:
+        if status is not None:
+            status.stop()
+            console.print(f"{what}: {time.perf_counter() - start:.1f} s", style="dim")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from interlock.models.gguf_loader import load_gguf, read_config
 from interlock.models.hf_loader import hf_config, load_hf_dir
 from interlock.models.hub import hub_snapshot, is_hub_id
 from interlock.models.linear import Weights, WeightsChoice
-from interlock.models.packed import cached_config as packed_config, load_quantized
+from interlock.models.packed import cached_config as packed_config, convert, load_quantized
 from interlock.models.llama import Transformer, random_transformer
 from interlock.models.weight_cache import cached_config, load_cached, save_cached
 from interlock.models.tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer, truncated_tokenizer
@@ -118,6 +119,21 @@ def resolve_weights(path: Path, weights: WeightsChoice) -> Weights:
     if weights != "auto":
         return weights
     return "int4" if path.suffix == ".gguf" and native.available() else "int8"
+
+
+def convert_if_needed(name_or_path: str, weights: WeightsChoice = "auto",
+                      progress: Callable[[int, int], None] | None = None) -> bool:
+    """Convert a GGUF into the weight cache of `weights` now, calling progress(layers done, layers)
+    as it goes, if load_model would convert it (a cold start: seconds to minutes, the CLI shows
+    this); True if it did. Anything else (a cached entry, an HF checkpoint, "tiny") is left as is."""
+    if name_or_path == TINY:
+        return False
+    path = _resolve(name_or_path)
+    kind = resolve_weights(path, weights)
+    if path.suffix != ".gguf" or kind == "float" or packed_config(path, kind) is not None:
+        return False
+    convert(path, kind, progress)
+    return True
 
 
 def load_model(name_or_path: str, *, weights: WeightsChoice = "auto", dtype: Dtype = "float32",

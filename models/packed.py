@@ -167,6 +167,8 @@ def convert(path: Path, weights: Weights, progress: Any = None) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
+        if progress is not None:
+            progress(0, config.n_layers)
         embed = ckpt.rows("embed")
         head = embed if config.tie_embeddings else ckpt.rows("output")
         q, s = quantize_int8(head)                  # int8 rows under both kinds (linear.head_weights)
