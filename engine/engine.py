@@ -69,9 +69,10 @@ class Engine:
         """Load a model (see models.loader.load_model) and build an engine around it.
 
         speculative: a SpeculativeConfig, a string such as "ngram+forced" / "ngram" / "forced", or None /
-        "none" for one token per step. weights: "auto" (int4 for a 4-bit GGUF such as a Q4_K_M file,
-        else int8), "int4", "int8" or "float" (models.loader.load_model). kv_dtype: what the KV cache stores (None: the loader's default,
-        models.loader.default_kv_dtype: fp16 beside int8 weights where the kernels run SIMD code).
+        "none" for one token per step. weights: "auto" (int4 for a GGUF, else int8), "int4", "int8"
+        or "float" (models.loader.load_model, docs/models.md "Weights"). kv_dtype: what the KV cache
+        stores (None: the loader's default, models.loader.default_kv_dtype: fp16 beside quantized
+        weights where the kernels run SIMD code).
         tensor_parallel: N > 1 runs the target's forward on N worker processes, each holding 1/N of the
         weights (parallel/group.py); they start with the engine. device: "cpu" (default), "cuda", "cuda:N"
         or "auto" (CUDA when available); on CUDA the weights are loaded in bf16 (dequantized from a GGUF)

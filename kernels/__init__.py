@@ -24,6 +24,7 @@ captured CUDA graph; the "reference" versions loop in Python and are the obvious
 - types.py       RejectionResult
 - native.py      our CPU kernels (csrc/, built on first use with the machine's compiler):
                  int8_linear (decode / verify projections, and prompt chunks on AMX tiles),
+                 int4_linear (4-bit weights: the same, every row count),
                  row_attention and rms_norm, and rows_forward, every layer of a decode / verify
                  step (or a prompt chunk, Transformer.rows_prefill) in one call; each computes
                  a row from that row alone, in a fixed order (batch invariant). models/ uses
@@ -31,6 +32,8 @@ captured CUDA graph; the "reference" versions loop in Python and are the obvious
                  masked_argmax, greedy verification's one pass over a row (the largest logit its
                  grammar row allows), which the VerifierActor's lean path calls, and head_argmax,
                  the same from the hidden rows, computing only the allowed logits of narrow masks
+- int4_pack.py   the int4 weight format int4_linear reads (csrc/int4_linear.h): packing from floats
+                 and from a GGUF's Q4_0 / Q4_1 / Q4_K blocks, and reading it back
 - *_reference.py the slow obvious versions; _checks.py the shared argument checks
 - *_triton.py    the CUDA variants (bitmask_triton.py, rejection_triton.py), imported only
                  when backend "cuda" runs

@@ -57,7 +57,8 @@ LDFLAGS = ["-fopenmp"]
 # and tests the AVX2 kernels too (every SIMD path must give the portable kernel's bits).
 AVX2_ONLY = ["-mno-avx512f"]
 # What the library registers under torch.ops.interlock_cpu (and what the model and verifier call).
-OPS = ("int8_linear", "int8_kernel", "int4_linear", "int4_kernel", "row_attention", "rms_norm", "rows_forward", "masked_argmax", "head_argmax")
+OPS = ("int8_linear", "int8_kernel", "int4_linear", "int4_kernel", "row_attention", "rms_norm", "rows_forward",
+       "masked_argmax", "head_argmax")
 
 
 @functools.cache
@@ -120,12 +121,12 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, backend: 
 
 def int4_linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, backend: str = "native") -> torch.Tensor:
     """x: [M, K] float; w: [N, row_bytes(K)] uint8 records and offsets [N, K / 32] fp16
-    (models/int4_pack.py) -> [M, N] fp32.
+    (kernels/int4_pack.py) -> [M, N] fp32.
 
     "native": csrc/int4_linear.h (activations quantized to int8 per super-block of 256);
     "reference": the obvious float64 matmul of the same quantized activations and the weights the
     records stand for, for tests."""
-    from interlock.models.int4_pack import row_bytes
+    from interlock.kernels.int4_pack import row_bytes
 
     k = x.shape[-1]
     if x.dim() != 2 or w.dim() != 2 or w.dtype != torch.uint8 or k % 64 or w.shape[1] != row_bytes(k) \
@@ -134,7 +135,7 @@ def int4_linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, backend
                          f"[N, K / 32]; got x {tuple(x.shape)}, w {tuple(w.shape)} {w.dtype}, offsets "
                          f"{tuple(offsets.shape)} {offsets.dtype}")
     if backend == "reference":
-        from interlock.models.int4_pack import dequantize_int4
+        from interlock.kernels.int4_pack import dequantize_int4
 
         return (quantize_activations_int4(x).double() @ dequantize_int4(w, offsets).double().T).float()
     if backend != "native" or not available():
@@ -189,7 +190,7 @@ def quantize_activations_int4(x: torch.Tensor) -> torch.Tensor:
     """What the native int4_linear computes with instead of x [M, K], in fp32 as it does: per
     super-block of 256 (the last of a row shorter) A = amax / 127; per block of 32 the largest e in
     0..7 with 2^e * (block amax) <= amax; values round(x * ((127 / amax) * 2^e)) times A / 2^e."""
-    from interlock.models.int4_pack import super_sizes
+    from interlock.kernels.int4_pack import super_sizes
 
     parts = []
     for block in x.float().split(super_sizes(x.shape[1]), dim=1):

@@ -19,7 +19,7 @@ from torch import nn
 
 from interlock.kernels import native
 from interlock.kernels.native import int8_linear, native_fits
-from interlock.models.int4_pack import quantize_int4
+from interlock.kernels.int4_pack import quantize_int4
 
 Weights: TypeAlias = Literal["float", "int8", "int4"]
 WeightsChoice: TypeAlias = Literal["auto", "float", "int8", "int4"]     # "auto": loader.resolve_weights
@@ -97,7 +97,8 @@ class Int8Linear(_Quantized):
         self._set_quantized(qweight, scales)
 
     @classmethod
-    def from_quantized(cls, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+    def from_quantized(cls, qweight: torch.Tensor, scales: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> Int8Linear:
         """From int8 rows and their bf16 scales, with no float copy: prompt chunks take the int8 kernel."""
         out = cls.__new__(cls)
         nn.Module.__init__(out)
@@ -127,7 +128,7 @@ class Int8Linear(_Quantized):
 
 
 class Int4Linear(nn.Module):
-    """4-bit weights (models/int4_pack.py: 256-weight super-blocks, ~4.8 bits a weight) through the
+    """4-bit weights (kernels/int4_pack.py: 256-weight super-blocks, ~4.8 bits a weight) through the
     native int4 kernel (kernels/csrc/int4_linear.h), for every row count: decode and verify rows
     (memory-bound: 0.57x the bytes of int8) and prompt chunks alike, so no float copy is kept and a
     row's bits never depend on the other rows (batch invariant). Needs the native kernels."""

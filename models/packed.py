@@ -5,7 +5,7 @@ The float path (loader.py `_load_gguf_model`) dequantizes the whole file to an f
 and quantizes again at every start: 4 bytes a weight in memory and on disk, ~45 s to start a 1B
 model, more memory than a machine has at 8B. Here each projection goes from the file to the form
 its kernel reads: Q4_0 / Q4_1 / Q4_K blocks to int4 without passing through floats
-(int4_pack.py), any other tensor through its own floats only (a few hundred MB at 8B). The result
+(kernels/int4_pack.py), any other tensor through its own floats only (a few hundred MB at 8B). The result
 is saved per layer (torch.save) and read back memory-mapped, so a warm start maps files and reads
 pages as the first steps touch them: no conversion, no copy.
 
@@ -27,7 +27,7 @@ from torch import nn
 
 from interlock.models.checkpoint import CheckpointReader, Layout
 from interlock.models.config import ModelConfig, RopeScaling
-from interlock.models.int4_pack import FROM_BLOCKS, from_gguf, quantize_int4
+from interlock.kernels.int4_pack import FROM_BLOCKS, from_gguf, quantize_int4
 from interlock.models.linear import Int4Linear, Int8Linear, Weights, quantize_int8
 from interlock.models.tokenizer import cache_dir, file_key
 from interlock.protocol.errors import ModelLoadError, UnsupportedModelError

@@ -1,5 +1,5 @@
 #pragma once
-// y[M, N] = x[M, K] . W[N, K]^T with 4-bit weights (models/int4_pack.py), K a multiple of 64. The
+// y[M, N] = x[M, K] . W[N, K]^T with 4-bit weights (kernels/int4_pack.py), K a multiple of 64. The
 // CPU decode / verify projections and prompt chunks of a model loaded with weights="int4".
 //
 // Why 4 bits: decoding a token reads every weight once, so at the sizes people run (1B-8B) a step is

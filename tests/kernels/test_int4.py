@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from interlock.kernels import native
-from interlock.models.int4_pack import dequantize_int4, quantize_int4
+from interlock.kernels.int4_pack import dequantize_int4, quantize_int4
 
 needs_native = pytest.mark.skipif(not native.available(), reason="native kernels did not build")
 

@@ -58,8 +58,8 @@ def pack(q: np.ndarray, d: np.ndarray, sc: np.ndarray, o: np.ndarray) -> Int4:
     q = q.astype(np.uint8)
     parts, start = [], 0
     for g, w in enumerate(super_sizes(k)):
-        parts += [_nibbles(q[:, start:start + w]), sc[:, start // BLOCK:(start + w) // BLOCK].astype(np.int8).view(np.uint8),
-                  np.ascontiguousarray(d16[:, g:g + 1]).view(np.uint8)]
+        subscales = sc[:, start // BLOCK:(start + w) // BLOCK].astype(np.int8).view(np.uint8)
+        parts += [_nibbles(q[:, start:start + w]), subscales, np.ascontiguousarray(d16[:, g:g + 1]).view(np.uint8)]
         start += w
     return np.ascontiguousarray(np.concatenate(parts, axis=1)), np.ascontiguousarray(o16)
 
@@ -76,8 +76,9 @@ def unpack(records: np.ndarray, offsets: np.ndarray, k: int) -> tuple[np.ndarray
         if w % 128:
             tail = nib[:, pairs * 64:]
             qs.append(np.concatenate([tail & 0x0F, tail >> 4], axis=1))
-        scs.append(records[:, at + w // 2:at + w // 2 + w // BLOCK].view(np.int8))
-        ds.append(np.ascontiguousarray(records[:, at + w // 2 + w // BLOCK:at + w // 2 + w // BLOCK + 2]).view(np.float16))
+        at_d = at + w // 2 + w // BLOCK                          # the super-block's D, after its sub-scales
+        scs.append(records[:, at + w // 2:at_d].view(np.int8))
+        ds.append(np.ascontiguousarray(records[:, at_d:at_d + 2]).view(np.float16))
         at += w // 2 + w // BLOCK + 2
     return np.concatenate(qs, 1), np.concatenate(ds, 1), np.concatenate(scs, 1), np.asarray(offsets, np.float16)
 

@@ -1,4 +1,4 @@
-"""GGUF 4-bit blocks packed into int4 (models/int4_pack.py) against the `gguf` package's own reading of
+"""GGUF 4-bit blocks packed into int4 (kernels/int4_pack.py) against the `gguf` package's own reading of
 the same blocks: Q4_K's values kept (its offsets rounded to fp16), Q4_0 / Q4_1's within an 8-bit
 sub-scale of theirs."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 from gguf import quants
 
-from interlock.models.int4_pack import dequantize_int4, from_gguf, pack, row_bytes, super_sizes, unpack
+from interlock.kernels.int4_pack import dequantize_int4, from_gguf, pack, row_bytes, super_sizes, unpack
 
 
 @pytest.fixture
