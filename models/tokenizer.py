@@ -188,16 +188,50 @@ def load_gguf_tokenizer(path: Path) -> Tokenizer:
     key = "gguf2-" + file_key(path)      # gguf2: the cache holds the metadata's special-token rule
     cached = cache_dir("tokenizers", key)
     if not (cached / "tokenizer.json").exists():
-        from transformers import AutoTokenizer
-
         from interlock.models.gguf_file import GGUFFile
 
-        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
         fields = GGUFFile(path).fields           # gguf.GGUFReader: ~20 s more at 262k tokens
+        hf = _converted(path, fields)
         field = fields.get("tokenizer.ggml.eot_token_id")
         stops = [] if field is None else [int(field.contents())]
         _save(hf, cached, {"eos_token_id": stops}, gguf_specials(fields) or added_specials(hf))
     return replace(load_hf_tokenizer(cached, quick=cached), key=key)
+
+
+# transformers' model_type for the GGUF architectures whose conversion tests/models/test_fast_tokenizer.py
+# pins. Named, it spares AutoTokenizer reading the whole file with gguf.GGUFReader only to learn it
+# (23 s of a 30 s conversion at Gemma 3's 262k tokens). Llama has no tokenizer class of its own:
+# AutoTokenizer falls back to TokenizersBackend (PreTrainedTokenizerFast) for it.
+HF_MODEL_TYPES = {"llama": None, "qwen3": "qwen3", "gemma3": "gemma3_text", "phi3": "phi3"}
+
+
+def _converted(path: Path, fields: Any) -> Any:
+    """transformers' conversion of a GGUF file's tokenizer, as AutoTokenizer makes it."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name, "local_files_only": True}
+    arch = gguf_arch(path, fields)
+    if arch is None:
+        return AutoTokenizer.from_pretrained(**where)
+    if HF_MODEL_TYPES[arch] is None:
+        return PreTrainedTokenizerFast.from_pretrained(**where)
+    return AutoTokenizer.from_pretrained(**where, tokenizer_type=HF_MODEL_TYPES[arch])
+
+
+def gguf_arch(path: Path, fields: Any) -> str | None:
+    """The file's architecture where HF_MODEL_TYPES knows how AutoTokenizer converts it, else None: an
+    architecture it does not list, a Llama file named for Mistral (which transformers may read as
+    one), or a file beside an HF config (which AutoTokenizer would also read to choose the class)."""
+    def text(key: str) -> str:
+        field = fields.get(key)
+        return "" if field is None else str(field.contents())
+
+    arch = text("general.architecture")
+    if arch not in HF_MODEL_TYPES or (arch == "llama" and "mistral" in text("general.name").lower()):
+        return None
+    if any((path.parent / name).exists() for name in ("config.json", "tokenizer_config.json")):
+        return None
+    return arch
 
 
 def load_hf_tokenizer(path: Path, quick: Path | None = None) -> Tokenizer:

@@ -79,3 +79,19 @@ def test_an_hf_checkpoint_keeps_its_quick_form_in_the_cache(tmp_path, monkeypatc
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
     changed = load_hf_tokenizer(folder)                        # another file: another quick form
     assert changed.tables != first.tables and changed.hf.model_max_length == 77
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3-gguf", "phi3", "embedded"])
+def test_naming_the_model_type_converts_a_gguf_as_autotokenizer_alone_does(family, tmp_path):
+    """A GGUF's tokenizer is converted with its model_type named (HF_MODEL_TYPES; the embedded model is
+    a Llama), which spares AutoTokenizer reading the whole file to learn it: same class, same tokenizer."""
+    from interlock.models.gguf_file import GGUFFile
+    from interlock.models.loader import embedded_gguf_path
+    from interlock.models.tokenizer import _converted, gguf_arch
+
+    path = embedded_gguf_path() if family == "embedded" else write_gguf(hf_model(family), tmp_path / "m.gguf")
+    fields = GGUFFile(path).fields
+    assert gguf_arch(path, fields) is not None
+    named = _converted(path, fields)
+    alone = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert type(named) is type(alone) and fast.same_tokenizer(named, alone)
