@@ -25,10 +25,10 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import torch
 
 from interlock.grammars import bitmask as bm
+from interlock.grammars import llguidance_calls
 from interlock.grammars import tables
 from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
@@ -275,7 +275,7 @@ class LLGuidanceMatcher(BaseMatcher):
         consumed = 0
         try:
             for t in token_ids[:n]:
-                llguidance.torch.fill_next_token_bitmask(self._m, self._scratch, 0)
+                llguidance_calls.fill_next_token_bitmask(self._m, self._scratch, 0)
                 if not bm.is_allowed(self._scratch, 0, t):
                     break
                 self._m.consume_tokens([t])
@@ -304,7 +304,7 @@ class LLGuidanceMatcher(BaseMatcher):
         self._m = m
 
     def _native_fill(self, bitmask: torch.Tensor, row: int) -> None:
-        llguidance.torch.fill_next_token_bitmask(self._m, bitmask, row)
+        llguidance_calls.fill_next_token_bitmask(self._m, bitmask, row)
 
     def _native_forced(self) -> list[TokenId]:
         return list(self._m.compute_ff_tokens())
