@@ -30,15 +30,15 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 def load_saved(source: Path, quick: Path) -> Any:
     """The HF tokenizer saved in `source` (save_pretrained's files): the quick form that `quick` (a
     folder of ours; `source` itself where that is ours) holds where FAST_FILE there vouches for it,
-    else AutoTokenizer's, with the verdict on a quick form recorded for the next load."""
+    else AutoTokenizer's, with the verdict on a quick form recorded for the next load (and the quick
+    form itself returned where it passed: every load gives the same class)."""
     fast = load_fast(source, quick)
     if fast is not None:
         return fast
     from transformers import AutoTokenizer
 
     slow = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
-    record(slow, source, quick)
-    return slow
+    return record(slow, source, quick) or slow
 
 
 def load_fast(source: Path, quick: Path) -> Any | None:
@@ -53,37 +53,39 @@ def load_fast(source: Path, quick: Path) -> Any | None:
         return None
 
 
-def record(slow: Any, source: Path, quick: Path) -> str | None:
+def record(slow: Any, source: Path, quick: Path) -> Any | None:
     """Find the quick form of `slow` (AutoTokenizer's tokenizer of `source`) and write the verdict to
-    `quick`: the file it reads (tokenizer.json, else BACKEND_FILE written from `slow`), or None where
-    neither rebuilds the same tokenizer. Where `quick` cannot be written nothing is recorded."""
+    `quick`: the file it reads (tokenizer.json, else BACKEND_FILE written from `slow`), or none where
+    neither rebuilds the same tokenizer. Returns the quick form that passed, or None. Where `quick`
+    cannot be written nothing is recorded."""
     kwargs = quick_kwargs(slow, source)
-    found = None
     try:
         quick.mkdir(parents=True, exist_ok=True)
-        if _rebuilds(slow, source / "tokenizer.json", kwargs):
-            found = "tokenizer.json"
-        else:
+        found, built = "tokenizer.json", _rebuilt(slow, source / "tokenizer.json", kwargs)
+        if built is None:
             _write(quick / BACKEND_FILE, slow.backend_tokenizer.to_str())
-            found = BACKEND_FILE if _rebuilds(slow, quick / BACKEND_FILE, kwargs) else None
-        _write(quick / FAST_FILE, json.dumps({"format": FORMAT, "versions": versions(), "file": found,
-                                              "kwargs": kwargs if found else None}))
+            found, built = BACKEND_FILE, _rebuilt(slow, quick / BACKEND_FILE, kwargs)
+        _write(quick / FAST_FILE, json.dumps({"format": FORMAT, "versions": versions(),
+                                              "file": found if built is not None else None,
+                                              "kwargs": kwargs if built is not None else None}))
     except OSError:
         return None
-    return found
+    return built
 
 
 def _source_file(source: Path, quick: Path, name: str) -> Path:
     return source / name if name == "tokenizer.json" else quick / name
 
 
-def _rebuilds(slow: Any, file: Path, kwargs: dict[str, Any]) -> bool:
+def _rebuilt(slow: Any, file: Path, kwargs: dict[str, Any]) -> Any | None:
+    """The quick form read from `file`, where it is the same tokenizer as `slow`; else None."""
     if not file.exists():
-        return False
+        return None
     try:
-        return same_tokenizer(slow, _build(file, kwargs))
+        built = _build(file, kwargs)
     except Exception:  # noqa: BLE001 - a file the quick path cannot read is simply not the quick form
-        return False
+        return None
+    return built if same_tokenizer(slow, built) else None
 
 
 def _write(target: Path, text: str) -> None:

@@ -50,7 +50,8 @@ class Tokenizer:
     prefix: tuple[TokenId, ...] = ()
     suffix: tuple[TokenId, ...] = ()
     # A folder of ours where tables built from this vocabulary may be kept (grammars/tables.py);
-    # None (a tokenizer made in memory): built each time.
+    # None (a tokenizer made in memory): built each time. Code that changes `hf`'s vocabulary in
+    # memory must drop it (replace(tok, tables=None)): the kept tables are of the saved one.
     tables: Path | None = None
 
     @functools.cached_property
