@@ -54,17 +54,19 @@ class GrammarLayer:
         if name not in BACKENDS:
             raise InvalidParameterError("grammar_backend", f"must be one of {', '.join(BACKENDS)}, got {name!r}")
 
-    def _backend(self, name: str) -> GrammarBackend:
-        """The backend `name`, built once; `auto` wraps the concrete ones it shares with requests."""
+    def _backend(self, name: str, lazy: bool = False) -> GrammarBackend:
+        """The backend `name`, built once; `auto` wraps the concrete ones it shares with requests,
+        its fallbacks lazy (make_backend says why)."""
         self.check_name(name)
         with self._building:
             found = self._backends.get(name)
             if found is not None:
                 return found
             if name == "auto":
-                backend: GrammarBackend = AutoBackend([self._backend(n) for n in AUTO_ORDER])
+                backend: GrammarBackend = AutoBackend([self._backend(n, lazy=i > 0) for i, n in enumerate(AUTO_ORDER)])
             else:
-                backend = make_backend(name, self._tokenizer, self._vocab_size, self.config)  # type: ignore[arg-type]
+                backend = make_backend(name, self._tokenizer, self._vocab_size, self.config,  # type: ignore[arg-type]
+                                       lazy=lazy)
             self._backends[name] = backend       # first: a cache (so a grammar) never exists without it
             self._caches[name] = CompileCache(backend, self._tokenizer.key,
                                               max_entries=self.config.cache_max_entries,

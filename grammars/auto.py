@@ -45,7 +45,11 @@ class AutoBackend:
         self.backends = tuple(backends)
         self.vocab_size = sizes.pop()
         self._by_name = {b.name: b for b in self.backends}
-        self.token_bytes: tuple[bytes, ...] | None = getattr(self.backends[0], "token_bytes", None)
+
+    @property
+    def token_bytes(self) -> tuple[bytes, ...] | None:
+        """The first backend's token bytes (switching grammars read them), read when they are."""
+        return getattr(self.backends[0], "token_bytes", None)
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         if is_switch(spec) and not spec.native:  # type: ignore[union-attr]

@@ -16,20 +16,24 @@ AUTO_ORDER: tuple[str, ...] = ("llguidance", "xgrammar")   # why: see grammars/a
 
 
 def make_backend(name: BackendName, tokenizer: Tokenizer, vocab_size: int,
-                 config: GrammarConfig | None = None) -> GrammarBackend:
+                 config: GrammarConfig | None = None, *, lazy: bool = False) -> GrammarBackend:
     """A backend for `tokenizer` whose masks are [rows, ceil(vocab_size/32)] int32.
 
     vocab_size is the model's vocabulary size V (>= the tokenizer's; the padding is never allowed).
+    lazy: build what the backend reads from the vocabulary on its first compile, not now (xgrammar's;
+    llguidance is `auto`'s first choice, so it is always built). `auto` makes its fallbacks lazy:
+    most engines never reach them.
     """
     config = config or GrammarConfig()
     if vocab_size < tokenizer.vocab_size:
         raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}")
     if name == "xgrammar":
-        return XGrammarBackend(tokenizer, vocab_size, config)
+        return XGrammarBackend(tokenizer, vocab_size, config, lazy=lazy)
     if name == "llguidance":
         return LLGuidanceBackend(tokenizer, vocab_size, config)
     if name == "auto":
-        return AutoBackend([make_backend(n, tokenizer, vocab_size, config) for n in AUTO_ORDER])  # type: ignore[arg-type]
+        return AutoBackend([make_backend(n, tokenizer, vocab_size, config, lazy=i > 0)  # type: ignore[arg-type]
+                            for i, n in enumerate(AUTO_ORDER)])
     raise ValueError(f"backend must be 'xgrammar', 'llguidance' or 'auto', got {name!r}")
 
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import llguidance
-import llguidance.torch
 import torch
 
 from interlock.grammars import bitmask as bm
+from interlock.grammars import llguidance_calls
 from interlock.grammars.batch_parts import Drafted, mark_filled
 from interlock.grammars.llguidance_backend import LLGuidanceMatcher
 from interlock.protocol.types import TokenId
@@ -139,7 +139,7 @@ class LLGuidanceBatch:
             at = [(matchers[i]._m, body[j]) for i, body in bodies.items() if j < len(body)]
             if not at:
                 return
-            if not all(llguidance.torch.consume_token_par(self._executor, at)):
+            if not all(llguidance_calls.consume_token_par(self._executor, at)):
                 raise RuntimeError("llguidance refused tokens it had validated")
             j += 1
 
@@ -149,9 +149,9 @@ class LLGuidanceBatch:
         drafted = [(m._m, r.start_row, body) for m, r, body in zip(ms, requests, bodies) if body]
         bare = [(m._m, r.start_row) for m, r, body in zip(ms, requests, bodies) if not body]
         if drafted:
-            llguidance.torch.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
+            llguidance_calls.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
         if bare:
-            llguidance.torch.fill_next_token_bitmask_par(self._executor, bare, bitmask)
+            llguidance_calls.fill_next_token_bitmask_par(self._executor, bare, bitmask)
 
     def _held(self, r: Drafted) -> Filled | None:
         held = self._filled.get(id(r.matcher))

@@ -9,19 +9,27 @@ and a `format` it does not know. Formats are annotations by default in JSON Sche
 unknown one is dropped here with a warning instead (as the spec reads it: it constrains nothing).
 With `JsonSchema(lenient=True)` llguidance's own `lenient` and `coerce_one_of` options are on: it
 ignores unimplemented keywords and treats oneOf as anyOf, each with a warning.
+
+llguidance's tokenizer (`ll_tokenizer`) is built from the HF tokenizer once per vocabulary; the bytes
+of its trie are then kept (grammars/tables.py) and later starts build the same tokenizer from them.
 """
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from importlib.metadata import version
 from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import torch
 
 from interlock.grammars import bitmask as bm
+from interlock.grammars import llguidance_calls
+from interlock.grammars import tables
 from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.keywords import LLGUIDANCE_FORMATS, ref_siblings, unknown_formats, without_formats
@@ -47,10 +55,15 @@ class LLGuidanceBackend:
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
         self.config = config or GrammarConfig()
-        self._tok = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=vocab_size,
-                                                 eos_token=list(tokenizer.eos_token_ids))
-        # The bytes of each token: switching grammars match their triggers on them (grammars/triggers.py).
-        self.token_bytes: tuple[bytes, ...] = tuple(self._tok.decode_bytes([i]) for i in range(tokenizer.vocab_size))
+        self._tok, self._trie = ll_tokenizer(tokenizer, vocab_size)
+
+    @cached_property
+    def token_bytes(self) -> tuple[bytes, ...]:
+        """The bytes of each token, as llguidance decodes it: switching grammars match their triggers
+        on them (grammars/triggers.py). Read on first use: only they need it."""
+        if self._trie is None:
+            return tuple(self._tok.decode_bytes([i]) for i in range(self.tokenizer.vocab_size))
+        return tuple(decoded(self._trie[i], i) for i in range(self.tokenizer.vocab_size))
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         if is_switch(spec) and not spec.native:  # type: ignore[union-attr]  # grammars/switch/
@@ -129,6 +142,97 @@ class LLGuidanceBackend:
         raise GrammarError(f"llguidance: unsupported spec {type(spec).__name__}")
 
 
+TRIE_TABLE = "llguidance-trie"
+SPECIAL = 0xFF          # llguidance's marker before a special token's name in its trie (TokTrie::SPECIAL_TOKEN_MARKER)
+
+
+def ll_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> tuple[Any, tuple[bytes, ...] | None]:
+    """llguidance's tokenizer over V ids, and the bytes its trie holds for each id (None where they
+    were not read). The first time, llguidance.hf.from_tokenizer builds it (it parses the whole
+    tokenizer again in Rust: ~4 s at 262k ids) and its trie's bytes are kept; after that the same
+    tokenizer is made from the kept bytes, llguidance asking the HF tokenizer itself for the
+    tokenizations it needs (forced text), as it would ask its own copy. Tokenizers whose text
+    llguidance tokenizes differently from the HF tokenizer (see `encodes_as_is`) always take the first way."""
+    eos = list(tokenizer.eos_token_ids)
+    parts = (version("llguidance"), vocab_size, tuple(eos))
+    if not eos or not encodes_as_is(tokenizer.hf):
+        return llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=vocab_size, eos_token=eos), None
+    kept = tables.load(tokenizer, TRIE_TABLE, parts)
+    if kept is not None:
+        try:
+            trie = tables.unpack_bytes(kept)
+            if len(trie) == vocab_size:
+                backend = tokenizer.hf.backend_tokenizer
+                return llguidance.LLTokenizer(TrieTokens(list(trie), eos[0], _encoder(backend)), eos_token=eos), trie
+        except ValueError:
+            pass                                 # not a table of ours after all: built again below
+    built = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=vocab_size, eos_token=eos)
+    trie = trie_bytes(built, vocab_size)
+    tables.save(tokenizer, TRIE_TABLE, parts, tables.pack_bytes(trie))
+    return built, trie
+
+
+@dataclass
+class TrieTokens:
+    """A tokenizer as llguidance.LLTokenizer reads one from Python (its TokenizerWrapper protocol):
+    the bytes of each id (special ones already marked), the first stop id, and a callable that
+    tokenizes a text."""
+
+    tokens: list[bytes]
+    eos_token_id: int
+    encode: Callable[[str], list[int]]
+    bos_token_id: int | None = None              # llguidance does not use it
+    special_token_ids: list[int] = field(default_factory=list)   # none to mark: `tokens` carry the marker
+    is_tokenizer_wrapper: bool = True
+
+    def __call__(self, text: str) -> list[int]:
+        return self.encode(text)
+
+
+def _encoder(backend: Any) -> Callable[[str], list[int]]:
+    # what llguidance's own copy answers: encode(text, add_special_tokens=False)
+    return lambda text: backend.encode(text, add_special_tokens=False).ids
+
+
+def trie_bytes(ll: Any, vocab_size: int) -> tuple[bytes, ...]:
+    """The bytes llguidance's trie holds for each of V ids, read back through what it exposes:
+    decode_bytes drops a special token's marker and spells an empty token "<[id]>"."""
+    def raw(i: int) -> bytes:
+        text = ll.decode_bytes([i])
+        if ll.is_special_token(i):
+            return bytes([SPECIAL]) + text
+        return b"" if text == b"<[%d]>" % i else text
+    return tuple(raw(i) for i in range(vocab_size))
+
+
+def decoded(raw: bytes, token: int) -> bytes:
+    """What llguidance's decode_bytes([token]) gives for a token whose trie bytes are `raw`."""
+    if not raw:
+        return b"<[%d]>" % token
+    return raw[1:] if raw[0] == SPECIAL else raw
+
+
+def encodes_as_is(hf: Any) -> bool:
+    """Whether llguidance tokenizes with `hf`'s Rust tokenizer unchanged. It drops a Prepend
+    normalizer and a Metaspace pre-tokenizer's prepending (it tokenizes text from mid-sentence), and
+    padding and truncation: a tokenizer with any of them it must read itself."""
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None or backend.truncation is not None or backend.padding is not None:
+        return False
+    parts = [json.loads(p.__getstate__()) for p in (backend.normalizer, backend.pre_tokenizer) if p is not None]
+    return not any(_prepends(p) for p in parts)
+
+
+def _prepends(part: object) -> bool:
+    if isinstance(part, list):
+        return any(_prepends(p) for p in part)
+    if not isinstance(part, dict):
+        return False
+    if part.get("type") == "Prepend" or (part.get("type") == "Metaspace" and part.get("prepend_scheme") != "never"):
+        return True
+    return any(_prepends(v) for v in part.values())
+
+
 def _json_grammar(schema: str, flexible: bool, lenient: bool = False) -> str:
     # Compact output means llguidance's default separators (",", ":") and no optional whitespace.
     options: dict[str, bool] = {"whitespace_flexible": flexible}
@@ -171,7 +275,7 @@ class LLGuidanceMatcher(BaseMatcher):
         consumed = 0
         try:
             for t in token_ids[:n]:
-                llguidance.torch.fill_next_token_bitmask(self._m, self._scratch, 0)
+                llguidance_calls.fill_next_token_bitmask(self._m, self._scratch, 0)
                 if not bm.is_allowed(self._scratch, 0, t):
                     break
                 self._m.consume_tokens([t])
@@ -200,7 +304,7 @@ class LLGuidanceMatcher(BaseMatcher):
         self._m = m
 
     def _native_fill(self, bitmask: torch.Tensor, row: int) -> None:
-        llguidance.torch.fill_next_token_bitmask(self._m, bitmask, row)
+        llguidance_calls.fill_next_token_bitmask(self._m, bitmask, row)
 
     def _native_forced(self) -> list[TokenId]:
         return list(self._m.compute_ff_tokens())

@@ -13,19 +13,29 @@ forbids. Outside strings JSON allows only tab, newline and carriage return, and 
 whitespace; so for JSON specs the matcher never allows a token containing a control character,
 except \t \n \r under flexible whitespace (where one inside a string is still possible and is left
 to the end-of-request check, grammars/validate.py). Compact JSON output is then exact.
+
+What the backend builds from the vocabulary (`XTables`: xgrammar's TokenizerInfo, the token bytes,
+the control filters) is built from the HF tokenizer once per vocabulary and kept (grammars/tables.py,
+in xgrammar's own serialization); `lazy=True` builds it on first use, for `auto`, which reaches
+xgrammar only when llguidance cannot compile a spec.
 """
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Any
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
 from interlock.grammars import bitmask as bm
+from interlock.grammars import tables
 from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.keywords import gaps
@@ -50,20 +60,37 @@ class XGrammarBackend:
 
     name = NAME
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, config: GrammarConfig | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, config: GrammarConfig | None = None, *,
+                 lazy: bool = False) -> None:
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
         self.config = config or GrammarConfig()
-        self._info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer.hf, vocab_size=vocab_size, stop_token_ids=list(tokenizer.eos_token_ids))
-        # xgrammar's own cache is off: CompileCache is the one cache, with one eviction policy.
-        self.special_ids = frozenset(self._info.special_token_ids) - set(tokenizer.eos_token_ids)
-        # The bytes of each token: switching grammars match their triggers on them (grammars/triggers.py).
-        self.token_bytes: tuple[bytes, ...] = tuple(self._info.decoded_vocab[: tokenizer.vocab_size])
-        self._compiler = xgr.GrammarCompiler(self._info, max_threads=min(8, os.cpu_count() or 1),
-                                             cache_enabled=False)
-        # Built here, not on first use: matcher() runs on the event loop and must stay cheap.
-        self._control = ControlFilter.build_both(self.token_bytes, vocab_size)   # flexible? -> filter
+        self._building = threading.Lock()        # compile threads may all ask first
+        self._built: XTables | None = None
+        if not lazy:
+            self.tables()
+
+    def tables(self) -> XTables:
+        """What the backend builds from the vocabulary, built once. Every matcher follows a compile,
+        which built it: matcher() on the event loop never builds."""
+        if self._built is None:
+            with self._building:
+                if self._built is None:
+                    self._built = XTables.build(self.tokenizer, self.vocab_size)
+        return self._built
+
+    @property
+    def special_ids(self) -> frozenset[TokenId]:
+        return self.tables().special_ids
+
+    @property
+    def token_bytes(self) -> tuple[bytes, ...]:
+        """The bytes of each token: switching grammars match their triggers on them (grammars/triggers.py)."""
+        return self.tables().token_bytes
+
+    @property
+    def _compiler(self) -> Any:
+        return self.tables().compiler
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         if is_switch(spec):                      # Reasoning / StructuralTag: grammars/switch/
@@ -102,7 +129,7 @@ class XGrammarBackend:
 
     def control_filter(self, *, flexible: bool) -> ControlFilter:
         """The tokens JSON output never contains (see the module docstring)."""
-        return self._control[flexible]
+        return self.tables().control[flexible]
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         return bm.allocate_bitmask(rows, self.vocab_size)
@@ -173,6 +200,50 @@ class XGrammarBackend:
                                                   strict_mode=False)
 
 
+INFO_TABLE = "xgrammar-info"
+
+
+@dataclass(frozen=True)
+class XTables:
+    """What an XGrammarBackend builds from the vocabulary: xgrammar's TokenizerInfo and a compiler
+    over it, the special ids it refuses, each token's bytes and the control filters."""
+
+    info: Any
+    compiler: Any
+    special_ids: frozenset[TokenId]
+    token_bytes: tuple[bytes, ...]
+    control: dict[bool, ControlFilter]          # flexible? -> filter
+
+    @classmethod
+    def build(cls, tokenizer: Tokenizer, vocab_size: int) -> XTables:
+        info, token_bytes = tokenizer_info(tokenizer, vocab_size)
+        # xgrammar's own cache is off: CompileCache is the one cache, with one eviction policy.
+        compiler = xgr.GrammarCompiler(info, max_threads=min(8, os.cpu_count() or 1), cache_enabled=False)
+        return cls(info, compiler, frozenset(info.special_token_ids) - set(tokenizer.eos_token_ids), token_bytes,
+                   ControlFilter.build_both(token_bytes, vocab_size))
+
+
+def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> tuple[Any, tuple[bytes, ...]]:
+    """xgrammar's TokenizerInfo over V ids and the decoded bytes of each tokenizer id. The first time
+    from the HF tokenizer (TokenizerInfo.from_huggingface reads the whole vocabulary: seconds at 262k
+    ids, and the decoded vocabulary as much again); kept in xgrammar's own serialization beside the
+    bytes, and read back from there after."""
+    stops = list(tokenizer.eos_token_ids)
+    parts = (version("xgrammar"), vocab_size, tuple(stops))
+    kept = tables.load(tokenizer, INFO_TABLE, parts)
+    if kept is not None:
+        try:
+            serialized, *token_bytes = tables.unpack_bytes(kept)
+            if len(token_bytes) == tokenizer.vocab_size:
+                return xgr.TokenizerInfo.deserialize_json(serialized.decode()), tuple(token_bytes)
+        except Exception:  # noqa: BLE001 - xgrammar's own errors for a serialization it refuses: built again
+            pass
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer.hf, vocab_size=vocab_size, stop_token_ids=stops)
+    token_bytes = tuple(info.decoded_vocab[: tokenizer.vocab_size])
+    tables.save(tokenizer, INFO_TABLE, parts, tables.pack_bytes([info.serialize_json().encode(), *token_bytes]))
+    return info, token_bytes
+
+
 class ControlFilter:
     """Token ids whose text holds a control character JSON output cannot contain, and the mask
     row that keeps every other id ([ceil(V/32)] int32)."""
@@ -188,10 +259,20 @@ class ControlFilter:
     def build_both(cls, token_bytes: Sequence[bytes], vocab_size: int) -> dict[bool, ControlFilter]:
         """flexible? -> filter, from each token's bytes: in UTF-8 a byte below 0x20 is always that
         control character itself (every byte of a longer sequence is >= 0x80), so the bytes say what
-        the decoded text would, without decoding the vocabulary again (3.8 s at Gemma 3's 262k)."""
-        controls = [(i, {chr(b) for b in piece if b < 0x20}) for i, piece in enumerate(token_bytes[:vocab_size])]
-        return {flexible: cls.of(frozenset(i for i, found in controls if found - ({"\t", "\n", "\r"} if flexible
-                                                                                  else set())), vocab_size)
+        the decoded text would, without decoding the vocabulary again (3.8 s at Gemma 3's 262k).
+        Counted over all the bytes at once: a loop over 262k tokens in Python takes a second."""
+        pieces = token_bytes[:vocab_size]
+        data = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        ends = np.cumsum([len(p) for p in pieces], dtype=np.int64)
+        starts = ends - np.array([len(p) for p in pieces], dtype=np.int64)
+        control = data < 0x20
+
+        def holding(found: np.ndarray) -> frozenset[TokenId]:       # ids with at least one found byte
+            seen = np.concatenate(([0], np.cumsum(found, dtype=np.int64)))
+            return frozenset(np.flatnonzero(seen[ends] > seen[starts]).tolist())
+
+        whitespace = np.isin(data, (0x09, 0x0A, 0x0D))
+        return {flexible: cls.of(holding(control & ~whitespace if flexible else control), vocab_size)
                 for flexible in (False, True)}
 
     @classmethod

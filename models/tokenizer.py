@@ -49,6 +49,10 @@ class Tokenizer:
     # add to a plain prompt. Empty for SmolLM2, Qwen and Phi, whose tokenizers add none.
     prefix: tuple[TokenId, ...] = ()
     suffix: tuple[TokenId, ...] = ()
+    # A folder of ours where tables built from this vocabulary may be kept (grammars/tables.py);
+    # None (a tokenizer made in memory): built each time. Code that changes `hf`'s vocabulary in
+    # memory must drop it (replace(tok, tables=None)): the kept tables are of the saved one.
+    tables: Path | None = None
 
     @functools.cached_property
     def vocab_size(self) -> int:
@@ -162,10 +166,20 @@ def _save(hf: Any, target: Path, generation: dict[str, Any] | None = None,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _load_dir(path: Path) -> Any:
-    from transformers import AutoTokenizer
+def _load_dir(path: Path, quick: Path) -> Any:
+    """The HF tokenizer saved in `path`, by way of the quick form kept in `quick` (a folder of ours:
+    models/fast_tokenizer.py)."""
+    from interlock.models.fast_tokenizer import load_saved
 
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return load_saved(path, quick)
+
+
+def folder_key(path: Path) -> str:
+    """Identifies what an HF checkpoint folder's tokenizer is read from: every file in it but the
+    weights (tokenizer.json, its config, a chat template file, generation_config.json)."""
+    weights = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".h5", ".msgpack")
+    files = sorted(f for f in path.iterdir() if f.is_file() and not f.name.endswith(weights))
+    return hashlib.sha256("|".join(file_key(f) for f in files).encode()).hexdigest()[:20]
 
 
 def load_gguf_tokenizer(path: Path) -> Tokenizer:
@@ -175,23 +189,62 @@ def load_gguf_tokenizer(path: Path) -> Tokenizer:
     key = "gguf2-" + file_key(path)      # gguf2: the cache holds the metadata's special-token rule
     cached = cache_dir("tokenizers", key)
     if not (cached / "tokenizer.json").exists():
-        import gguf
-        from transformers import AutoTokenizer
+        from interlock.models.gguf_file import GGUFFile
 
-        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-        fields = gguf.GGUFReader(str(path)).fields
+        fields = GGUFFile(path).fields           # gguf.GGUFReader: ~20 s more at 262k tokens
+        hf = _converted(path, fields)
         field = fields.get("tokenizer.ggml.eot_token_id")
         stops = [] if field is None else [int(field.contents())]
         _save(hf, cached, {"eos_token_id": stops}, gguf_specials(fields) or added_specials(hf))
-    return replace(load_hf_tokenizer(cached), key=key)
+    return replace(load_hf_tokenizer(cached, quick=cached), key=key)
 
 
-def load_hf_tokenizer(path: Path) -> Tokenizer:
+# transformers' model_type for the GGUF architectures whose conversion tests/models/test_fast_tokenizer.py
+# pins. Named, it spares AutoTokenizer reading the whole file with gguf.GGUFReader only to learn it
+# (23 s of a 30 s conversion at Gemma 3's 262k tokens). Llama has no tokenizer class of its own:
+# AutoTokenizer falls back to TokenizersBackend (PreTrainedTokenizerFast) for it.
+HF_MODEL_TYPES = {"llama": None, "qwen3": "qwen3", "gemma3": "gemma3_text", "phi3": "phi3"}
+
+
+def _converted(path: Path, fields: Any) -> Any:
+    """transformers' conversion of a GGUF file's tokenizer, as AutoTokenizer makes it."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name, "local_files_only": True}
+    arch = gguf_arch(path, fields)
+    if arch is None:
+        return AutoTokenizer.from_pretrained(**where)
+    if HF_MODEL_TYPES[arch] is None:
+        return PreTrainedTokenizerFast.from_pretrained(**where)
+    return AutoTokenizer.from_pretrained(**where, tokenizer_type=HF_MODEL_TYPES[arch])
+
+
+def gguf_arch(path: Path, fields: Any) -> str | None:
+    """The file's architecture where HF_MODEL_TYPES knows how AutoTokenizer converts it, else None: an
+    architecture it does not list, a Llama file named for Mistral (which transformers may read as
+    one), or a file beside an HF config (which AutoTokenizer would also read to choose the class)."""
+    def text(key: str) -> str:
+        field = fields.get(key)
+        return "" if field is None else str(field.contents())
+
+    arch = text("general.architecture")
+    if arch not in HF_MODEL_TYPES or (arch == "llama" and "mistral" in text("general.name").lower()):
+        return None
+    if any((path.parent / name).exists() for name in ("config.json", "tokenizer_config.json")):
+        return None
+    return arch
+
+
+def load_hf_tokenizer(path: Path, quick: Path | None = None) -> Tokenizer:
     """The tokenizer of an HF checkpoint directory. Its stop ids are the tokenizer's eos and every id
     generation_config.json lists: chat models end a turn with a token of their own (Gemma 3's
-    <end_of_turn>, Phi-3's <|end|>) that the tokenizer's eos is not."""
+    <end_of_turn>, Phi-3's <|end|>) that the tokenizer's eos is not.
+
+    quick: the folder of ours that keeps its quick form and grammar tables (None: one in the cache,
+    keyed by the folder's files; a folder we wrote passes itself)."""
     keyed = path / "tokenizer.json" if (path / "tokenizer.json").exists() else path
-    tok = _wrap(_load_dir(path), "hf-" + file_key(keyed), _saved_specials(path))
+    quick = quick or cache_dir("tokenizers", "hfq-" + folder_key(path))
+    tok = replace(_wrap(_load_dir(path, quick), "hf-" + file_key(keyed), _saved_specials(path)), tables=quick)
     try:
         listed = json.loads((path / "generation_config.json").read_text()).get("eos_token_id")
     except (OSError, json.JSONDecodeError):
@@ -235,4 +288,4 @@ def truncated_tokenizer(base: Tokenizer, n_vocab: int) -> Tokenizer:
                                      unk_token=base.hf.unk_token, pad_token=base.hf.pad_token)
         hf.chat_template = base.hf.chat_template
         _save(hf, cached)
-    return _wrap(_load_dir(cached), key)
+    return replace(_wrap(_load_dir(cached, cached), key), tables=cached)
