@@ -70,16 +70,15 @@ inline int64_t i4_row_bytes(int64_t K) {
 }
 
 // The activation rows as the int4 kernels read them: int8 values [M, K], one scale per super-block
-// [M, G], per block 2^(7 - e_b) [M, K / 32] (also as int16 vectors, 32 per chunk: lanes 0-15 block
-// 2c's, 16-31 block 2c + 1's) and (A_g / 2^e_b) * float(xsum_b) [M, K / 32] (the offsets' factor).
+// [M, G], per block 2^(7 - e_b) [M, K / 32] and (A_g / 2^e_b) * float(xsum_b) [M, K / 32] (the
+// offsets' factor).
 struct I4Rows {
   int64_t K = 0, G = 0, B = 0;
   std::vector<int8_t> q;
   std::vector<float> scale, bsum;
-  std::vector<int16_t> pow2, pow2v;
+  std::vector<int16_t> pow2;
   const int8_t* qs(int64_t m) const { return q.data() + m * K; }
   const int16_t* pow2s(int64_t m) const { return pow2.data() + m * B; }
-  const int16_t* pow2vs(int64_t m, int64_t c) const { return pow2v.data() + (m * (K / kI4Chunk) + c) * 32; }
 };
 
 // Per super-block A = amax / 127; per block e (above) and values round(x * ((127 / amax) * 2^e)) to
@@ -93,7 +92,6 @@ inline void i4_quantize(const float* x, int64_t M, int64_t K, I4Rows& out) {
   out.scale.resize(M * out.G);
   out.bsum.resize(M * out.B);
   out.pow2.resize(M * out.B);
-  out.pow2v.resize(M * out.B * 16);
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
       for (int64_t g = 0; g < out.G; ++g) {
@@ -124,7 +122,6 @@ inline void i4_quantize(const float* x, int64_t M, int64_t K, I4Rows& out) {
           }
           const int64_t at = m * out.B + k0 / kI4Block + b;
           out.pow2[at] = static_cast<int16_t>(1 << (7 - e));
-          std::fill_n(out.pow2v.data() + at * 16, 16, out.pow2[at]);
           out.bsum[at] = scale / static_cast<float>(1 << e) * static_cast<float>(sum);
         }
       }
@@ -204,16 +201,22 @@ inline __m512i i4_pick(int j) {
                                  _mm512_set1_epi16(static_cast<int16_t>(2 * j + 1)));
 }
 
-// Chunk j of a super-block of output n (q: its 64 nibble values, s: its sub-scale vector) against MB
-// activation rows (xq: their super-block's values, p2: their super-block's 2^(7 - e) vectors).
+// Chunk j of a super-block of output n (q: its 64 nibble values) against MB activation rows (xq:
+// their super-block's values; mult: per row the super-block's 8 multipliers sc_b * 2^(7 - e_b), which
+// `pick` spreads over chunk j's int16 lanes).
 template <int MB>
-inline void i4_chunk(__m512i q, __m512i s, const int8_t* const (&xq)[MB], const int16_t* const (&p2)[MB], int64_t j,
+inline void i4_chunk(__m512i q, __m512i pick, const int8_t* const (&xq)[MB], const __m512i (&mult)[MB], int64_t j,
                      __m512i (&isum)[MB]) {
-  #pragma GCC unroll 8
-  for (int m = 0; m < MB; ++m) {
-    const __m512i mult = _mm512_mullo_epi16(s, _mm512_loadu_si512(p2[m] + 32 * j));
-    isum[m] = _mm512_dpwssd_epi32(isum[m], _mm512_maddubs_epi16(q, _mm512_loadu_si512(xq[m] + 64 * j)), mult);
-  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+    isum[m] = _mm512_dpwssd_epi32(isum[m], _mm512_maddubs_epi16(q, _mm512_loadu_si512(xq[m] + 64 * j)),
+                                  _mm512_permutexvar_epi16(pick, mult[m]));
+}
+
+// 8 int16 from p where only the first n are the super-block's own (a row's last super-block).
+inline __m128i i4_load8(const void* p, int64_t n, bool bytes) {
+  const __mmask16 k = static_cast<__mmask16>((1u << n) - 1);
+  return bytes ? _mm_cvtepi8_epi16(_mm_maskz_loadu_epi8(k, p)) : _mm_maskz_loadu_epi16(static_cast<__mmask8>(k), p);
 }
 
 // NB outputs x MB rows over every super-block: per output, each pair of chunks is unpacked once (one
@@ -224,44 +227,44 @@ inline void i4_block(const I4Rows& a, const uint8_t* w, int64_t stride, float* m
   const __m512i low = _mm512_set1_epi8(0x0F);
   const __m512i pick0 = i4_pick(0), pick1 = i4_pick(1), pick2 = i4_pick(2), pick3 = i4_pick(3);
   __m512 acc[NB][MB];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int n = 0; n < NB; ++n)
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) acc[n][m] = _mm512_setzero_ps();
   int64_t offset = 0;
   for (int64_t g = 0; g < a.G; ++g) {
-    const int64_t W = i4_super_weights(a.K, g), chunks = W / kI4Chunk;
+    const int64_t W = i4_super_weights(a.K, g), chunks = W / kI4Chunk, blocks = W / kI4Block;
     const int8_t* xq[MB];
-    const int16_t* p2[MB];
-    #pragma GCC unroll 8
+    __m128i p2[MB];
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       xq[m] = a.qs(m0 + m) + g * kI4Super;
-      p2[m] = a.pow2vs(m0 + m, g * (kI4Super / kI4Chunk));
+      p2[m] = i4_load8(a.pow2s(m0 + m) + g * (kI4Super / kI4Block), blocks, false);
     }
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int n = 0; n < NB; ++n) {
       const uint8_t* rec = w + (n0 + n) * stride + offset;
       _mm_prefetch(reinterpret_cast<const char*>(rec + kI4Prefetch), _MM_HINT_T1);
       _mm_prefetch(reinterpret_cast<const char*>(rec + kI4Prefetch + 64), _MM_HINT_T1);
       _mm_prefetch(reinterpret_cast<const char*>(rec + kI4Prefetch + 128), _MM_HINT_T1);   // 138 bytes: 3 lines
-      const __m128i raw = W == kI4Super ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + W / 2))
-                                        : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (W / kI4Block)) - 1), rec + W / 2);
-      const __m512i sc = _mm512_castsi128_si512(_mm_cvtepi8_epi16(raw));
-      __m512i isum[MB];
-      #pragma GCC unroll 8
-      for (int m = 0; m < MB; ++m) isum[m] = _mm512_setzero_si512();
+      const __m128i sc = i4_load8(rec + W / 2, blocks, true);
+      __m512i mult[MB], isum[MB];
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) {
+        mult[m] = _mm512_castsi128_si512(_mm_mullo_epi16(sc, p2[m]));
+        isum[m] = _mm512_setzero_si512();
+      }
       if (chunks == 4) {                                   // a whole super-block: two pairs
         const __m512i v0 = _mm512_loadu_si512(rec), v1 = _mm512_loadu_si512(rec + 64);
-        i4_chunk<MB>(_mm512_and_si512(v0, low), _mm512_permutexvar_epi16(pick0, sc), xq, p2, 0, isum);
-        i4_chunk<MB>(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low), _mm512_permutexvar_epi16(pick1, sc), xq, p2, 1, isum);
-        i4_chunk<MB>(_mm512_and_si512(v1, low), _mm512_permutexvar_epi16(pick2, sc), xq, p2, 2, isum);
-        i4_chunk<MB>(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low), _mm512_permutexvar_epi16(pick3, sc), xq, p2, 3, isum);
+        i4_chunk<MB>(_mm512_and_si512(v0, low), pick0, xq, mult, 0, isum);
+        i4_chunk<MB>(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low), pick1, xq, mult, 1, isum);
+        i4_chunk<MB>(_mm512_and_si512(v1, low), pick2, xq, mult, 2, isum);
+        i4_chunk<MB>(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low), pick3, xq, mult, 3, isum);
       } else {                                             // a row's last, shorter super-block
         for (int64_t j = 0; j + 1 < chunks; j += 2) {
           const __m512i v = _mm512_loadu_si512(rec + 32 * j);
-          i4_chunk<MB>(_mm512_and_si512(v, low), _mm512_permutexvar_epi16(i4_pick(j), sc), xq, p2, j, isum);
-          i4_chunk<MB>(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), _mm512_permutexvar_epi16(i4_pick(j + 1), sc), xq,
-                       p2, j + 1, isum);
+          i4_chunk<MB>(_mm512_and_si512(v, low), i4_pick(j), xq, mult, j, isum);
+          i4_chunk<MB>(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), i4_pick(j + 1), xq, mult, j + 1, isum);
         }
         if (chunks % 2) {
           const int64_t j = chunks - 1;
@@ -269,20 +272,20 @@ inline void i4_block(const I4Rows& a, const uint8_t* w, int64_t stride, float* m
           const __m256i l4 = _mm256_set1_epi8(0x0F);
           const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, l4)),
                                                _mm256_and_si256(_mm256_srli_epi16(v, 4), l4), 1);
-          i4_chunk<MB>(q, _mm512_permutexvar_epi16(i4_pick(j), sc), xq, p2, j, isum);
+          i4_chunk<MB>(q, i4_pick(j), xq, mult, j, isum);
         }
       }
       const float D = _cvtsh_ss(*reinterpret_cast<const uint16_t*>(rec + W / 2 + W / kI4Block));
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int m = 0; m < MB; ++m)
-        acc[n][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[m]), _mm512_set1_ps(D * a.scale[(m0 + m) * a.G + g] * (1.f / 128)),
-                                    acc[n][m]);
+        acc[n][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[m]),
+                                    _mm512_set1_ps(D * a.scale[(m0 + m) * a.G + g] * (1.f / 128)), acc[n][m]);
     }
     offset += i4_super_bytes(W);
   }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int n = 0; n < NB; ++n)
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) main[(m0 + m) * N + n0 + n] = _mm512_reduce_add_ps(acc[n][m]);
 }
 
@@ -426,7 +429,8 @@ inline void int4_linear_raw(const float* x, const uint8_t* w, const c10::Half* o
   thread_local I4Rows scratch;
   i4_quantize(x, M, K, scratch);
   // A row alone (decode) takes 4 outputs at a time; several rows take 2 outputs x up to 4 rows, so
-  // each unpacked chunk feeds 8 dots without spilling registers. The grouping moves no bits.
+  // each activation chunk loaded feeds 2 dots and each unpacked weight chunk up to 4. The grouping
+  // moves no bits.
   switch (M) {
     case 1: i4_out_blocks<4, 1>(scratch, w, off, y, M, N); break;
     case 2: i4_out_blocks<2, 2>(scratch, w, off, y, M, N); break;
