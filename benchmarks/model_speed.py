@@ -218,30 +218,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     load_before = load_average()
     busy = oversubscribed(args.threads)
-    first = load_model(EMBEDDED)                              # may convert the GGUF once
-    int8 = load_model(EMBEDDED)                               # the load users see: cached weights
+    first = [load_model(EMBEDDED, weights=w) for w in ("int8", "int4")]     # may convert the GGUF once
+    int8, int4 = (load_model(EMBEDDED, weights=w) for w in ("int8", "int4"))  # the loads users see: cached
     del first
     gc.collect()
-    # Step costs first, with only the int8 model in memory: the float and HF copies (~1 GB) loaded
-    # beside it were measured to slow its steps by ~30% (cache and memory pressure).
+    # Step costs first, with only the quantized models in memory: the float and HF copies (~1 GB)
+    # loaded beside them were measured to slow the steps by ~30% (cache and memory pressure).
     kv_dtypes = [d for d in args.kv_dtypes.split(",") if d] or [None]
-    costs = [step_costs.measure(int8.model, ctx, args.step_repeats, kv_dtype)
-             for ctx in args.contexts for kv_dtype in kv_dtypes]
+    costs = [(name, step_costs.measure(m.model, ctx, args.step_repeats, kv_dtype))
+             for ctx in args.contexts for kv_dtype in kv_dtypes for name, m in (("int8", int8), ("int4", int4))]
     flt = load_model(EMBEDDED, weights="float")
     hf, hf_load_s = timed(load_hf)
     prompt = int8.tokenizer.encode_prompt(MESSAGES)
     n = args.tokens
     runs = measure({
         "ours int8": lambda: run_ours(int8.model, prompt, n),
+        "ours int4": lambda: run_ours(int4.model, prompt, n),
         "ours float": lambda: run_ours(flt.model, prompt, n),
         "HF generate": lambda: run_hf(hf, prompt, n),
     }, args.warmup, args.repeats)
     s = {name: summarize(name, r, len(prompt), n) for name, r in runs.items()}
     load_after = load_average()
-    ours, ref, hfs = s["ours int8"], s["ours float"], s["HF generate"]
+    ours, ours4, ref, hfs = s["ours int8"], s["ours int4"], s["ours float"], s["HF generate"]
     result = {
         "threads": args.threads, "prompt_tokens": len(prompt), "new_tokens": n, "repeats": args.repeats,
         "ours_decode_tok_s": ours.decode_tok_s, "ours_prefill_tok_s": ours.prefill_tok_s,
+        "ours_int4_decode_tok_s": ours4.decode_tok_s, "ours_int4_prefill_tok_s": ours4.prefill_tok_s,
+        "int4_over_int8_decode": ours4.decode_tok_s / ours.decode_tok_s,
         "ours_float_decode_tok_s": ref.decode_tok_s, "ours_float_prefill_tok_s": ref.prefill_tok_s,
         "hf_decode_tok_s": hfs.decode_tok_s, "hf_prefill_tok_s": hfs.prefill_tok_s,
         "hf_step_decode_tok_s": hfs.step_decode_tok_s,
@@ -252,9 +255,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "load_s": int8.load_s, "hf_load_s": hf_load_s,
         "float_agrees_with_hf": agree_prefix(ref.tokens, hfs.tokens),
         "int8_agrees_with_hf": agree_prefix(ours.tokens, hfs.tokens),
-        "step_costs": [dataclasses.asdict(c) | {"decode_over_floor": c.decode_over_floor,
-                                                 "verify4_over_decode": c.verify4_over_decode} for c in costs],
-        "tokens": {x.name: list(x.tokens) for x in (ours, ref, hfs)},
+        "int4_agrees_with_hf": agree_prefix(ours4.tokens, hfs.tokens),
+        "step_costs": [{"weights": w} | dataclasses.asdict(c) | {"decode_over_floor": c.decode_over_floor,
+                                                                  "verify4_over_decode": c.verify4_over_decode}
+                       for w, c in costs],
+        "tokens": {x.name: list(x.tokens) for x in (ours, ours4, ref, hfs)},
         "oversubscribed": busy,
         "loadavg_before": load_before[0] if load_before else None,
         "loadavg_after": load_after[0] if load_after else None,
@@ -266,15 +271,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             ["runner", "prefill tok/s", "decode tok/s", "decode vs HF", "in-loop decode tok/s",
              "tokens = HF (prefix)"],
             [[x.name, x.prefill_tok_s, x.decode_tok_s, x.decode_tok_s / hfs.decode_tok_s, x.step_decode_tok_s,
-              f"{agree_prefix(x.tokens, hfs.tokens)}/{n}"] for x in (ours, ref, hfs)])
+              f"{agree_prefix(x.tokens, hfs.tokens)}/{n}"] for x in (ours, ours4, ref, hfs)])
         if costs:
             print_table(
-                f"int8 forward step costs, {args.threads} threads, median of {args.step_repeats} "
-                "(floor: reading every int8 weight once)",
-                ["context", "KV cache", "floor ms", "decode ms", "decode / floor", "4-row verify ms",
+                f"forward step costs, {args.threads} threads, median of {args.step_repeats} "
+                "(floor: reading every weight the kernels read once)",
+                ["weights", "context", "KV cache", "floor ms", "decode ms", "decode / floor", "4-row verify ms",
                  "verify / decode", "prefill tok/s"],
-                [[c.context, c.kv_dtype, c.floor_ms, c.decode_ms, c.decode_over_floor, c.verify4_ms,
-                  c.verify4_over_decode, c.prefill_tok_s] for c in costs])
+                [[w, c.context, c.kv_dtype, c.floor_ms, c.decode_ms, c.decode_over_floor, c.verify4_ms,
+                  c.verify4_over_decode, c.prefill_tok_s] for w, c in costs])
         print(f"load_s (2nd load, int8) {int8.load_s:.2f} s; HF load {hf_load_s:.2f} s; "
               f"load average {_fmt_load(load_before)} -> {_fmt_load(load_after)}")
         if busy:

@@ -32,15 +32,17 @@ def _median_s(fn: Callable[[], object], repeats: int) -> float:
     return median(repeat_times(fn, repeats))
 
 
-def int8_weights(model: Transformer) -> list[torch.Tensor]:
+def kernel_weights(model: Transformer) -> list[torch.Tensor]:
+    """What a decode step's kernels read of each projection and the head (int8 rows and scales, int4
+    records and offsets): the bytes the floor reads."""
     linears = [lin[name] for lin in model._linears for name in ("wqkv", "wo", "w13", "w2")] + [model._head]
-    if not all(hasattr(lin, "qweight") for lin in linears):
-        raise ValueError("the floor is defined for int8 weights: load the model with weights='int8'")
-    return [lin.qweight for lin in linears]
+    if not all(hasattr(lin, "kernel_weights") for lin in linears):
+        raise ValueError("the floor is defined for quantized weights: load the model with weights='int8' or 'int4'")
+    return [t for lin in linears for t in lin.kernel_weights]
 
 
 def weight_floor_s(model: Transformer, repeats: int) -> float:
-    weights = int8_weights(model)
+    weights = kernel_weights(model)
     reads = [lambda: [w.amax() for w in weights]]
     if all(w.is_contiguous() and w.numel() % 8 == 0 for w in weights):
         reads.append(lambda: [w.view(torch.int64).sum() for w in weights])

@@ -131,7 +131,7 @@ def build_app(model: str, server: ServerConfig = ServerConfig(), replicas: Repli
 # as the engine options `interlock serve` builds (cli.engine_options).
 ENGINE_OPTIONS: dict[str, type] = {"speculative": str, "draft_len": int, "grammar_backend": str, "max_batch_size": int,
                                    "tensor_parallel": int, "threads": int, "prefill": str, "kv_dtype": str,
-                                   "device": str}
+                                   "device": str, "weights": str}
 
 
 def app_builder(args: dict[str, str]) -> Any:

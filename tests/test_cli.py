@@ -105,14 +105,16 @@ def test_serve_and_serve_replicas_build_the_same_engine_options(monkeypatch: pyt
     monkeypatch.setattr(Engine, "from_pretrained", from_pretrained)
     monkeypatch.setattr(ray_serve, "run_replicas", run_replicas)
     monkeypatch.setattr(ray_serve, "build_app", build_app)
-    argv = ["--threads", "3", "--prefill", "dense", "--kv-cache-dtype", "float16", "serve", "--model", "tiny",
+    argv = ["--threads", "3", "--prefill", "dense", "--kv-cache-dtype", "float16", "--weights", "int4", "serve",
+            "--model", "tiny",
             "--speculative", "suffix+forced", "--draft-len", "5", "--backend", "llguidance", "--max-batch-size", "4",
             "--tensor-parallel", "2", "--device", "cuda:1"]
     for extra in ([], ["--replicas", "2"]):
         with pytest.raises(Built):
             main(argv + extra)
     want = {"speculative": "suffix+forced", "draft_len": 5, "grammar_backend": "llguidance", "max_batch_size": 4,
-            "tensor_parallel": 2, "threads": 3, "prefill": "dense", "kv_dtype": "float16", "device": "cuda:1"}
+            "tensor_parallel": 2, "threads": 3, "prefill": "dense", "kv_dtype": "float16", "device": "cuda:1",
+            "weights": "int4"}
     assert built["serve"] == built["replicas"] == ("tiny", want)
     ray_serve.app_builder({"model": "tiny", **{k: str(v) for k, v in want.items()}})
     assert built["ray"] == ("tiny", want)
