@@ -18,9 +18,14 @@ available when the run began, less 1 GB (RLIMIT_DATA): a load that does not fit 
 of waking the OOM killer on a shared machine. Every system runs `--threads` threads (torch's
 intra-op threads; llama.cpp's n_threads and n_threads_batch). The children stay loaded and take
 one timed repeat per command, and the reference, llama.cpp Q4_K_M (the file people download), is
-loaded beside each other system in turn and alternates with it repeat by repeat, so that load from
-other processes on a shared machine hits both sides of a ratio alike: a ratio is the median over
-`--repeats` of (system / the reference's neighbouring repeat).
+loaded beside each other system in turn and alternates with it, decode by decode and prefill by
+prefill, so that load from other processes on a shared machine hits both sides of a ratio alike.
+Each figure is given as the median and the best of `--repeats`, and each ratio as the median of
+(repeat / the reference's repeat beside it) and as best / the reference's best: on a shared 2-core
+machine one busy core slows a 2-thread repeat several times over (llama.cpp's spinning barriers
+most), so the best repeat is the closest to what the code does on a quiet machine. "core share" =
+the child's CPU seconds / (wall seconds x threads) over a repeat (median): well under 1 means
+its threads waited for a core (or, for interlock, sat idle while Python ran between ops).
 
 - llama.cpp (llama-cpp-python built on this machine with its CPU backend; left out with
   `--skip-llama-cpp` or when not importable), each file: ready = the `Llama(...)` constructor
@@ -36,9 +41,10 @@ other processes on a shared machine hits both sides of a ratio alike: a ratio is
   times the forward the engine runs (paged KV cache, `build_batch`): decode tok/s as model_speed's
   `run_ours` loop measures it (the same 16-token prompt and N tokens, batch building and argmax
   inside the timing), prefill tok/s of `--prompt` tokens in the engine's 256-token chunks
-  (step_costs.prefill_tok_s), and, after `--prompt` tokens of context, a decode step's and a
-  K+1 = 4-row verify step's time (step_costs.step_s, medians of 4 x `--repeats`): their ratio is
-  what a verify step costs against the decode step it replaces.
+  (step_costs.prefill_tok_s), and, after `--prompt` tokens of context, a 1-row decode step and a
+  K+1 = 4-row verify step alternating (4 x `--repeats` of each, timed as step_costs.step_s times
+  them, batch building included, the cache rewound after each): their ratio is what a verify step
+  costs against the decode step it replaces.
 - The memory-bandwidth floor: this machine's stream bandwidth, measured in a child before and
   after each shape (the best of 5 full reads of a `--bandwidth-bytes` tensor, torch summing it as
   float32 and as int64, at each thread count up to `--threads`; the best of all), and the bytes
@@ -204,7 +210,16 @@ def worker_main(spec: dict[str, Any]) -> None:
         if command == "exit":
             reply({"peak_rss_bytes": peak_rss()})
             return
-        reply(getattr(system, command)())
+        wall, cpu = time.perf_counter(), _cpu_s()
+        result = getattr(system, command)()
+        share = (_cpu_s() - cpu) / ((time.perf_counter() - wall) * spec.get("threads", 1))
+        reply(result | {f"{command}_core_share": share})
+
+
+def _cpu_s() -> float:
+    """User + system CPU seconds of every thread of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _best_s(fn: Callable[[], object], repeats: int) -> float:
@@ -326,9 +341,37 @@ class Interlock:
         return {"prefill_tok_s": self.step_costs.prefill_tok_s(self.model, self.context, 1)}
 
     def steps(self) -> dict[str, Any]:
-        decode = self.step_costs.step_s(self.model, self.context, 1, 4 * self.repeats) * 1e3
-        verify = self.step_costs.step_s(self.model, self.context, 4, 4 * self.repeats) * 1e3
-        return {"decode_ms": decode, "verify4_ms": verify, "verify4_over_decode": verify / decode}
+        """A 1-row decode step and a 4-row verify step after `context` tokens, alternating (each
+        timed with its batch building, the cache rewound after it), 4 x repeats of each."""
+        import torch
+
+        from interlock.models.batch import SeqChunk, build_batch
+        from interlock.models.kv_cache import PagedKVCache
+
+        model = self.model
+        kv = PagedKVCache(model.config, num_blocks=-(-(self.context + 4) // 16) + 1, block_size=16)
+        kv.add_sequence(0)
+        ids = torch.randint(0, model.config.vocab_size, (self.context + 4,), generator=torch.Generator().manual_seed(0))
+        prompt, new = tuple(ids[:self.context].tolist()), tuple(ids[self.context:].tolist())
+        for offset in range(0, len(prompt), self.step_costs.PREFILL_CHUNK):
+            part = prompt[offset: offset + self.step_costs.PREFILL_CHUNK]
+            start = kv.reserve(0, len(part))
+            model(build_batch([SeqChunk(0, part, start, (len(part) - 1,))], kv), kv)
+
+        def step(rows: int) -> float:
+            begin = time.perf_counter()
+            start = kv.reserve(0, rows)
+            model(build_batch([SeqChunk(0, new[:rows], start, tuple(range(rows)))], kv), kv)
+            took = time.perf_counter() - begin
+            kv.rewind(0, rows)
+            return took
+
+        step(1), step(4)
+        pairs = [(step(1), step(4)) for _ in range(4 * self.repeats)]
+        decode, verify = [p[0] * 1e3 for p in pairs], [p[1] * 1e3 for p in pairs]
+        return {"decode_ms": median(decode), "verify4_ms": median(verify), "best_decode_ms": min(decode),
+                "best_verify4_ms": min(verify), "verify4_over_decode": median([v / d for d, v in zip(decode, verify)]),
+                "best_verify4_over_decode": min(verify) / min(decode)}
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -380,26 +423,35 @@ class Runs:
         for r in range(repeats):
             for name, worker in workers.items():
                 pair = [worker] if ref is None else [worker, ref] if r % 2 == 0 else [ref, worker]
-                got = {id(w): w.ask("decode") | w.ask("prefill") for w in pair}
+                got: dict[int, dict[str, Any]] = {id(w): {} for w in pair}
+                for command in ("decode", "prefill"):
+                    for w in pair:
+                        got[id(w)] |= w.ask(command)
                 self.systems[name]["repeats"].append(got[id(worker)])
                 if ref is not None:
                     self.systems[name]["paired_ref"].append(got[id(ref)])
                     self.systems[REFERENCE]["repeats"].append(got[id(ref)])
 
 
-def summarize(s: dict[str, Any], bandwidth: float) -> None:
-    """Medians of the repeats, the paired ratios to the reference, the floor."""
+def summarize(s: dict[str, Any], ref: dict[str, Any] | None, bandwidth: float) -> None:
+    """Per metric: the median and the best repeat, the median of the paired ratios to the reference
+    and the ratio of the bests; the floor; the median core share."""
     for metric in METRICS:
         values = [r[metric] for r in s["repeats"]]
         s[metric] = median(values) if values else None
-        if s["paired_ref"] and s["system"] != REFERENCE:
+        s[f"best_{metric}"] = max(values) if values else None
+        if s["system"] == REFERENCE and values:
+            s[f"{metric}_vs_ref"] = s[f"best_{metric}_vs_ref"] = 1.0
+        elif s["paired_ref"]:
             s[f"{metric}_vs_ref"] = median([r[metric] / p[metric] for r, p in zip(s["repeats"], s["paired_ref"])])
-        elif s["system"] == REFERENCE and values:
-            s[f"{metric}_vs_ref"] = 1.0
+            s[f"best_{metric}_vs_ref"] = max(values) / max(r[metric] for r in ref["repeats"]) if ref else None
+        shares = [r[f"{metric.split('_')[0]}_core_share"] for r in s["repeats"]]
+        s[f"{metric.split('_')[0]}_core_share"] = median(shares) if shares else None
     if s.get("bytes_per_token") and bandwidth:
         s["floor_tok_s"] = bandwidth / s["bytes_per_token"]
         if s.get("decode_tok_s"):
             s["of_floor"] = s["decode_tok_s"] / s["floor_tok_s"]
+            s["best_of_floor"] = s["best_decode_tok_s"] / s["floor_tok_s"]
 
 
 def run_shape(key: str, args: argparse.Namespace, data_limit: int | None) -> dict[str, Any]:
@@ -478,7 +530,7 @@ def run_shape(key: str, args: argparse.Namespace, data_limit: int | None) -> dic
     bandwidth.append(measure_bandwidth(args.threads, args.bandwidth_bytes, data_limit))
     best = max(b.get("bandwidth_b_s", 0.0) for b in bandwidth)
     for s in runs.systems.values():
-        summarize(s, best)
+        summarize(s, runs.systems.get(REFERENCE), best)
     return {"shape": shape.__dict__, "bandwidth": bandwidth, "bandwidth_b_s": best,
             "files": {ft: {"path": str(p), "bytes": p.stat().st_size, "write_s": w} for ft, (p, w) in files.items()},
             "systems": list(runs.systems.values())}
@@ -490,15 +542,23 @@ def _gb(x: Any) -> Any:
 
 def print_shape(run: dict[str, Any], args: argparse.Namespace) -> None:
     rows, name = run["systems"], run["shape"]["name"]
+    head = (f"{name} shape (random weights), {args.threads} threads, {args.repeats} repeats; vs {REFERENCE}: best / its "
+            "best, and the median of the ratios to its repeat beside each")
     print_table(
-        f"{name} shape (random weights), {args.threads} threads, decode {args.tokens} tokens after {SHORT_PROMPT}, "
-        f"prefill {args.prompt}, median of {args.repeats}; ratios to the {REFERENCE} repeats beside them; floor "
-        f"at {run['bandwidth_b_s'] / 1e9:.1f} GB/s",
-        ["system", "file", "decode tok/s", f"vs {REFERENCE}", "floor tok/s", "of floor", "prefill tok/s",
-         f"vs {REFERENCE}", "4-row verify / decode"],
-        [[s["system"], s["file"], s.get("decode_tok_s"), s.get("decode_tok_s_vs_ref"), s.get("floor_tok_s"),
-          s.get("of_floor"), s.get("prefill_tok_s"), s.get("prefill_tok_s_vs_ref"), s.get("verify4_over_decode")]
+        f"{head}; decode {args.tokens} tokens after {SHORT_PROMPT}; floor at {run['bandwidth_b_s'] / 1e9:.1f} GB/s",
+        ["system", "file", "best tok/s", "median tok/s", "vs ref (best)", "vs ref (paired)", "floor tok/s",
+         "best of floor", "core share"],
+        [[s["system"], s["file"], s.get("best_decode_tok_s"), s.get("decode_tok_s"), s.get("best_decode_tok_s_vs_ref"),
+          s.get("decode_tok_s_vs_ref"), s.get("floor_tok_s"), s.get("best_of_floor"), s.get("decode_core_share")]
          for s in rows])
+    print_table(
+        f"{name} shape: prefill of {args.prompt} tokens; a 4-row verify step against a 1-row decode step after "
+        f"{args.prompt} tokens (median of the pairs' ratios, and the bests' ratio)",
+        ["system", "file", "best tok/s", "median tok/s", "vs ref (best)", "vs ref (paired)", "verify / decode",
+         "(bests)", "core share"],
+        [[s["system"], s["file"], s.get("best_prefill_tok_s"), s.get("prefill_tok_s"),
+          s.get("best_prefill_tok_s_vs_ref"), s.get("prefill_tok_s_vs_ref"), s.get("verify4_over_decode"),
+          s.get("best_verify4_over_decode"), s.get("prefill_core_share")] for s in rows])
     print_table(
         f"{name} shape: start and memory (interlock cold: a fresh XDG_CACHE_HOME)",
         ["system", "file", "ready s", "cold ready s", "peak RSS GB", "cold peak RSS GB", "MB read / token", "error"],
@@ -528,7 +588,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tokens", type=int, default=64, help="decode tokens per repeat (N >= 2)")
     p.add_argument("--prompt", type=int, default=256, help="prefill prompt tokens, and the verify step's context")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats (medians); the steps take 4x as many")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats (medians and bests); the steps take 4x as many")
     p.add_argument("--interlock-files", type=_list(FILE_TYPES), default=["Q4_K_M"],
                    help="which files interlock reads (default Q4_K_M; Q4_K_M,Q8_0: twice the interlock time)")
     p.add_argument("--llama-cpp-files", type=_list(FILE_TYPES), default=list(FILE_TYPES))
@@ -579,8 +639,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         summary[f"{key} bandwidth_gb_s"] = round(run["bandwidth_b_s"] / 1e9, 2)
         for s in run["systems"]:
             name = f"{key} {s['system']}" + ("" if s["system"].endswith(s["file"]) else f" {s['file']}")
-            values = {**{m: s.get(m) for m in (*METRICS, *(f"{m}_vs_ref" for m in METRICS), "of_floor",
-                                               "verify4_over_decode")},
+            keys = [f"{b}{m}{v}" for m in METRICS for b in ("", "best_") for v in ("", "_vs_ref")]
+            values = {**{k: s.get(k) for k in (*keys, "of_floor", "best_of_floor", "verify4_over_decode",
+                                               "best_verify4_over_decode")},
                       "ready_s": s.get("info", {}).get("ready_s"), "cold_ready_s": s.get("cold", {}).get("ready_s"),
                       "peak_rss_gb": _gb(s.get("info", {}).get("peak_rss_bytes"))}
             summary |= {f"{name} {k}": round(v, 3) for k, v in values.items() if v is not None}
