@@ -72,6 +72,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -160,7 +161,11 @@ class Worker:
         self.proc = subprocess.Popen([sys.executable, "-m", "interlock.benchmarks.shapes", "--worker", json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
                                      env={**os.environ, **(env or {})}, preexec_fn=limit)
-        self.info = self._reply()
+        try:
+            self.info = self._reply()
+        except BaseException:        # a failed load, or a stop while it loads: no orphan left behind
+            self.kill()
+            raise
 
     def _reply(self) -> dict[str, Any]:
         line = self.proc.stdout.readline() if self.proc.stdout else ""
@@ -628,6 +633,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.worker:
         worker_main(json.loads(args.worker))
         return
+    # A SIGTERM (a job runner's stop) unwinds like an exception, so the children are killed and the
+    # temporary caches (a converted model each, gigabytes) removed by the `finally` blocks.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if not args.skip_llama_cpp and not llama_cpp_importable():
         print("llama-cpp-python is not importable (pip install 'interlock[peers]', built on this machine); "
               "llama.cpp skipped", file=sys.stderr)
