@@ -24,8 +24,11 @@ Each figure is given as the median and the best of `--repeats`, and each ratio a
 (repeat / the reference's repeat beside it) and as best / the reference's best: on a shared 2-core
 machine one busy core slows a 2-thread repeat several times over (llama.cpp's spinning barriers
 most), so the best repeat is the closest to what the code does on a quiet machine. "core share" =
-the child's CPU seconds / (wall seconds x threads) over a repeat (median): well under 1 means
-its threads waited for a core (or, for interlock, sat idle while Python ran between ops).
+the child's CPU seconds / (wall seconds x threads) over a repeat: under 1 means its threads
+waited for a core (or, for interlock, sat idle while Python ran between ops); a repeat with a
+share of at least 0.9 is "quiet", and the tables give the median of the quiet repeats too. While
+fewer than half of a system's decode repeats (or the reference's beside them) were quiet, it
+repeats past `--repeats`, up to `--max-repeats`.
 
 - llama.cpp (llama-cpp-python built on this machine with its CPU backend; left out with
   `--skip-llama-cpp` or when not importable), each file: ready = the `Llama(...)` constructor
@@ -69,6 +72,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -87,6 +91,7 @@ PROMPT_IDS = (17, 49152)          # prompt ids are drawn from the real tokenizer
 REFERENCE_FILE = "Q4_K_M"
 REFERENCE = f"llama.cpp {REFERENCE_FILE}"     # what the ratios divide by
 METRICS = ("decode_tok_s", "prefill_tok_s")
+QUIET = 0.9                       # a repeat whose core share is at least this had its cores
 
 
 # --- the machine -------------------------------------------------------------------------------
@@ -156,7 +161,11 @@ class Worker:
         self.proc = subprocess.Popen([sys.executable, "-m", "interlock.benchmarks.shapes", "--worker", json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
                                      env={**os.environ, **(env or {})}, preexec_fn=limit)
-        self.info = self._reply()
+        try:
+            self.info = self._reply()
+        except BaseException:        # a failed load, or a stop while it loads: no orphan left behind
+            self.kill()
+            raise
 
     def _reply(self) -> dict[str, Any]:
         line = self.proc.stdout.readline() if self.proc.stdout else ""
@@ -418,9 +427,17 @@ class Runs:
     def system(self, name: str, file_type: str) -> dict[str, Any]:
         return self.systems.setdefault(name, {"system": name, "file": file_type, "repeats": [], "paired_ref": []})
 
-    def alternate(self, workers: dict[str, Worker], repeats: int, ref: Worker | None) -> None:
-        """`repeats` rounds: each worker's decode and prefill, the reference's beside it, who goes first alternating."""
-        for r in range(repeats):
+    def alternate(self, workers: dict[str, Worker], repeats: int, ref: Worker | None, max_repeats: int) -> None:
+        """Rounds of each worker's decode and prefill, the reference's beside it, who goes first
+        alternating: `repeats` of them, and more, up to `max_repeats`, until at least half of each
+        worker's decode repeats were quiet (and the reference's beside them too)."""
+        def quiet(name: str, side: str = "repeats") -> int:
+            return sum(x["decode_core_share"] >= QUIET for x in self.systems[name][side])
+
+        for r in range(max_repeats):
+            if r >= repeats and all(2 * quiet(n) >= r and (ref is None or 2 * quiet(n, "paired_ref") >= r)
+                                    for n in workers):
+                break
             for name, worker in workers.items():
                 pair = [worker] if ref is None else [worker, ref] if r % 2 == 0 else [ref, worker]
                 got: dict[int, dict[str, Any]] = {id(w): {} for w in pair}
@@ -447,6 +464,8 @@ def summarize(s: dict[str, Any], ref: dict[str, Any] | None, bandwidth: float) -
             s[f"best_{metric}_vs_ref"] = max(values) / max(r[metric] for r in ref["repeats"]) if ref else None
         shares = [r[f"{metric.split('_')[0]}_core_share"] for r in s["repeats"]]
         s[f"{metric.split('_')[0]}_core_share"] = median(shares) if shares else None
+        calm = [v for v, share in zip(values, shares) if share >= QUIET]
+        s[f"quiet_{metric}"], s[f"quiet_{metric}_n"] = (median(calm) if calm else None), len(calm)
     if s.get("bytes_per_token") and bandwidth:
         s["floor_tok_s"] = bandwidth / s["bytes_per_token"]
         if s.get("decode_tok_s"):
@@ -487,7 +506,7 @@ def run_shape(key: str, args: argparse.Namespace, data_limit: int | None) -> dic
             try:
                 worker = Worker({"kind": "llama.cpp", "path": str(files[ft][0]), **common}, env, data_limit)
                 s["info"] = worker.info
-                runs.alternate({s["system"]: worker}, args.repeats, ref)
+                runs.alternate({s["system"]: worker}, args.repeats, ref, args.max_repeats)
                 s["info"] |= worker.close()
             except WorkerError as exc:
                 fail(s, exc)
@@ -509,7 +528,7 @@ def run_shape(key: str, args: argparse.Namespace, data_limit: int | None) -> dic
                     worker = Worker(spec | {"phase": "warm"}, ienv, data_limit)
                     s["info"] = worker.info
                     s["bytes_per_token"] = worker.info["bytes_per_token"]
-                    runs.alternate({s["system"]: worker}, args.repeats, ref)
+                    runs.alternate({s["system"]: worker}, args.repeats, ref, args.max_repeats)
                     s |= worker.ask("steps")
                     s["info"] |= worker.close()
                 except WorkerError as exc:
@@ -520,7 +539,7 @@ def run_shape(key: str, args: argparse.Namespace, data_limit: int | None) -> dic
                             child.kill()
                     shutil.rmtree(cache, ignore_errors=True)
         if ref is not None and not runs.systems[REFERENCE]["repeats"]:
-            runs.alternate({REFERENCE: ref}, args.repeats, None)
+            runs.alternate({REFERENCE: ref}, args.repeats, None, args.max_repeats)
         if ref is not None:
             runs.systems[REFERENCE]["info"] |= ref.close()
             ref = None
@@ -546,19 +565,21 @@ def print_shape(run: dict[str, Any], args: argparse.Namespace) -> None:
             "best, and the median of the ratios to its repeat beside each")
     print_table(
         f"{head}; decode {args.tokens} tokens after {SHORT_PROMPT}; floor at {run['bandwidth_b_s'] / 1e9:.1f} GB/s",
-        ["system", "file", "best tok/s", "median tok/s", "vs ref (best)", "vs ref (paired)", "floor tok/s",
-         "best of floor", "core share"],
-        [[s["system"], s["file"], s.get("best_decode_tok_s"), s.get("decode_tok_s"), s.get("best_decode_tok_s_vs_ref"),
-          s.get("decode_tok_s_vs_ref"), s.get("floor_tok_s"), s.get("best_of_floor"), s.get("decode_core_share")]
+        ["system", "file", "best tok/s", "quiet median", "quiet", "median", "vs ref (best)", "vs ref (paired)",
+         "floor tok/s", "best of floor"],
+        [[s["system"], s["file"], s.get("best_decode_tok_s"), s.get("quiet_decode_tok_s"),
+          f"{s.get('quiet_decode_tok_s_n', 0)}/{len(s['repeats'])}", s.get("decode_tok_s"),
+          s.get("best_decode_tok_s_vs_ref"), s.get("decode_tok_s_vs_ref"), s.get("floor_tok_s"), s.get("best_of_floor")]
          for s in rows])
     print_table(
         f"{name} shape: prefill of {args.prompt} tokens; a 4-row verify step against a 1-row decode step after "
         f"{args.prompt} tokens (median of the pairs' ratios, and the bests' ratio)",
-        ["system", "file", "best tok/s", "median tok/s", "vs ref (best)", "vs ref (paired)", "verify / decode",
-         "(bests)", "core share"],
-        [[s["system"], s["file"], s.get("best_prefill_tok_s"), s.get("prefill_tok_s"),
+        ["system", "file", "best tok/s", "quiet median", "quiet", "median", "vs ref (best)", "vs ref (paired)",
+         "verify / decode", "(bests)"],
+        [[s["system"], s["file"], s.get("best_prefill_tok_s"), s.get("quiet_prefill_tok_s"),
+          f"{s.get('quiet_prefill_tok_s_n', 0)}/{len(s['repeats'])}", s.get("prefill_tok_s"),
           s.get("best_prefill_tok_s_vs_ref"), s.get("prefill_tok_s_vs_ref"), s.get("verify4_over_decode"),
-          s.get("best_verify4_over_decode"), s.get("prefill_core_share")] for s in rows])
+          s.get("best_verify4_over_decode")] for s in rows])
     print_table(
         f"{name} shape: start and memory (interlock cold: a fresh XDG_CACHE_HOME)",
         ["system", "file", "ready s", "cold ready s", "peak RSS GB", "cold peak RSS GB", "MB read / token", "error"],
@@ -589,6 +610,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=64, help="decode tokens per repeat (N >= 2)")
     p.add_argument("--prompt", type=int, default=256, help="prefill prompt tokens, and the verify step's context")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats (medians and bests); the steps take 4x as many")
+    p.add_argument("--max-repeats", type=int, default=None,
+                   help="repeat past --repeats, up to this many, until half the decode repeats were quiet "
+                        "(default 3 x --repeats)")
     p.add_argument("--interlock-files", type=_list(FILE_TYPES), default=["Q4_K_M"],
                    help="which files interlock reads (default Q4_K_M; Q4_K_M,Q8_0: twice the interlock time)")
     p.add_argument("--llama-cpp-files", type=_list(FILE_TYPES), default=list(FILE_TYPES))
@@ -598,8 +622,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="where to save the JSON (default benchmarks/results/)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.tokens < 2 or args.threads < 1 or args.repeats < 1 or args.prompt < 1:
-        p.error("need --tokens >= 2, --threads >= 1, --repeats >= 1, --prompt >= 1")
+    args.max_repeats = 3 * args.repeats if args.max_repeats is None else args.max_repeats
+    if args.tokens < 2 or args.threads < 1 or args.repeats < 1 or args.prompt < 1 or args.max_repeats < args.repeats:
+        p.error("need --tokens >= 2, --threads >= 1, --repeats >= 1, --prompt >= 1, --max-repeats >= --repeats")
     return args
 
 
@@ -608,6 +633,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.worker:
         worker_main(json.loads(args.worker))
         return
+    # A SIGTERM (a job runner's stop) unwinds like an exception, so the children are killed and the
+    # temporary caches (a converted model each, gigabytes) removed by the `finally` blocks.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if not args.skip_llama_cpp and not llama_cpp_importable():
         print("llama-cpp-python is not importable (pip install 'interlock[peers]', built on this machine); "
               "llama.cpp skipped", file=sys.stderr)
@@ -640,6 +668,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for s in run["systems"]:
             name = f"{key} {s['system']}" + ("" if s["system"].endswith(s["file"]) else f" {s['file']}")
             keys = [f"{b}{m}{v}" for m in METRICS for b in ("", "best_") for v in ("", "_vs_ref")]
+            keys += [f"quiet_{m}" for m in METRICS]
             values = {**{k: s.get(k) for k in (*keys, "of_floor", "best_of_floor", "verify4_over_decode",
                                                "best_verify4_over_decode")},
                       "ready_s": s.get("info", {}).get("ready_s"), "cold_ready_s": s.get("cold", {}).get("ready_s"),

@@ -110,6 +110,35 @@ def test_arguments_and_prompts() -> None:
     assert all(0 <= i < 1088 for i in prompt_ids(64, 1, 1088))
 
 
+class FakeWorker:
+    """Answers decode / prefill with scripted core shares (what Runs.alternate decides on)."""
+
+    def __init__(self, shares: list[float]) -> None:
+        self.shares, self.asked = shares, 0
+
+    def ask(self, command: str) -> dict[str, float]:
+        if command == "decode":
+            self.asked += 1
+            share = self.shares[min(self.asked, len(self.shares)) - 1]
+            return {"decode_tok_s": 10.0 * share, "decode_core_share": share}
+        return {"prefill_tok_s": 100.0, "prefill_core_share": 1.0}
+
+
+@pytest.mark.parametrize(("shares", "rounds"), [([1.0], 3), ([0.5], 7), ([0.5, 0.5, 1.0, 1.0, 1.0, 1.0], 4)])
+def test_repeats_go_on_until_half_were_quiet(shares: list[float], rounds: int) -> None:
+    from interlock.benchmarks.shapes import REFERENCE, Runs, summarize
+
+    runs = Runs()
+    runs.system(REFERENCE, "Q4_K_M")
+    s = runs.system("interlock int8", "Q4_K_M")
+    ours, ref = FakeWorker(shares), FakeWorker([1.0])
+    runs.alternate({"interlock int8": ours}, 3, ref, 7)        # type: ignore[dict-item, arg-type]
+    assert ours.asked == ref.asked == rounds == len(s["repeats"]) == len(s["paired_ref"])
+    summarize(s, runs.systems[REFERENCE], bandwidth=0.0)
+    assert s["quiet_decode_tok_s_n"] == sum(r["decode_core_share"] >= 0.9 for r in s["repeats"])
+    assert s["best_decode_tok_s"] == 10.0 * max(shares[:rounds])
+
+
 @pytest.mark.slow         # ~30 s: five children, each importing torch
 def test_one_run_end_to_end_at_a_tiny_shape(tmp_path: Path, own_caches: None, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
@@ -121,9 +150,9 @@ def test_one_run_end_to_end_at_a_tiny_shape(tmp_path: Path, own_caches: None, mo
 
     monkeypatch.setitem(shapes.SHAPES, "tiny", TINY["llama"])
     out = tmp_path / "shapes.json"
-    shapes.main(["--shapes", "tiny", "--weights", "int8", "--tokens", "3", "--repeats", "1", "--prompt", "20",
-                 "--llama-cpp-files", "Q4_K_M", "--bandwidth-bytes", str(1 << 22), "--files", str(tmp_path / "files"),
-                 "--out", str(out)])
+    shapes.main(["--shapes", "tiny", "--weights", "int8", "--tokens", "3", "--repeats", "1", "--max-repeats", "1",
+                 "--prompt", "20", "--llama-cpp-files", "Q4_K_M", "--bandwidth-bytes", str(1 << 22),
+                 "--files", str(tmp_path / "files"), "--out", str(out)])
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     saved = json.loads(out.read_text())["shapes"]["tiny"]
     systems = {s["system"]: s for s in saved["systems"]}
