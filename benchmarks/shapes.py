@@ -635,7 +635,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     # A SIGTERM (a job runner's stop) unwinds like an exception, so the children are killed and the
     # temporary caches (a converted model each, gigabytes) removed by the `finally` blocks.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    def stop(signum: int, frame: object) -> None:
+        print(f"stopped by signal {signum}: ending the children", file=sys.stderr, flush=True)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
     if not args.skip_llama_cpp and not llama_cpp_importable():
         print("llama-cpp-python is not importable (pip install 'interlock[peers]', built on this machine); "
               "llama.cpp skipped", file=sys.stderr)
