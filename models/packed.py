@@ -26,10 +26,11 @@ import torch
 from torch import nn
 
 from interlock.models.checkpoint import CheckpointReader, Layout
-from interlock.models.config import ModelConfig, RopeScaling
+from interlock.models.config import ModelConfig
 from interlock.kernels.int4_pack import FROM_BLOCKS, from_gguf, quantize_int4
 from interlock.models.linear import Int4Linear, Int8Linear, Weights, quantize_int8
 from interlock.models.tokenizer import cache_dir, file_key
+from interlock.models.weight_cache import config_from_json
 from interlock.protocol.errors import ModelLoadError, UnsupportedModelError
 
 FORMAT = 1
@@ -141,12 +142,9 @@ def _entry(path: Path, weights: Weights) -> Path:
 
 def cached_config(path: Path, weights: Weights) -> ModelConfig | None:
     try:
-        raw = json.loads((_entry(path, weights) / "config.json").read_text())
+        return config_from_json(_entry(path, weights) / "config.json")
     except (OSError, json.JSONDecodeError):
         return None
-    if raw.get("rope_scaling"):
-        raw["rope_scaling"] = RopeScaling(**raw["rope_scaling"])
-    return ModelConfig(**raw)
 
 
 def convert(path: Path, weights: Weights, progress: Any = None) -> Path:

@@ -42,7 +42,12 @@ def cached_config(source: Path) -> ModelConfig | None:
     entry = _entry(source)
     if not (entry / "model.safetensors").is_file():
         return None
-    raw = json.loads((entry / "config.json").read_text())
+    return config_from_json(entry / "config.json")
+
+
+def config_from_json(path: Path) -> ModelConfig:
+    """A ModelConfig saved as `dataclasses.asdict` JSON (this cache's and models/packed.py's)."""
+    raw = json.loads(path.read_text())
     if raw.get("rope_scaling"):
         raw["rope_scaling"] = RopeScaling(**raw["rope_scaling"])
     return ModelConfig(**raw)

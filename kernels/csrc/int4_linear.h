@@ -45,6 +45,7 @@
 #include <cstring>
 #include <vector>
 
+#include "int8_avx2.h"     // halving_sum_avx2: the 16-lane tree both kernels end with
 #include "simd.h"
 
 namespace interlock_cpu {
@@ -291,13 +292,6 @@ inline void i4_block(const I4Rows& a, const uint8_t* w, int64_t stride, float* m
 
 #elif defined(INTERLOCK_AVX2)
 
-inline float i4_halving_sum_avx2(__m256 lo, __m256 hi) {
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
-
 // 8 blocks' offsets from o (fewer with n < 8: those lanes keep acc's value, as the portable loop
 // leaves them).
 inline __m256 i4_offsets_half(const c10::Half* o, const float* s, int64_t n, __m256 acc) {
@@ -320,7 +314,7 @@ inline float i4_offsets(const c10::Half* off, const float* bsum, int64_t B) {
     lo = i4_offsets_half(off + b, bsum + b, B - b, lo);
     hi = i4_offsets_half(off + b + 8, bsum + b + 8, B - b - 8, hi);
   }
-  return i4_halving_sum_avx2(lo, hi);
+  return halving_sum_avx2(lo, hi);
 }
 
 // One 32-weight block's lanes (8 of the 16): maddubs into int16 pairs (at most 2 * 15 * 127), madd by
@@ -380,7 +374,7 @@ inline void i4_block(const I4Rows& a, const uint8_t* w, int64_t stride, float* m
     offset += i4_super_bytes(W);
   }
   for (int n = 0; n < NB; ++n)
-    for (int m = 0; m < MB; ++m) main[(m0 + m) * N + n0 + n] = i4_halving_sum_avx2(lo[n][m], hi[n][m]);
+    for (int m = 0; m < MB; ++m) main[(m0 + m) * N + n0 + n] = halving_sum_avx2(lo[n][m], hi[n][m]);
 }
 
 #else
