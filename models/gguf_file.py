@@ -9,6 +9,7 @@ rows of raw blocks for quantized types, the values for float ones), as gguf-py g
 """
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,12 @@ class GGUFFile:
             self._read(gguf, memoryview(self._map), path)
         except (struct.error, KeyError, IndexError) as exc:
             raise ValueError(f"{path} is truncated or not a GGUF file ({exc})") from exc
+
+    def release(self) -> None:
+        """Drop the file's pages from this process's resident set (they stay in the page cache).
+        A conversion calls it after each layer: reading a 5 GB file through one map would
+        otherwise count all of it as resident by the end."""
+        self._map._mmap.madvise(mmap.MADV_DONTNEED)
 
     def _read(self, gguf: Any, buf: memoryview, path: str | Path) -> None:
         if bytes(buf[:4]) != b"GGUF":

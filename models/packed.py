@@ -71,18 +71,29 @@ class GGUFSource:
         heads = self._heads(name)
         return data if heads is None else unpermute(data, heads)
 
-    def _float(self, name: str) -> np.ndarray:
+    def _blocks(self, name: str, lo: int, hi: int) -> tuple[np.ndarray, int]:
+        """The stored data holding rows [lo, hi) and the row it starts at. A tensor llama.cpp
+        permuted (rows interleaved per head) is read whole; any other only in the rows asked for,
+        so a slice never dequantizes the rest (a 128k-row embedding, a fused qkv's other pieces)."""
+        data = self.tensors[name].data
+        if self._heads(name) is not None or data.ndim != 2:
+            return data, 0
+        return data[lo:hi], lo
+
+    def _float(self, name: str, lo: int, hi: int) -> np.ndarray:
         from gguf import quants
 
         t = self.tensors[name]
-        w = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        return self._rows_of(name, w)
+        data, at = self._blocks(name, lo, hi)
+        w = self._rows_of(name, np.asarray(quants.dequantize(data, t.tensor_type), dtype=np.float32))
+        return w[lo - at:hi - at]
 
     def rows(self, name: str, lo: int, hi: int) -> torch.Tensor:
-        return torch.from_numpy(np.array(self._float(name)[lo:hi], dtype=np.float32))
+        return torch.from_numpy(np.array(self._float(name, lo, hi), dtype=np.float32))
 
     def cols(self, name: str, lo: int, hi: int) -> torch.Tensor:
-        return torch.from_numpy(np.array(self._float(name)[:, lo:hi], dtype=np.float32))
+        n = int(np.prod(self.tensors[name].shape[1:]))
+        return torch.from_numpy(np.array(self._float(name, 0, n)[:, lo:hi], dtype=np.float32))
 
     def kind(self, name: str) -> str:
         return self.tensors[name].tensor_type.name
@@ -90,11 +101,12 @@ class GGUFSource:
     def int4(self, name: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows [lo, hi) as int4 (records, offsets): from the blocks where they are 4-bit."""
         t = self.tensors[name]
-        n, k = int(t.shape[1]), int(t.shape[0])
-        if self.kind(name) in FROM_BLOCKS:
-            records, offsets = (self._rows_of(name, a) for a in from_gguf(t.data, self.kind(name), n, k))
-            return np.ascontiguousarray(records[lo:hi]), np.ascontiguousarray(offsets[lo:hi])
-        return quantize_int4(self._float(name)[lo:hi])
+        if self.kind(name) not in FROM_BLOCKS:
+            return quantize_int4(self._float(name, lo, hi))
+        data, at = self._blocks(name, lo, hi)
+        parts = from_gguf(data, self.kind(name), data.shape[0], int(t.shape[0]))
+        records, offsets = (self._rows_of(name, a)[lo - at:hi - at] for a in parts)
+        return np.ascontiguousarray(records), np.ascontiguousarray(offsets)
 
 
 def _projection(src: GGUFSource, layout: Layout, layer: int, pieces: tuple[str, ...],
@@ -129,6 +141,29 @@ def layer_norms(config: ModelConfig) -> tuple[str, ...]:
     """The norm weights a layer of this family holds (llama.py Layer)."""
     return ("attention_norm", "ffn_norm", *(("q_norm", "k_norm") if config.qk_norm else ()),
             *(("post_attention_norm", "post_ffn_norm") if config.post_norms else ()))
+
+
+_CHUNK = 16384                  # rows of the embedding and head converted at a time
+
+
+def _embedding(ckpt: CheckpointReader, config: ModelConfig) -> torch.Tensor:
+    """The fp32 embedding, filled a chunk of rows at a time: no second whole copy is ever held."""
+    out = torch.empty(config.vocab_size, config.hidden_size)
+    for lo in range(0, config.vocab_size, _CHUNK):
+        out[lo:lo + _CHUNK] = ckpt.rows("embed", lo=lo, hi=min(lo + _CHUNK, config.vocab_size))
+    return out
+
+
+def _head(ckpt: CheckpointReader, config: ModelConfig, embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head as int8 rows under both kinds (linear.head_weights), quantized a chunk of rows at a
+    time (quantize_int8 is row by row, so the chunks give the same bits as the whole)."""
+    q = torch.empty(config.vocab_size, config.hidden_size, dtype=torch.int8)
+    s = torch.empty(config.vocab_size, dtype=torch.bfloat16)
+    for lo in range(0, config.vocab_size, _CHUNK):
+        hi = min(lo + _CHUNK, config.vocab_size)
+        rows = embed[lo:hi] if config.tie_embeddings else ckpt.rows("output", lo=lo, hi=hi)
+        q[lo:hi], s[lo:hi] = quantize_int8(rows)
+    return q, s
 
 
 def _linear(state: dict[str, torch.Tensor], name: str) -> nn.Module:
@@ -167,16 +202,16 @@ def convert(path: Path, weights: Weights, progress: Any = None) -> Path:
     try:
         if progress is not None:
             progress(0, config.n_layers)
-        embed = ckpt.rows("embed")
-        head = embed if config.tie_embeddings else ckpt.rows("output")
-        q, s = quantize_int8(head)                  # int8 rows under both kinds (linear.head_weights)
-        top = {"embed": embed, "norm": ckpt.rows("norm"), "head.q": q, "head.s": s}
+        top = {"embed": _embedding(ckpt, config), "norm": ckpt.rows("norm")}
+        top["head.q"], top["head.s"] = _head(ckpt, config, top["embed"])
         if inv_freq is not None:
             top["inv_freq"] = inv_freq
         torch.save(top, tmp / "model.pt")
-        del embed, head, top
+        del top
+        reader.release()
         for i in range(config.n_layers):
             torch.save(_layer_state(ckpt, src, i, weights), tmp / f"layer-{i}.pt")
+            reader.release()
             if progress is not None:
                 progress(i + 1, config.n_layers)
         (tmp / "config.json").write_text(json.dumps(dataclasses.asdict(config)))

@@ -69,3 +69,40 @@ def test_int4_rows_alone_equal_rows_in_a_batch_and_prompt_chunks_equal_decode_ro
         kv.reserve(0, 1)
         rows.append(m.model(build_batch([SeqChunk(0, (t,), i, (0,))], kv), kv))
     assert torch.equal(torch.cat(rows), whole)
+
+
+def test_a_conversion_in_slices_gives_the_bits_of_whole_tensors(monkeypatch) -> None:
+    # the bounded-memory conversion (slices of rows, the embedding and head in chunks) must write
+    # exactly what dequantizing and quantizing whole tensors writes
+    from gguf import quants
+
+    from interlock.kernels.int4_pack import from_gguf
+    from interlock.models.checkpoint import CheckpointReader, Layout
+    from interlock.models.gguf_file import GGUFFile
+    from interlock.models.gguf_loader import _field, read_config, unpermute
+    from interlock.models.linear import quantize_int8
+
+    reader = GGUFFile(embedded_gguf_path())
+    config, _ = read_config(reader, "float32")
+    src = packed.GGUFSource(reader, _field(reader, "general.architecture"), config)
+    ckpt = CheckpointReader(src, Layout(config))
+
+    def whole(name: str):
+        t = src.tensors[name]
+        return torch.from_numpy(quants.dequantize(t.data, t.tensor_type).astype("float32"))
+
+    embed_name, q_name = ckpt.layout.where("embed")[0], ckpt.layout.where("q", 0)[0]
+    assert torch.equal(src.rows(embed_name, 100, 2000), whole(embed_name)[100:2000])
+    heads = config.n_heads                                 # llama.cpp permuted q: read whole, then sliced
+    assert torch.equal(src.rows(q_name, 64, 192), torch.from_numpy(unpermute(whole(q_name).numpy(), heads))[64:192])
+    monkeypatch.setattr(packed, "_CHUNK", 1000)           # 49,152 rows: 50 chunks, the last one short
+    embed = packed._embedding(ckpt, config)
+    assert torch.equal(embed, whole(embed_name))
+    q, s = packed._head(ckpt, config, embed)
+    q_whole, s_whole = quantize_int8(whole(embed_name))
+    assert torch.equal(q, q_whole) and torch.equal(s, s_whole)
+    gate = ckpt.layout.where("gate", 0)[0]                 # not permuted: only rows [64, 128) are unpacked
+    t = src.tensors[gate]
+    records, offsets = from_gguf(t.data, src.kind(gate), int(t.shape[1]), int(t.shape[0]))
+    part = src.int4(gate, 64, 128)
+    assert (part[0] == records[64:128]).all() and (part[1] == offsets[64:128]).all()
