@@ -5,17 +5,23 @@
                what fails without the model (a grammar, a tensor-parallel size) fails before it loads
 - progress.py  progress on stderr (rich): a spinner on a terminal, one line with the time taken
 
-`main` below runs one command; an interlock error ends it with one line on stderr (exit 2).
+`main` below runs one command. What it checks before any wait (the rules between generate's flags,
+its grammar's text) imports neither torch nor the engine. An interlock error ends the command with
+one line on stderr in argparse's words, naming the flag it is about where there is one (exit 2).
 """
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 
 import anyio
 
 from interlock.cli.parser import build_parser, flag
-from interlock.protocol.errors import GrammarError, InterlockError, InvalidParameterError, user_message
+from interlock.models.names import check_name
+from interlock.protocol.errors import (DeviceUnavailableError, EmptyPromptError, GrammarError, InterlockError,
+                                       InvalidParameterError, ModelNotFoundError, PromptTooLongError,
+                                       UnsupportedModelError, user_message)
 
 __all__ = ["build_parser", "main"]
 
@@ -24,26 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from interlock.cli import commands
 
-    if args.command == "generate":           # the rules between flags, before any wait
-        try:
-            commands.sampling_from_args(args)
-            commands.check_grammar_text(args)
-        except InvalidParameterError as exc:
-            print(f"interlock generate: error: {flag_message(exc)}", file=sys.stderr)
-            return 2
-        except GrammarError as exc:
-            print(f"interlock generate: error: argument {commands.grammar_flag(args)}: {user_message(exc)}",
-                  file=sys.stderr)
-            return 2
-    from interlock.logs import configure_logging
-
-    configure_logging(json=args.log_json, level=args.log_level)
-    import torch
-
-    # The model lane runs torch at --threads (EngineConfig.threads); every other thread of this
-    # process at 1, so that the lane's OpenMP pool is the only one (see streams/cpu_timeline.py).
-    torch.set_num_threads(1)
     try:
+        if args.command == "generate":           # the rules between flags and the grammar's text, before any wait
+            commands.sampling_from_args(args)
+            commands.precheck_grammar(args)
+        check_name(args.model)                    # a name that stands for no model, before any wait
+        from interlock.logs import configure_logging
+
+        configure_logging(json=args.log_json, level=args.log_level)
         if args.command == "serve" and args.replicas:
             commands.serve_replicas(args)
         else:
@@ -51,11 +45,27 @@ def main(argv: list[str] | None = None) -> int:
                    "serve": commands.serve}[args.command]
             anyio.run(run, args)
     except InterlockError as exc:       # bad input or a failed load: what to do about it, on one line
-        print(f"error: {type(exc).__name__}: {user_message(exc)}", file=sys.stderr)
+        print(f"interlock {args.command}: error: {error_message(args, exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def error_message(args: argparse.Namespace, exc: InterlockError) -> str:
+    """An interlock error as argparse words a bad flag ("argument --max-tokens: ..."), for the flag
+    it is about: a parameter's, the grammar's (generate's one grammar flag), --model's, --device's,
+    the prompt's; any other error by its type."""
+    from interlock.cli.commands import grammar_flag
+
+    if isinstance(exc, InvalidParameterError):
+        return flag_message(exc)
+    about = {ModelNotFoundError: "--model", UnsupportedModelError: "--model", DeviceUnavailableError: "--device",
+             PromptTooLongError: "prompt", EmptyPromptError: "prompt"}
+    name = next((f for kind, f in about.items() if isinstance(exc, kind)), None)
+    if isinstance(exc, GrammarError) and args.command == "generate":
+        name = grammar_flag(args)              # generate's one grammar, from at most one flag
+    return f"argument {name}: {user_message(exc)}" if name else f"{type(exc).__name__}: {user_message(exc)}"
 
 
 def flag_message(exc: InvalidParameterError) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,13 +73,38 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
             "weights": args.weights}
 
 
+def one_torch_thread() -> None:
+    """The model lane runs torch at --threads (EngineConfig.threads); every other thread of this
+    process at 1, so that the lane's OpenMP pool is the only one (see streams/cpu_timeline.py).
+    Called inside a command's first progress step: importing torch is a second or more of the wait."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def load_engine(args: argparse.Namespace, console: Console) -> Engine:
+    """The command's engine, loaded (not started) under one progress line that starts before torch
+    is imported, so that the time it gives is the whole wait."""
+    with step(console, f"loading {args.model}"):
+        return new_engine(args, console)
+
+
+@asynccontextmanager
+async def started_engine(args: argparse.Namespace, console: Console) -> AsyncIterator[Engine]:
+    """load_engine and the engine's start under one progress line: all the wait before a request."""
+    async with AsyncExitStack() as stack:
+        with step(console, f"loading {args.model}"):
+            engine = await stack.enter_async_context(new_engine(args, console))
+        yield engine
+
+
+def new_engine(args: argparse.Namespace, console: Console) -> Engine:
+    one_torch_thread()
     from interlock.engine import Engine
 
     if args.device == "cpu" and args.tensor_parallel == 1:
         convert_weights(args, console)
-    with step(console, f"loading {args.model}"):
-        return Engine.from_pretrained(args.model, **engine_options(args))
+    return Engine.from_pretrained(args.model, **engine_options(args))
 
 
 def convert_weights(args: argparse.Namespace, console: Console) -> None:
@@ -109,29 +136,29 @@ def spec_from_args(args: argparse.Namespace) -> GrammarSpec | None:
 GRAMMAR_FLAGS = ("schema", "json_object", "regex", "grammar", "choice")    # generate's, at most one given
 
 
-def grammar_flag(args: argparse.Namespace) -> str:
-    """The flag that gave generate its grammar, as the user typed it."""
+def grammar_flag(args: argparse.Namespace) -> str | None:
+    """The flag that gave generate its grammar, as the user typed it (None: no grammar flag)."""
     from interlock.cli.parser import flag
 
-    return next(flag(f) for f in GRAMMAR_FLAGS if getattr(args, f, None))
+    return next((flag(f) for f in GRAMMAR_FLAGS if getattr(args, f, None)), None)
 
 
-def check_grammar_text(args: argparse.Namespace) -> None:
-    """What needs no tokenizer (a schema that is no schema, a regex Python cannot compile, an empty
-    grammar): grammars/checks.py imports neither torch nor a backend, so this answers at once."""
-    from interlock.grammars.checks import check_regexes, check_spec
-    from interlock.protocol.grammar import GrammarConfig
+def precheck_grammar(args: argparse.Namespace) -> bool:
+    """What can be told without a tokenizer (a schema that is no schema or asks for a keyword no
+    backend enforces, a regex or grammar that does not parse): grammars/precheck.py imports neither
+    torch nor a backend, so this answers at once. True: the grammar is known to compile (or there is
+    none); False: only a compile with the model's tokenizer can tell (`check_grammar`)."""
+    from interlock.grammars.precheck import precheck
 
     spec = spec_from_args(args)
-    if spec is not None:
-        check_spec(spec, GrammarConfig())
-        check_regexes(spec)
+    return spec is None or precheck(spec, args.backend) == "compiles"
 
 
 async def check_grammar(args: argparse.Namespace, spec: GrammarSpec) -> None:
     """Compile the grammar with the model's tokenizer alone, as the engine will (its compile
-    timeout; the intake's checks ran in check_grammar_text): a bad one is a GrammarError now, not
-    after seconds of loading the model."""
+    timeout): a bad one is a GrammarError now, not after seconds of loading the model. Only where
+    `precheck_grammar` could not tell: it takes seconds (torch, the backends, the tokenizer)."""
+    one_torch_thread()
     from interlock.actors.grammar_layer import GrammarLayer
     from interlock.models.loader import load_tokenizer
     from interlock.protocol.grammar import GrammarConfig
@@ -188,10 +215,10 @@ async def generate(args: argparse.Namespace) -> None:
     sampling = sampling_from_args(args)
     spec = spec_from_args(args)
     console = stderr_console()
-    if spec is not None:
+    if spec is not None and not precheck_grammar(args):
         with step(console, "checking the grammar"):
             await check_grammar(args, spec)
-    async with load_engine(args, console) as engine:
+    async with started_engine(args, console) as engine:
         # a base model has no chat template: its prompt is the text itself, as llama.cpp sends it
         chat = not args.raw and engine.tokenizer.has_chat_template
         prompt = [{"role": "user", "content": args.prompt}] if chat else args.prompt
@@ -233,6 +260,7 @@ async def bench(args: argparse.Namespace) -> None:
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[args.prefix_caching]
     console = stderr_console()
     with step(console, f"loading {args.model}"):
+        one_torch_thread()
         model = bench_model(args)
     results = await run_modes(model, cfg, modes, prefix_caching=caching, rounds=args.rounds)
     report(results, console if args.json else None)          # with --json, stdout is the JSON's alone

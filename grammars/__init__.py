@@ -5,6 +5,8 @@ store (compile_cache.py: keys, LRU, counts). Synchronous only: the thin async co
 actors/grammar_layer.py and actors/compile_cache.py.
 
 `validate_output(spec, text)`: the backend-independent end-of-request check (raises GrammarError).
+precheck.py: what can be told of a grammar without a tokenizer (the CLI's check, before torch is
+imported), from llguidance's verdict on its text (llguidance_text.py, which the backend compiles too).
 grammars/keywords.py: which JSON Schema keywords each backend enforces exactly (what `auto` reads;
 the table is grammars/LENIENCY.md).
 Grammars that switch mid-output (Reasoning, StructuralTag): grammars/switch/ (the composing
@@ -25,7 +27,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # Names are imported on first use (PEP 562): the backends import xgrammar and torch (seconds), and
-# the checks a CLI runs on a grammar before loading anything (checks.py, validate.py) need neither.
+# the checks a CLI runs on a grammar before loading anything (checks.py, validate.py, precheck.py) need neither.
 _EXPORTS = {
     "BackendRouter": "interlock.grammars.backends", "make_backend": "interlock.grammars.backends",
     "allocate_bitmask": "interlock.grammars.bitmask", "allowed_ids": "interlock.grammars.bitmask",

@@ -24,10 +24,10 @@ import torch
 from interlock.grammars import bitmask as bm
 from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
-from interlock.grammars.keywords import Gap, gaps, keywords_in, subschemas
+from interlock.grammars.keywords import Gap, gap_named, gaps, no_backend_error, said_by
 from interlock.grammars.matcher import BaseMatcher
 from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
-from interlock.protocol.errors import GrammarError, SchemaKeywordError
+from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import GrammarBackend, GrammarConfig, GrammarSpec, JsonSchema
 
 
@@ -71,20 +71,15 @@ class AutoBackend:
             try:
                 compiled = backend.compile(spec)
             except GrammarError as exc:
-                named += _gap_in(schema, str(exc)) if exact else []
-                reasons.append(_named(backend.name, str(exc)))
+                named += gap_named(schema, str(exc)) if exact else []
+                reasons.append(said_by(backend.name, str(exc)))
                 continue
             if exact and compiled.inexact:
-                named += _gap_in(schema, compiled.inexact[0])
-                reasons.append(_named(backend.name, "; ".join(compiled.inexact[:3])))
+                named += gap_named(schema, compiled.inexact[0])
+                reasons.append(said_by(backend.name, "; ".join(compiled.inexact[:3])))
                 continue
             return replace(compiled, tried=tuple(reasons))
-        if named:
-            first = named[0]
-            raise SchemaKeywordError(
-                f"no backend enforces JSON schema keyword '{first.keyword}' at {first.path or '/'}: "
-                + "; ".join(reasons), keyword=first.keyword, path=first.path)
-        raise GrammarError("no backend could compile this grammar: " + "; ".join(reasons))
+        raise no_backend_error(named, reasons)
 
     def matcher(self, compiled: CompiledGrammar) -> BaseMatcher | SwitchMatcher:
         if isinstance(compiled.native, SwitchProgram):      # its inner grammars name their backends
@@ -99,18 +94,3 @@ class AutoBackend:
 
     def backend(self, name: str) -> Any:
         return self._by_name[name]
-
-
-def _gap_in(schema: Any, message: str) -> list[Gap]:
-    """The first keyword, in schema order, that a backend's message names, and where it is."""
-    named = keywords_in(message)
-    for where, node in subschemas(schema):
-        for key in node:
-            if key in named:
-                return [Gap(key, where, message)]
-    return []
-
-
-def _named(name: str, reason: str) -> str:
-    """Backend errors already start with their name (shared checks do not); say it once."""
-    return reason if reason.startswith(f"{name}:") else f"{name}: {reason}"

@@ -10,9 +10,7 @@ from interlock.grammars.matcher import BaseMatcher
 from interlock.grammars.switch import SwitchMatcher
 from interlock.grammars.xgrammar_backend import XGrammarBackend
 from interlock.models.tokenizer import Tokenizer
-from interlock.protocol.grammar import BackendName, GrammarBackend, GrammarConfig
-
-AUTO_ORDER: tuple[str, ...] = ("llguidance", "xgrammar")   # why: see grammars/auto.py
+from interlock.protocol.grammar import AUTO_ORDER, BackendName, GrammarBackend, GrammarConfig
 
 
 def make_backend(name: BackendName, tokenizer: Tokenizer, vocab_size: int,
@@ -32,7 +30,7 @@ def make_backend(name: BackendName, tokenizer: Tokenizer, vocab_size: int,
     if name == "llguidance":
         return LLGuidanceBackend(tokenizer, vocab_size, config)
     if name == "auto":
-        return AutoBackend([make_backend(n, tokenizer, vocab_size, config, lazy=i > 0)  # type: ignore[arg-type]
+        return AutoBackend([make_backend(n, tokenizer, vocab_size, config, lazy=i > 0)
                             for i, n in enumerate(AUTO_ORDER)])
     raise ValueError(f"backend must be 'xgrammar', 'llguidance' or 'auto', got {name!r}")
 

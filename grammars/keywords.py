@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from interlock.protocol.errors import GrammarError, SchemaKeywordError
+
 # Keywords that never change which instances are valid (JSON Schema 2020-12 core/meta-data/content
 # vocabularies, plus `format`: format-annotation is the default vocabulary). Unknown keywords
 # (OpenAPI's `nullable`, vendor `x-*`) are ignored by the spec, by jsonschema and by both backends.
@@ -209,3 +211,28 @@ def _rebuild(node: Any, where: str, drop: set[str]) -> Any:
 
 def _escape(key: str) -> str:
     return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def gap_named(schema: Any, message: str) -> list[Gap]:
+    """The first keyword, in schema order, that a backend's message names, and where it is."""
+    named = keywords_in(message)
+    for where, node in subschemas(schema):
+        for key in node:
+            if key in named:
+                return [Gap(key, where, message)]
+    return []
+
+
+def said_by(name: str, reason: str) -> str:
+    """A backend's reason, prefixed with its name once (backend errors already start with it)."""
+    return reason if reason.startswith(f"{name}:") else f"{name}: {reason}"
+
+
+def no_backend_error(named: list[Gap], reasons: list[str]) -> GrammarError:
+    """What `auto` raises when every backend refused: a SchemaKeywordError naming the first keyword
+    a refusal named (`named`, in backend order), else a GrammarError with each backend's reason."""
+    if named:
+        first = named[0]
+        return SchemaKeywordError(f"no backend enforces JSON schema keyword '{first.keyword}' at "
+                                  f"{first.path or '/'}: " + "; ".join(reasons), keyword=first.keyword, path=first.path)
+    return GrammarError("no backend could compile this grammar: " + "; ".join(reasons))

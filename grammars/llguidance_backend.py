@@ -32,13 +32,14 @@ from interlock.grammars import llguidance_calls
 from interlock.grammars import tables
 from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
-from interlock.grammars.keywords import LLGUIDANCE_FORMATS, ref_siblings, unknown_formats, without_formats
+from interlock.grammars.keywords import ref_siblings
+from interlock.grammars.llguidance_text import first_line, grammar_text
 from interlock.grammars.matcher import BaseMatcher
 from interlock.grammars.native_tags import check_native, llguidance_grammar
 from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import GrammarError
-from interlock.protocol.grammar import Choice, Ebnf, GrammarConfig, GrammarSpec, JsonObject, JsonSchema, Lark, Regex
+from interlock.protocol.grammar import GrammarConfig, GrammarSpec, JsonSchema
 from interlock.protocol.types import TokenId
 from interlock.logs import get_logger
 
@@ -75,13 +76,13 @@ class LLGuidanceBackend:
             grammar = llguidance_grammar(spec, lambda inner: self._sub_grammar(inner, ours))  # type: ignore[arg-type]
         else:
             check_spec(spec, self.config)
-            grammar = self._grammar(spec, ours)
+            grammar = grammar_text(spec, ours)
         try:
             template = llguidance.LLMatcher(self._tok, grammar, log_level=0)
         except Exception as exc:                 # misuse-level errors (bad grammar JSON)
-            raise GrammarError(f"llguidance: {_first_line(exc)}") from exc
+            raise GrammarError(f"llguidance: {first_line(exc)}") from exc
         if template.is_error():
-            raise GrammarError(f"llguidance: {_first_line(template.get_error())}")
+            raise GrammarError(f"llguidance: {first_line(template.get_error())}")
         # llguidance warns only when it approximates (lenient mode, coerce_one_of): each is inexact.
         inexact = [f"llguidance: {w}" for w in template.get_grammar_warnings()]
         if isinstance(spec, JsonSchema):
@@ -106,7 +107,7 @@ class LLGuidanceBackend:
     def _sub_grammar(self, spec: GrammarSpec, warnings: list[str]) -> dict:
         """A plain spec's grammar as one entry of a larger llguidance grammar."""
         check_spec(spec, self.config)
-        text = self._grammar(spec, warnings)
+        text = grammar_text(spec, warnings)
         try:
             entries = json.loads(text)["grammars"]
         except json.JSONDecodeError:             # some helpers hand back Lark text
@@ -115,32 +116,6 @@ class LLGuidanceBackend:
             raise GrammarError(f"llguidance: a {type(spec).__name__} part cannot be nested in a native "
                                f"switching grammar")
         return entries[0]
-
-    def _grammar(self, spec: GrammarSpec, warnings: list[str]) -> str:
-        """The llguidance grammar text for spec (parsing errors surface when the matcher is built);
-        appends to warnings what it dropped."""
-        try:
-            if isinstance(spec, JsonSchema):
-                schema = _annotations_dropped(json.loads(spec.compiled_schema), warnings)
-                return _json_grammar(json.dumps(schema), spec.whitespace == "flexible", spec.lenient)
-            if isinstance(spec, JsonObject):
-                return _json_grammar(json.dumps({"type": "object"}), spec.whitespace == "flexible")
-            if isinstance(spec, Regex):
-                return llguidance.LLMatcher.grammar_from_regex(spec.pattern)
-            if isinstance(spec, Ebnf):
-                if spec.root != "root":
-                    raise GrammarError(f"llguidance: GBNF start rule must be 'root', got {spec.root!r}")
-                return llguidance.grammar_from("gbnf", spec.text)
-            if isinstance(spec, Lark):
-                return llguidance.LLMatcher.grammar_from_lark(spec.text)
-            if isinstance(spec, Choice):
-                return llguidance.grammar_from("choice", json.dumps(list(spec.options)))
-        except GrammarError:
-            raise
-        except Exception as exc:
-            raise GrammarError(f"llguidance: {_first_line(exc)}") from exc
-        raise GrammarError(f"llguidance: unsupported spec {type(spec).__name__}")
-
 
 TRIE_TABLE = "llguidance-trie"
 SPECIAL = 0xFF          # llguidance's marker before a special token's name in its trie (TokTrie::SPECIAL_TOKEN_MARKER)
@@ -233,25 +208,6 @@ def _prepends(part: object) -> bool:
     return any(_prepends(v) for v in part.values())
 
 
-def _json_grammar(schema: str, flexible: bool, lenient: bool = False) -> str:
-    # Compact output means llguidance's default separators (",", ":") and no optional whitespace.
-    options: dict[str, bool] = {"whitespace_flexible": flexible}
-    if lenient:
-        options.update(lenient=True, coerce_one_of=True)
-    return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
-
-
-def _annotations_dropped(schema: object, warnings: list[str]) -> object:
-    """schema without the formats llguidance does not know (annotations, see the module docstring);
-    `true` becomes `{}` (llguidance wants an object to attach its options to: same meaning)."""
-    if schema is True:
-        return {}
-    unknown = unknown_formats(schema, LLGUIDANCE_FORMATS)
-    warnings.extend(f"format {name!r} at {where or '/'} is not one llguidance enforces: kept as an "
-                    f"annotation (JSON Schema's default), any string is allowed" for where, name in unknown)
-    return without_formats(schema, {where for where, _ in unknown}) if unknown else schema
-
-
 class LLGuidanceMatcher(BaseMatcher):
     def __init__(self, native: Any, backend: LLGuidanceBackend) -> None:
         super().__init__(vocab_size=backend.vocab_size, tokenizer_vocab=backend.tokenizer.vocab_size,
@@ -315,12 +271,3 @@ class LLGuidanceMatcher(BaseMatcher):
     def _native_reset(self) -> None:
         self._m = self._initial.deep_copy()
         self._tokens.clear()
-
-
-def _first_line(exc: object) -> str:
-    """llguidance's message on one line. Its regex errors span several: a header ending in
-    "regex parse error:", the pattern echoed with carets under the fault, then "error: why";
-    the header alone would leave out why, so each "error:" line's reason is kept too."""
-    lines = (str(exc).strip() or type(exc).__name__).splitlines()
-    reasons = [line.strip()[len("error:"):].strip() for line in lines[1:] if line.strip().startswith("error:")]
-    return " ".join([lines[0].strip(), *reasons])[:500]

@@ -73,8 +73,11 @@ def available() -> bool:
         _put_ninja_on_path()
 
         # torch's build cache hashes the .cpp only; naming the build after every file in csrc/ makes
-        # an edited header rebuild too.
-        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))).hexdigest()[:12]
+        # an edited header rebuild too. Its build.ninja names the sources' path, so two checkouts of
+        # the same sources under one name rebuilt each other's library on every start (a minute of
+        # "loading"): the path is in the name too.
+        files = b"".join(p.read_bytes() for p in sorted(_CSRC.iterdir()))
+        digest = hashlib.sha256(files + str(_CSRC).encode()).hexdigest()[:12]
         simd = os.environ.get("INTERLOCK_SIMD", "1")
         flags = {"0": ["-DINTERLOCK_NO_SIMD"], "avx2": AVX2_ONLY}.get(simd, [])
         suffix = {"0": "_portable", "avx2": "_avx2"}.get(simd, "")

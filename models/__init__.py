@@ -1,7 +1,8 @@
 """The target model: one decoder forward over a paged KV cache for every family (Llama, Mistral,
 Qwen2/3, Gemma 3, Phi-3: their differences are data in config.py), its loaders and tokenizer.
 
-`load_model(name_or_path)` gives a `LoadedModel` (weights, config, tokenizer), reading each
+`load_model(name_or_path)` gives a `LoadedModel` (weights, config, tokenizer) of what names.py says
+a name stands for (importing no torch: the CLI checks --model with it at once), reading each
 family's tensors where checkpoint.py says its checkpoints keep them; `PagedKVCache`
 owns the KV blocks, drawn from `prefix_cache.BlockPool` (refcounts, content-addressed full blocks
 shared between requests, an LRU of cached ones); `Transformer.forward(batch, kv)` runs one packed batch:

