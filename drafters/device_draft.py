@@ -275,8 +275,10 @@ class DeviceDrafter:
         """Device work, round j (1..K+1): the draft forward over tokens[:, j-1] (K+1: feed only)."""
         dv = self.dev
         rows = self.lanes_index[:batch] if j <= self.k else self.lanes_index[:0]
-        inputs = StepInputs(dv.tokens[:batch, j - 1], dv.positions[:batch, j - 1], dv.write_slots[:batch, j - 1],
-                            dv.row_table[:batch], self.tables, rows)
+        # a column of [B, K+1] is a strided view: the attention kernel reads `positions` by raw
+        # offset (models/kernel_rules.py), so it gets a contiguous copy (one small device copy)
+        inputs = StepInputs(dv.tokens[:batch, j - 1], dv.positions[:batch, j - 1].contiguous(),
+                            dv.write_slots[:batch, j - 1], dv.row_table[:batch], self.tables, rows)
         self._logits = self.lm.model(inputs, self.kv, n_layers=self.lm.n_layers, head=self.head)
 
     @torch.inference_mode()
