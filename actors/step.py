@@ -55,10 +55,13 @@ from interlock.actors.step_state import SlotState, StepState
 from interlock.actors.watchdog import StepWatchdog
 from interlock.protocol.messages import SlotResult, StepPlan, TokenEvent
 from interlock.protocol.errors import EngineError
-from interlock.streams.errors import DeviceFaultError
+from interlock.logs import get_logger
+from interlock.streams.errors import DeviceFaultError, TimelineClosedError
 from interlock.streams.timeline import DeviceEvent, Lane, Program, Timeline
 
 __all__ = ["SlotState", "StepEvents", "StepProgram", "StepShape", "StepState"]
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -238,9 +241,18 @@ class StepProgram:
         return self.peers.recording() if self.peers is not None else nullcontext([])
 
     def close(self) -> None:
-        for program in self._programs.values():
-            program.close()
+        """Free the captured programs; after a device fault they are dropped unfreed: on CUDA a
+        graph's free syncs on its last replay, which re-raises the sticky error (or never returns
+        on a hung stream), and nothing of a faulted context can be freed anyway."""
+        programs = list(self._programs.values())
         self._programs.clear()
+        self._announced.clear()
+        health = self.timeline.health()
+        if health is not None and not isinstance(health, TimelineClosedError):
+            log.warning("captured_programs_dropped", programs=len(programs), error=repr(health))
+            return
+        for program in programs:
+            program.close()
 
     def enqueue(self, timeline: Timeline, shape: StepShape | None = None) -> None:
         """The step's lane ops in host order (see the module docstring). Data-independent."""
@@ -356,6 +368,11 @@ class StepProgram:
         error = self.timeline.health()
         return error if error is None or self.peers is None else self.peers.explain(error)
 
+    def _report(self, exc: BaseException) -> None:
+        """On the loop: a step part's exception, typed (`_fault`), to the engine."""
+        assert self._on_error is not None
+        self._on_error(self._fault(exc))
+
     def _fault(self, exc: BaseException) -> BaseException:
         """The timeline's device fault when `exc` is its echo (on CUDA, every call after a fault
         raises the sticky error as a plain RuntimeError), else `exc`; explained by the peers."""
@@ -365,14 +382,16 @@ class StepProgram:
         return health if health is not None else exc
 
     def _guard(self, fn: Callable[..., None]) -> Callable[..., None]:
-        """fn, reporting an exception (typed: `_fault`) to the loop before it fails the timeline."""
+        """fn, reporting an exception to the loop before it fails the timeline. The exception goes as
+        it is and the loop types it (`_report`): fn may be a host function, where asking the timeline
+        (a stream query on CUDA) is a CUDA call in a host function, which CUDA forbids."""
         def guarded(*args: object) -> None:
             try:
                 fn(*args)
             except BaseException as exc:
                 if self._loop is not None and self._on_error is not None:
                     try:
-                        self._loop.call_soon_threadsafe(self._on_error, self._fault(exc))
+                        self._loop.call_soon_threadsafe(self._report, exc)
                     except RuntimeError:
                         pass
                 raise

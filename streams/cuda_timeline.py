@@ -54,6 +54,7 @@ log = get_logger(__name__)
 
 _POLL_FIRST_S = 20e-6
 _POLL_MAX_S = 1e-3
+_FREE_TIMEOUT_S = 5.0
 
 
 class _Shared:
@@ -130,9 +131,20 @@ class _ProgramState:
     keys: list[int] = field(default_factory=list)
     done: torch.cuda.Event | None = None  # recorded after each replay
 
-    def free(self) -> None:
-        if self.done is not None:
-            self.done.synchronize()  # torch releases the GIL here: pending callbacks can run
+    def free(self, timeout_s: float = _FREE_TIMEOUT_S) -> None:
+        # Wait for the last replay by polling (the GIL free between polls: pending callbacks can
+        # run), bounded: after a device fault the query raises the sticky error and on a hung stream
+        # it never turns true. Either way nothing is freed (a graph a stream may still run, callables
+        # the driver may still call): logged and leaked, never raised (this also runs as a finalizer).
+        deadline = time.monotonic() + timeout_s
+        try:
+            while self.done is not None and not _query(self.done):
+                if time.monotonic() > deadline:
+                    raise TimelineError(f"the last replay did not end within {timeout_s:g} s")
+                time.sleep(1e-3)
+        except TimelineError as exc:
+            log.error("program_not_freed", error=repr(exc))
+            return
         if self.graph is not None:
             self.graph.reset()
         self.graph = None
