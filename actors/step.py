@@ -159,7 +159,9 @@ class StepProgram:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watch = (step_timeout_s, watchdog_poll_s)
         self.watchdog: StepWatchdog | None = None
-        self.counts = {"steps": 0, "replayed": 0, "captured": 0, "eager": 0, "wakeups": 0}
+        self._capturing = False
+        self._eager_only: set[tuple[int, bool, StepShape | None]] = set()    # shapes whose capture failed
+        self.counts = {"steps": 0, "replayed": 0, "captured": 0, "eager": 0, "wakeups": 0, "capture_failed": 0}
 
     def bind(self, publish: Publish, on_error: OnError) -> None:
         """Where the finished step's TokenEvent goes (called on this loop, once per step), and where
@@ -209,19 +211,41 @@ class StepProgram:
     def _enqueue_step(self, shape: StepShape | None) -> None:
         key = (self.k, self.draft_model, shape)
         program = self._programs.get(key)
-        if program is None and not self._capturable(shape):
+        if program is None and (key in self._eager_only or not self._capturable(shape)):
             self.enqueue(self.timeline, shape)
             self.counts["eager"] += 1
             return
         if program is None:
-            with self.timeline.capture() as program, self._recording() as announced:
+            program = self._capture(key, shape)
+            if program is None:                 # that shape runs eagerly from now on
                 self.enqueue(self.timeline, shape)
-            self._programs[key], self._announced[key] = program, announced
-            self.counts["captured"] += 1
+                self.counts["eager"] += 1
+                return
         if self.peers is not None:
             self.peers.announce(self._announced[key])
         self.timeline.replay(program)
         self.counts["replayed"] += 1
+
+    def _capture(self, key: tuple[int, bool, StepShape | None], shape: StepShape | None) -> Program | None:
+        """Capture the step's program; None when the capture failed but the timeline did not (a CUDA
+        capture invalidated by an op it cannot record, a host sync): the shape is marked eager-only
+        and counted, and the step goes on eagerly. A failed timeline's error propagates."""
+        self._capturing = True          # what a part raises now reaches this caller, not on_error
+        try:
+            with self.timeline.capture() as program, self._recording() as announced:
+                self.enqueue(self.timeline, shape)
+        except Exception as exc:
+            if self.timeline.health() is not None:
+                raise
+            self._eager_only.add(key)
+            self.counts["capture_failed"] += 1
+            log.warning("step_capture_failed", shape=repr(shape), error=repr(exc))
+            return None
+        finally:
+            self._capturing = False
+        self._programs[key], self._announced[key] = program, announced
+        self.counts["captured"] += 1
+        return program
 
     def _capturable(self, shape: StepShape | None) -> bool:
         """Capture now? Host-runner steps always (their ops read the prologue's state); a device
@@ -389,7 +413,7 @@ class StepProgram:
             try:
                 fn(*args)
             except BaseException as exc:
-                if self._loop is not None and self._on_error is not None:
+                if self._loop is not None and self._on_error is not None and not self._capturing:
                     try:
                         self._loop.call_soon_threadsafe(self._report, exc)
                     except RuntimeError:
