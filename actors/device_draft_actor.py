@@ -95,14 +95,14 @@ class DeviceDraftActor(DraftActor):
         b.draft_rows = any(a.masked for a in asks if a.budget)
         if rounds:
             feeds = self.device.stage(asks, len(self.buffers.rows))
-            if feeds:
+            if feeds or self.device.eager_updates:
                 self.timeline.model.launch(self.device.catch_up, feeds)     # eager, before the step
 
     # --- the rounds ------------------------------------------------------------------------------
 
     def start(self, shape: StepShape) -> None:
         """Device work: the rounds' inputs up (the step's first)."""
-        self.device.start(shape.batch, shape.draft_q, self.device.updates)
+        self.device.start(shape.batch, shape.draft_q)
 
     def draft_forward(self, j: int = 0, shape: StepShape | None = None) -> None:
         assert shape is not None

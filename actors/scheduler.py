@@ -100,7 +100,8 @@ class Scheduler(Actor[object]):
                                            loop_wakeups=self.program.counts["wakeups"],
                                            replayed_steps=self.program.counts["replayed"],
                                            eager_steps=self.program.counts["eager"],
-                                           captured_programs=self.program.counts["captured"]))
+                                           captured_programs=self.program.counts["captured"],
+                                           failed_captures=self.program.counts["capture_failed"]))
 
     # --- messages ------------------------------------------------------------------------------
 

@@ -55,10 +55,13 @@ from interlock.actors.step_state import SlotState, StepState
 from interlock.actors.watchdog import StepWatchdog
 from interlock.protocol.messages import SlotResult, StepPlan, TokenEvent
 from interlock.protocol.errors import EngineError
-from interlock.streams.errors import DeviceFaultError
+from interlock.logs import get_logger
+from interlock.streams.errors import DeviceFaultError, TimelineClosedError
 from interlock.streams.timeline import DeviceEvent, Lane, Program, Timeline
 
 __all__ = ["SlotState", "StepEvents", "StepProgram", "StepShape", "StepState"]
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,9 @@ class StepProgram:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watch = (step_timeout_s, watchdog_poll_s)
         self.watchdog: StepWatchdog | None = None
-        self.counts = {"steps": 0, "replayed": 0, "captured": 0, "eager": 0, "wakeups": 0}
+        self._capturing = False
+        self._eager_only: set[tuple[int, bool, StepShape | None]] = set()    # shapes whose capture failed
+        self.counts = {"steps": 0, "replayed": 0, "captured": 0, "eager": 0, "wakeups": 0, "capture_failed": 0}
 
     def bind(self, publish: Publish, on_error: OnError) -> None:
         """Where the finished step's TokenEvent goes (called on this loop, once per step), and where
@@ -206,19 +211,41 @@ class StepProgram:
     def _enqueue_step(self, shape: StepShape | None) -> None:
         key = (self.k, self.draft_model, shape)
         program = self._programs.get(key)
-        if program is None and not self._capturable(shape):
+        if program is None and (key in self._eager_only or not self._capturable(shape)):
             self.enqueue(self.timeline, shape)
             self.counts["eager"] += 1
             return
         if program is None:
-            with self.timeline.capture() as program, self._recording() as announced:
+            program = self._capture(key, shape)
+            if program is None:                 # that shape runs eagerly from now on
                 self.enqueue(self.timeline, shape)
-            self._programs[key], self._announced[key] = program, announced
-            self.counts["captured"] += 1
+                self.counts["eager"] += 1
+                return
         if self.peers is not None:
             self.peers.announce(self._announced[key])
         self.timeline.replay(program)
         self.counts["replayed"] += 1
+
+    def _capture(self, key: tuple[int, bool, StepShape | None], shape: StepShape | None) -> Program | None:
+        """Capture the step's program; None when the capture failed but the timeline did not (a CUDA
+        capture invalidated by an op it cannot record, a host sync): the shape is marked eager-only
+        and counted, and the step goes on eagerly. A failed timeline's error propagates."""
+        self._capturing = True          # what a part raises now reaches this caller, not on_error
+        try:
+            with self.timeline.capture() as program, self._recording() as announced:
+                self.enqueue(self.timeline, shape)
+        except Exception as exc:
+            if self.timeline.health() is not None:
+                raise
+            self._eager_only.add(key)
+            self.counts["capture_failed"] += 1
+            log.warning("step_capture_failed", shape=repr(shape), error=repr(exc))
+            return None
+        finally:
+            self._capturing = False
+        self._programs[key], self._announced[key] = program, announced
+        self.counts["captured"] += 1
+        return program
 
     def _capturable(self, shape: StepShape | None) -> bool:
         """Capture now? Host-runner steps always (their ops read the prologue's state); a device
@@ -238,9 +265,18 @@ class StepProgram:
         return self.peers.recording() if self.peers is not None else nullcontext([])
 
     def close(self) -> None:
-        for program in self._programs.values():
-            program.close()
+        """Free the captured programs; after a device fault they are dropped unfreed: on CUDA a
+        graph's free syncs on its last replay, which re-raises the sticky error (or never returns
+        on a hung stream), and nothing of a faulted context can be freed anyway."""
+        programs = list(self._programs.values())
         self._programs.clear()
+        self._announced.clear()
+        health = self.timeline.health()
+        if health is not None and not isinstance(health, TimelineClosedError):
+            log.warning("captured_programs_dropped", programs=len(programs), error=repr(health))
+            return
+        for program in programs:
+            program.close()
 
     def enqueue(self, timeline: Timeline, shape: StepShape | None = None) -> None:
         """The step's lane ops in host order (see the module docstring). Data-independent."""
@@ -356,6 +392,11 @@ class StepProgram:
         error = self.timeline.health()
         return error if error is None or self.peers is None else self.peers.explain(error)
 
+    def _report(self, exc: BaseException) -> None:
+        """On the loop: a step part's exception, typed (`_fault`), to the engine."""
+        assert self._on_error is not None
+        self._on_error(self._fault(exc))
+
     def _fault(self, exc: BaseException) -> BaseException:
         """The timeline's device fault when `exc` is its echo (on CUDA, every call after a fault
         raises the sticky error as a plain RuntimeError), else `exc`; explained by the peers."""
@@ -365,14 +406,16 @@ class StepProgram:
         return health if health is not None else exc
 
     def _guard(self, fn: Callable[..., None]) -> Callable[..., None]:
-        """fn, reporting an exception (typed: `_fault`) to the loop before it fails the timeline."""
+        """fn, reporting an exception to the loop before it fails the timeline. The exception goes as
+        it is and the loop types it (`_report`): fn may be a host function, where asking the timeline
+        (a stream query on CUDA) is a CUDA call in a host function, which CUDA forbids."""
         def guarded(*args: object) -> None:
             try:
                 fn(*args)
             except BaseException as exc:
-                if self._loop is not None and self._on_error is not None:
+                if self._loop is not None and self._on_error is not None and not self._capturing:
                     try:
-                        self._loop.call_soon_threadsafe(self._on_error, self._fault(exc))
+                        self._loop.call_soon_threadsafe(self._report, exc)
                     except RuntimeError:
                         pass
                 raise

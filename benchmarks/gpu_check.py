@@ -9,7 +9,12 @@ budget (a part that no longer fits is skipped and says so):
    and a Triton kernel, each with its full traceback (benchmarks/gpu_preflight.py);
 2. junit/*.xml + tests/*.log: one pytest process per CUDA test file, a few at a time (a device
    assert poisons only its own process), each with a faulthandler timeout shorter than its limit so
-   a hang dumps every thread's stack before the process is killed;
+   a hang dumps every thread's stack before the process is killed. The engine files run their
+   CUDA cases only (`-k cuda`: their CPU cases, on the slow CUDA-rules timeline, would eat the
+   part's limit before the CUDA ones ran, leaving no junit XML; CI runs those), and every engine
+   there gets a step timeout of STEP_TIMEOUT_S (tests/engine/conftest.py reads
+   INTERLOCK_TEST_STEP_TIMEOUT_S), shorter than any part's limit: a hung step becomes a typed
+   StepOverdueError in the junit XML, not a kill;
 3. smoke.json, host-trace.json, smoke.log: the engine end to end under a debug log and the step
    watchdog (benchmarks/gpu_smoke.py);
 4. the GPU benchmarks with --quick, each saving partial JSON as it goes: gpu-bench.json,
@@ -38,6 +43,8 @@ CUDA_TESTS = [("tests/streams/test_cuda_timeline.py", 60), ("tests/kernels/test_
               ("tests/engine/test_device_draft.py", 120), ("tests/engine/test_device_features.py", 120),
               ("tests/engine/test_watchdog_cuda.py", 60)]
 TEST_WORKERS = 4                                        # pytest processes at once: one GPU, 16 cores
+STEP_TIMEOUT_S = 30                                     # an engine step in a test part: well under every limit
+CUDA_ONLY = "tests/engine/"                             # files whose CPU cases CI runs: `-k cuda` here
 BUDGET_S = 470                                          # 8 minutes, less the install and the report
 
 
@@ -52,7 +59,8 @@ class Part:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "INTERLOCK_NATIVE_KERNELS": "0"}
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "INTERLOCK_NATIVE_KERNELS": "0",
+            "INTERLOCK_TEST_STEP_TIMEOUT_S": str(STEP_TIMEOUT_S)}
 
 
 def run(parts: list[Part], out: Path, deadline: float, workers: int = 1) -> None:
@@ -93,8 +101,9 @@ def test_parts(out: Path) -> list[Part]:
     parts = []
     for path, limit in CUDA_TESTS:
         stem = Path(path).stem
+        select = ["-k", "cuda"] if path.startswith(CUDA_ONLY) else []
         parts.append(Part(stem, [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                                 "-o", f"faulthandler_timeout={max(10, limit - 15)}",
+                                 "-o", f"faulthandler_timeout={max(10, limit - 15)}", *select,
                                  f"--junitxml={out}/junit/{stem}.xml", path], limit, f"tests/{stem}.log"))
     return parts
 

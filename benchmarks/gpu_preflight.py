@@ -26,7 +26,10 @@ MODULES = ["interlock", "interlock.engine", "interlock.streams.cuda_timeline", "
            "interlock.benchmarks.gpu_bench", "interlock.benchmarks.gpu_engine", "interlock.benchmarks.gpu_smoke",
            "interlock.benchmarks.mask_bench"]
 PACKAGES = ["torch", "triton", "transformers", "tokenizers", "xgrammar", "llguidance", "numpy", "pytest", "anyio",
-            "structlog", "jsonschema", "pydantic", "hypothesis", "rich"]
+            "structlog", "jsonschema", "pydantic", "hypothesis", "rich", "typing-extensions"]
+# what the carried wheels need of what the machine has: pytest-asyncio needs pytest >= 8.4; anyio 4.16
+# and pydantic 2.14 need typing-extensions >= 4.16 (gpu_wheels.py carries it; an older one shadows it)
+MINIMUM = {"pytest": (8, 4), "typing-extensions": (4, 16)}
 
 
 def versions() -> str:
@@ -46,6 +49,31 @@ def versions() -> str:
     except OSError as exc:
         lines.append(f"nvidia-smi: {exc}")
     return "\n".join(lines)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit()) if piece[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def minimum_versions(version_of: Callable[[str], str] = importlib.metadata.version) -> str:
+    """Each package in MINIMUM at or past its minimum; RuntimeError naming every one that is not."""
+    found, bad = [], []
+    for name, least in MINIMUM.items():
+        try:
+            have = version_of(name)
+        except importlib.metadata.PackageNotFoundError:
+            bad.append(f"{name} missing (needs >= {'.'.join(map(str, least))})")
+            continue
+        (found if _release(have) >= least else bad).append(f"{name} {have} (needs >= {'.'.join(map(str, least))})")
+    if bad:
+        raise RuntimeError("too old for the carried wheels: " + "; ".join(bad))
+    return ", ".join(found)
 
 
 def imports() -> str:
@@ -82,7 +110,8 @@ def triton_kernel() -> str:
     return f"triton rms_norm matches the reference (max err {err:.1e})"
 
 
-CHECKS: list[tuple[str, Callable[[], str]]] = [("versions", versions), ("imports", imports),
+CHECKS: list[tuple[str, Callable[[], str]]] = [("versions", versions), ("minimum versions", minimum_versions),
+                                               ("imports", imports),
                                                ("tokenizer", tokenizer), ("cuda", cuda_op), ("triton", triton_kernel)]
 
 

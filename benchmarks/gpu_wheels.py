@@ -19,7 +19,7 @@ from pathlib import Path
 # What the engine, its tests and the GPU benchmarks import beyond the GPU machine's own packages.
 WHEELS = ["xgrammar", "apache-tvm-ffi", "llguidance", "structlog", "gguf", "jsonschema", "referencing", "rpds-py",
           "jsonschema-specifications", "attrs", "pydantic", "pydantic-core", "annotated-types",
-          "typing-inspection", "pytest-asyncio", "anyio", "sniffio"]
+          "typing-inspection", "pytest-asyncio", "anyio", "sniffio", "typing-extensions"]
 PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_27_x86_64", "manylinux_2_28_x86_64",
              "manylinux_2_31_x86_64", "manylinux_2_34_x86_64"]       # llguidance's is manylinux_2_31
 TOKENIZER_DIR = "smollm2-tokenizer"

@@ -19,6 +19,12 @@ keeps t and the accepted drafts, exactly the committed tokens, and the next step
 When it falls behind (a new prompt, a prefix-cache hit, more than K accepted lookup drafts), the
 prologue feeds the missing committed tokens eagerly (`catch_up`) before the step's program.
 
+Block-table updates, as the target's (actors/device_verifier.py): the captured `start` applies a
+fixed room of `room` entries whatever the step writes (a replay replays the count it was captured
+with), the unused ones aimed at a scratch row; a step that writes more (a catch-up, a new table)
+applies all of its updates eagerly in `catch_up`, from a second region of the buffer, and leaves
+the room to scratch.
+
 Greedy lanes take the masked argmax; sampled ones draw with K uniforms per step from their own
 generator (seed salted as the host runner's draft generator), whatever the batch.
 """
@@ -38,6 +44,11 @@ from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.types import RequestId, TokenId
 
 DRAFT_SALT = 0x5EED        # the host runner's draft generators use the same salt (drafters/model.py)
+
+
+def updates_per_lane(rounds: int, block_size: int) -> int:
+    """Block-table entries a lane's K+1 fed positions may add in one step (the blocks they span)."""
+    return -(-(rounds + 1) // block_size) + 1
 
 
 @dataclass(frozen=True)
@@ -124,7 +135,8 @@ class DeviceDrafter:
         pin = device.type == "cuda"
         self.kv = lm.cache(num_blocks, block_size)
         self.pad_slot = num_blocks * block_size
-        updates = max(slots * max_blocks, lanes * 2 * (rounds + 1))
+        self.room = lanes * updates_per_lane(rounds, block_size)    # the captured start's fixed count
+        updates = self.room + max(slots * max_blocks, lanes * 2 * (rounds + 1))
         self.host = RoundInputs.allocate(lanes, draft_rows, rounds, updates, torch.device("cpu"), pin)
         self.dev = RoundInputs.allocate(lanes, draft_rows, rounds, updates, device, False)
         self.np = numpy_views(self.host)
@@ -150,7 +162,7 @@ class DeviceDrafter:
         self._requests: dict[RequestId, _Request] = {}
         self._next_seq = 0
         self._logits: torch.Tensor | None = None
-        self._updates = 0
+        self._eager_updates = 0     # this step's updates applied by catch_up (at [room, room + n))
 
     # --- requests (between steps) ----------------------------------------------------------------
 
@@ -209,14 +221,25 @@ class DeviceDrafter:
                 if r.generator is None:
                     r.generator = request_generator(s.seed, salt=DRAFT_SALT)
                 torch.rand(k, generator=r.generator, out=self.host.uniforms[b])
-        n = len(updates)
-        room = self.np["update_index"].shape[0]
-        if n > room:
-            raise RuntimeError(f"{n} draft block-table updates in one step, room for {room}")
-        if n:
-            h["update_index"][:n], h["update_block"][:n] = zip(*updates)
-        self._updates = n
+        self._stage_updates(updates, eager=bool(catch_up))
         return catch_up
+
+    def _stage_updates(self, updates: list[tuple[int, int]], eager: bool) -> None:
+        """The program's room: this step's updates padded with scratch writes, or all scratch when the
+        step applies them eagerly (a catch-up, or more than the room holds)."""
+        h, n, room = self.np, len(updates), self.room
+        capacity = h["update_index"].shape[0] - room
+        if n > capacity:
+            raise RuntimeError(f"{n} draft block-table updates in one step, room for {capacity}")
+        eager = eager or n > room
+        at = room if eager else 0
+        if n:
+            h["update_index"][at: at + n], h["update_block"][at: at + n] = zip(*updates)
+        if eager:
+            h["update_index"][:room], h["update_block"][:room] = self.scratch, 0
+        else:
+            h["update_index"][n: room], h["update_block"][n: room] = self.scratch, 0
+        self._eager_updates = n if eager else 0
 
     def _feed(self, r: _Request, slot: int, tokens: list[TokenId], updates: list[tuple[int, int]]) -> StepInputs:
         """A catch-up feed: committed tokens the draft cache lacks, with no logits (eager work)."""
@@ -235,17 +258,17 @@ class DeviceDrafter:
     # --- device work --------------------------------------------------------------------------------
 
     @property
-    def updates(self) -> int:
-        """Block-table entries this step's staging wrote (its `start` uploads and applies them)."""
-        return self._updates
+    def eager_updates(self) -> int:
+        """Block-table entries this step applies in `catch_up`, before its program (0: in `start`)."""
+        return self._eager_updates
 
     @torch.inference_mode()
     def catch_up(self, feeds: list[StepInputs]) -> None:
         """Eager device work before the step: the table updates, then what the cache lacks."""
-        n = self._updates
+        part = slice(self.room, self.room + self._eager_updates)
         for name in ("update_index", "update_block"):
-            getattr(self.dev, name)[:n].copy_(getattr(self.host, name)[:n], non_blocking=True)
-        self._apply_updates(n)
+            getattr(self.dev, name)[part].copy_(getattr(self.host, name)[part], non_blocking=True)
+        self._apply_updates(part)
         for inputs in feeds:
             for start in range(0, inputs.rows, self.prefill_chunk):
                 part = slice(start, start + self.prefill_chunk)
@@ -254,29 +277,32 @@ class DeviceDrafter:
                 self.lm.model(chunk, self.kv, n_layers=self.lm.n_layers, head=self.head)
 
     @torch.inference_mode()
-    def start(self, batch: int, with_q: bool, updates: int) -> None:
-        """Device work, the step's first: upload the rounds' inputs and table updates."""
+    def start(self, batch: int, with_q: bool) -> None:
+        """Device work, the step's first: upload the rounds' inputs and the room of table updates
+        (the same count every step: a replay applies whatever this step staged there)."""
         for f in fields(RoundInputs):
-            n = updates if f.name.startswith("update") else batch
+            n = self.room if f.name.startswith("update") else batch
             getattr(self.dev, f.name)[:n].copy_(getattr(self.host, f.name)[:n], non_blocking=True)
-        self._apply_updates(updates)
+        self._apply_updates(slice(0, self.room))
         self.stopped[:batch] = self.dev.budget[:batch] == 0       # lookup lanes never draft with the model
         if with_q:                                               # lookup drafts and heads are point masses
             q = self.q[:batch]
             q.zero_()
             q.scatter_(2, self.dev.tokens[:batch, 1:].clamp(max=self.vocab - 1).unsqueeze(2), 1.0)
 
-    def _apply_updates(self, updates: int) -> None:
-        if updates:
-            self.tables.view(-1).index_copy_(0, self.dev.update_index[:updates], self.dev.update_block[:updates])
+    def _apply_updates(self, part: slice) -> None:
+        if part.stop > part.start:
+            self.tables.view(-1).index_copy_(0, self.dev.update_index[part], self.dev.update_block[part])
 
     @torch.inference_mode()
     def forward(self, j: int, batch: int) -> None:
         """Device work, round j (1..K+1): the draft forward over tokens[:, j-1] (K+1: feed only)."""
         dv = self.dev
         rows = self.lanes_index[:batch] if j <= self.k else self.lanes_index[:0]
-        inputs = StepInputs(dv.tokens[:batch, j - 1], dv.positions[:batch, j - 1], dv.write_slots[:batch, j - 1],
-                            dv.row_table[:batch], self.tables, rows)
+        # a column of [B, K+1] is a strided view: the attention kernel reads `positions` by raw
+        # offset (models/kernel_rules.py), so it gets a contiguous copy (one small device copy)
+        inputs = StepInputs(dv.tokens[:batch, j - 1], dv.positions[:batch, j - 1].contiguous(),
+                            dv.write_slots[:batch, j - 1], dv.row_table[:batch], self.tables, rows)
         self._logits = self.lm.model(inputs, self.kv, n_layers=self.lm.n_layers, head=self.head)
 
     @torch.inference_mode()

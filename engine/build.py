@@ -162,7 +162,10 @@ class Runtime:
             self.timeline.close()
         except Exception as exc:  # noqa: BLE001 - after a fault or a hang it may not close; free the rest
             log.error("timeline_close_failed", error=repr(exc))
-        self.program.close()
+        try:
+            self.program.close()        # drops its programs unfreed after a fault (StepProgram.close)
+        except Exception as exc:  # noqa: BLE001 - a shutdown frees what it can and says what it could not
+            log.error("programs_close_failed", error=repr(exc))
         self.kv.release()
         if self.drafter is not None:
             self.drafter.kv.release()

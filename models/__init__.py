@@ -10,7 +10,8 @@ decode / verify rows (and, with `rows_prefill`, prompt chunks) through the nativ
 rows path, other prompt chunks through dense GEMMs (bf16 or fp32: linear.py) (`batch.py` splits them).
 `device_llama.py` is the same forward over fixed-shape `StepInputs` tensors (batch-invariant,
 capturable in a CUDA graph): bf16 on CUDA with the row-independent Triton ops of `triton_ops.py`,
-float32 on the CPU with their torch references (`reference_ops.py`), which is how CI tests it.
+float32 on the CPU with their torch references (`reference_ops.py`), which is how CI tests it;
+`kernel_rules.py` is what the Triton ops assume of their inputs, checked by both.
 Weights (linear.py): int4 (the default for a GGUF), int8 or float. packed.py converts a GGUF
 tensor by tensor into the memory-mapped per-layer cache a warm start maps (quantized kinds);
 gguf_file.py reads a GGUF's metadata and tensor table fast; weight_cache.py keeps the float path's.

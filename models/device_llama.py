@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from interlock.models.batch import SeqChunk
 from interlock.models.config import ModelConfig
+from interlock.models.kernel_rules import attention_blocks
 from interlock.models.kv_cache import PagedKVCache, slots_of
 from interlock.models.llama import ACTIVATIONS, Transformer
 from interlock.models.rope import apply_rope, cos_sin_table, local_cos_sin_table
@@ -149,6 +150,7 @@ class DeviceLlama:
         self.embed, self.layers, self.norm, self.head = embed, layers, norm, head
         self.gemm_rows = gemm_rows
         self.invariant = invariant
+        attention_blocks(config.n_heads // config.n_kv_heads, config.head_dim)    # refuses what it cannot run, by name
         rope_local = rope_local if rope_local is not None else local_cos_sin_table(config)
         # [P, R] each: the global table, then the sliding layers' own where the family has one
         tables = (rope if rope is not None else cos_sin_table(config), rope_local)

@@ -10,14 +10,21 @@ batch invariance the exactness laws need). Nothing reads a value on the host: th
 same whether they run at once, deferred on a lane (streams/cuda_rules.py) or replayed from a
 captured program. The attention attends over all C slots of a row's table and masks those past
 its position: simple and fixed-shape, at the cost of C per row (tests keep C small).
+
+Each op first checks what its Triton kernel assumes (models/kernel_rules.py: contiguous inputs,
+dtypes, block sizes) and raises `KernelInputError` where the kernel would silently misread: a
+stride the reference would honour is a wrong answer on the GPU.
 """
 from __future__ import annotations
 
 import torch
 
+from interlock.models.kernel_rules import check_paged_attention, check_rms_norm
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [T, E] -> [T, E] in x's dtype; fp32 statistics, as the Triton kernel."""
+    check_rms_norm(x, weight)
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype).float()
     return (y * weight.float()).to(x.dtype)
@@ -30,6 +37,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     (the table of each row), positions [T] -> [T, H*D]: each row attends over positions 0..its own
     (K/V already written), or with a sliding window W > 0 over its last W positions; scores scaled
     by `scale` (None: D ** -0.5)."""
+    check_paged_attention(q, k_cache, v_cache, tables, row_table, positions, n_kv_heads)
     n_rows, q_size = q.shape
     d = k_cache.shape[-1]
     g = q_size // d // n_kv_heads

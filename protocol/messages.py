@@ -226,6 +226,7 @@ class EngineMetrics:
     replayed_steps: int = 0       # steps enqueued by replaying a captured program (a CUDA graph on CUDA)
     eager_steps: int = 0          # steps enqueued op by op (shapes that are not captured, or not yet)
     captured_programs: int = 0    # programs captured so far: one per step shape
+    failed_captures: int = 0      # captures that failed: that shape runs eagerly from then on
     prompt_tokens: int = 0        # prompt tokens of admitted requests (CFG companions included)
     cached_prompt_tokens: int = 0  # of those, found in the prefix cache (not prefilled)
 

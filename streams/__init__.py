@@ -7,7 +7,9 @@
   cuLaunchHostFunc binding whose callables live as long as a graph may replay them;
 - `cuda_rules.py`: a CPU timeline that obeys CUDA's rules (device work's Python at enqueue and its
   tensor ops deferred, `deferred.py`; one host-function thread; replays of ops, not Python; no host
-  sync in a capture; a fault stops everything): what the device runner's CPU tests run on;
+  sync in a capture; a fault stops everything and poisons every later query, sync and program
+  free; a host function makes no timeline call, `HostFunctionCallError`): what the device
+  runner's CPU tests run on;
   `program_graph.py`, the dependencies of a captured program;
 - `errors.py`: the typed errors of the timeline and of the bounded queues built on anyio
   (full, empty, closed, timeline failed), shared with actors/ mailboxes and output/'s stream.

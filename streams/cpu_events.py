@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
-from interlock.streams.errors import DeviceFaultError, TimelineClosedError, TimelineError
+from interlock.streams.errors import DeviceFaultError, HostFunctionCallError, TimelineClosedError, TimelineError
 
 FailureKind = Literal["host", "device"]
 
@@ -52,6 +52,10 @@ class SharedState:
         self.closed = False
         self.async_waiters: list[_AsyncWaiter] = []
         self.recording: object | None = None          # the program a capture() records into, if any
+        # Under CUDA's rules (streams/cuda_rules.py): the thread that runs host functions, which may
+        # call nothing of the timeline, and whether a device fault poisons event queries too
+        self.host_thread: threading.Thread | None = None
+        self.sticky_queries = False
 
     def error(self) -> TimelineError | None:
         """The typed error every call raises now, if the timeline failed or was closed."""
@@ -71,6 +75,18 @@ class SharedState:
         error = self.error()
         if error is not None:
             raise error
+
+    def check_caller(self, what: str) -> None:
+        """Under CUDA's rules: raise HostFunctionCallError when a host function makes this call."""
+        if self.host_thread is not None and threading.current_thread() is self.host_thread:
+            raise HostFunctionCallError(f"a host function called {what}: CUDA forbids CUDA calls in a host "
+                                        "function (post what it found to the event loop instead)")
+
+    def check_fault(self) -> None:
+        """Under CUDA's rules: after a device fault every query and sync raises it (the context's
+        sticky error), as cudaEventQuery and cudaEventSynchronize do. Caller holds `cond`."""
+        if self.sticky_queries and self.failure is not None and self.failure_kind == "device":
+            self.check()
 
     def complete(self, event: CpuEvent, generation: int) -> None:
         """Lane thread: `event`'s record number `generation` ran."""
@@ -111,8 +127,11 @@ class CpuEvent:
         self._completed = 0  # generation of the latest record that ran
 
     def query(self) -> bool:
-        """True when the latest enqueued record has run (or the event was never recorded)."""
+        """True when the latest enqueued record has run (or the event was never recorded). Under
+        CUDA's rules: raises from a host function, and after a device fault."""
+        self._shared.check_caller("event.query()")
         with self._shared.cond:
+            self._shared.check_fault()
             return self._completed >= self._enqueued
 
     async def wait_async(self) -> None:
@@ -123,6 +142,7 @@ class CpuEvent:
         """
         loop = asyncio.get_running_loop()
         shared = self._shared
+        shared.check_caller("event.wait_async()")
         with shared.cond:
             shared.check()
             if self._completed >= self._enqueued:

@@ -26,6 +26,16 @@ semantics of `CudaTimeline`, so that a CPU test that passes predicts the GPU:
    included, and waiters get the typed error. Nobody is told otherwise: as on CUDA, the host
    learns of it only by asking (`health()`, an event wait), which is what the engine's
    watchdog does. A host function that raises fails it too (`TimelineError`).
+6. **A fault poisons every later sync and query.** After a device fault, as CUDA's sticky error
+   does: event queries and waits, lane syncs, enqueues, `health()`'s callers and a program's
+   `close()` (CUDA frees a graph after syncing on its last replay) all raise `DeviceFaultError`.
+   Shutdown after a fault must therefore free nothing on the device (actors/step.py drops its
+   programs), or it re-raises the fault out of the engine's exit.
+7. **A host function makes no timeline call.** Querying an event, a health check, a sync, an
+   enqueue, a capture or a replay from a host function raises `HostFunctionCallError`: CUDA
+   forbids CUDA calls in a host function (a deadlock, or an error of the wrong type). What a host
+   function finds goes to the event loop, which asks the timeline. (A host function touching a
+   device tensor is not caught: on the CPU device and host tensors are the same kind.)
 
 `trace=True` keeps each host function's name, lane, thread, start and end (`host_trace()`), as
 `make gpu-check` records them on CUDA.
@@ -48,7 +58,7 @@ from interlock.streams.cpu_events import CpuEvent, SharedState
 from interlock.streams.cpu_timeline import CpuLane, OpKind, _check_config, join_lanes
 from interlock.streams.deferred import DeferredOp, DeferredWork
 from interlock.streams.errors import HostSyncInCaptureError, TimelineError
-from interlock.streams.timeline import HostCall, LaneName, LaneStatistics, TimelineStatistics
+from interlock.streams.timeline import DeviceEvent, HostCall, LaneName, LaneStatistics, TimelineStatistics
 
 log = get_logger(__name__)
 
@@ -119,6 +129,7 @@ class RulesLane(CpuLane):
 
     def launch_host(self, fn: Callable[..., object], *args: object) -> None:
         """Enqueue `fn(*args)`: when the lane reaches it, the host thread runs it; the lane waits."""
+        self._shared.check_caller(f"{self.name}.launch_host()")
         if self._recorded("host", fn, args):
             return
         with self._shared.cond:
@@ -127,12 +138,25 @@ class RulesLane(CpuLane):
 
     def launch(self, fn: Callable[..., object], *args: object) -> None:
         """Run fn's Python now; its tensor ops run later on this lane (module docstring, rules 1 and 4)."""
+        self._shared.check_caller(f"{self.name}.launch()")
         with self._shared.cond:
             self._shared.check()
         work = _LaneWork(self, self._shared.recording, _name(fn))
         with DeferredWork(work):
             fn(*args)
         work.flush(last=True)
+
+    def record(self, event: DeviceEvent) -> None:
+        self._shared.check_caller(f"{self.name}.record()")
+        super().record(event)
+
+    def wait(self, event: DeviceEvent) -> None:
+        self._shared.check_caller(f"{self.name}.wait()")
+        super().wait(event)
+
+    async def synchronize(self) -> None:
+        self._shared.check_caller(f"{self.name}.synchronize()")
+        await super().synchronize()
 
     def statistics(self) -> LaneStatistics:
         s = super().statistics()
@@ -278,10 +302,15 @@ class RulesProgram:
         self.entries.append(Entry(lane, "device", name, ops))
 
     def close(self) -> None:
-        """Free the recorded ops and the memory they hold (idempotent)."""
+        """Free the recorded ops and the memory they hold (idempotent). As CUDA's graph free, which
+        syncs on the last replay first: after a device fault it raises the fault (rule 6)."""
+        if self.closed:
+            return
         self.closed = True
         self.entries.clear()
         self.private.clear()
+        with self._shared.cond:
+            self._shared.check_fault()
 
 
 class CudaRulesTimeline:
@@ -293,6 +322,7 @@ class CudaRulesTimeline:
         self._shared = SharedState()
         self._close_timeout_s = close_timeout_s
         self._host = HostThread(self._shared, trace)
+        self._shared.host_thread, self._shared.sticky_queries = self._host.thread, True     # rules 6 and 7
         self.grammar = RulesLane("grammar", self._shared, max_ops_per_lane, self._host,
                                  threads=None if model_threads is None else 1)
         self.model = RulesLane("model", self._shared, max_ops_per_lane, self._host, threads=model_threads)
@@ -307,7 +337,9 @@ class CudaRulesTimeline:
         return CpuEvent(self._shared)
 
     def health(self) -> BaseException | None:
-        """The sticky error (a device fault or a failed host function), or None: what a watchdog asks."""
+        """The sticky error (a device fault or a failed host function), or None: what a watchdog asks.
+        Not from a host function (rule 7: on CUDA this is a stream query)."""
+        self._shared.check_caller("timeline.health()")
         with self._shared.cond:
             return self._shared.error() if self._shared.failure is not None else None
 
@@ -319,6 +351,7 @@ class CudaRulesTimeline:
     def capture(self) -> Iterator[RulesProgram]:
         """Record both lanes' calls as a program: device work's Python runs, nothing executes."""
         shared = self._shared
+        shared.check_caller("timeline.capture()")
         with shared.cond:
             shared.check()
             if shared.recording is not None:
@@ -340,6 +373,7 @@ class CudaRulesTimeline:
             raise ValueError("program was not captured on this timeline")
         if program.closed:
             raise ValueError("program is closed")
+        self._shared.check_caller("timeline.replay()")
         if self._shared.recording is not None:
             raise RuntimeError("cannot replay inside a capture")
         g, m = self.grammar, self.model

@@ -23,12 +23,15 @@ Semantics are those of `streams/timeline.py`; where CUDA forces a difference it 
   so the host sees it complete when the replay ends (its in-graph point is earlier; nothing above
   `streams/` can tell). A wait on an event the program did not record itself is done before the
   graph launch. A replay starts after both lanes' earlier work and later work on either lane
-  follows it: programs are joined at their boundaries.
+  follows it: programs are joined at their boundaries. A capture that fails still ends: the
+  grammar lane's join and `capture_end` both run (`run_all`) and the first error is raised (on an
+  invalidated capture the join raises too); the step program then runs that shape eagerly.
 - Statistics: `ops_run` counts ops enqueued, `host_calls` the callbacks that ran; a stream's wait
   is not observable from the host (`waits_blocked` / `wait_seconds` stay 0; gpu_bench measures it).
 - `close()` waits for both streams (polling, bounded, the GIL free between polls), then frees
   every program's graph and the callables it kept alive; nothing is discarded. After a device
-  fault nothing can be freed.
+  fault nothing can be freed: a program's free polls its last replay (bounded) and, on a fault
+  or a hang, logs and leaks instead of raising the sticky error or waiting forever.
 - `health()`: the sticky error (a failed host function, or a device fault read off a stream
   query). Nothing else reports a fault, so the engine's step watchdog polls it.
 """
@@ -54,6 +57,20 @@ log = get_logger(__name__)
 
 _POLL_FIRST_S = 20e-6
 _POLL_MAX_S = 1e-3
+_FREE_TIMEOUT_S = 5.0
+
+
+def run_all(steps: list[Callable[[], object]], error: BaseException | None = None) -> BaseException | None:
+    """Run every step even when one raises; return the first error (`error` if given), logging later ones."""
+    for step in steps:
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 - the caller raises the first
+            if error is None:
+                error = exc
+            else:
+                log.warning("capture_cleanup_failed_after_error", error=repr(exc), first=repr(error))
+    return error
 
 
 class _Shared:
@@ -130,9 +147,20 @@ class _ProgramState:
     keys: list[int] = field(default_factory=list)
     done: torch.cuda.Event | None = None  # recorded after each replay
 
-    def free(self) -> None:
-        if self.done is not None:
-            self.done.synchronize()  # torch releases the GIL here: pending callbacks can run
+    def free(self, timeout_s: float = _FREE_TIMEOUT_S) -> None:
+        # Wait for the last replay by polling (the GIL free between polls: pending callbacks can
+        # run), bounded: after a device fault the query raises the sticky error and on a hung stream
+        # it never turns true. Either way nothing is freed (a graph a stream may still run, callables
+        # the driver may still call): logged and leaked, never raised (this also runs as a finalizer).
+        deadline = time.monotonic() + timeout_s
+        try:
+            while self.done is not None and not _query(self.done):
+                if time.monotonic() > deadline:
+                    raise TimelineError(f"the last replay did not end within {timeout_s:g} s")
+                time.sleep(1e-3)
+        except TimelineError as exc:
+            log.error("program_not_freed", error=repr(exc))
+            return
         if self.graph is not None:
             self.graph.reset()
         self.graph = None
@@ -323,18 +351,20 @@ class CudaTimeline:
         try:
             with torch.cuda.stream(self.model.stream):
                 graph.capture_begin(capture_error_mode="thread_local")
+                error: BaseException | None = None
                 try:
                     self.grammar.stream.wait_stream(self.model.stream)    # fork the grammar lane
                     yield program
-                    ok = True
-                finally:
-                    self.model.stream.wait_stream(self.grammar.stream)    # join it back
-                    try:
-                        graph.capture_end()
-                    except Exception:
-                        if ok:
-                            raise
-                        log.warning("capture_end_failed_after_error")      # the body's error wins
+                except BaseException as exc:  # noqa: BLE001 - kept, raised once the capture has ended
+                    error = exc
+                # join the grammar lane back, then end the capture, whatever failed: on an
+                # invalidated capture the join raises too, and a capture never ended leaves the
+                # stream capturing. The first error is the one that says why.
+                error = run_all([lambda: self.model.stream.wait_stream(self.grammar.stream), graph.capture_end],
+                                error)
+                if error is not None:
+                    raise error
+                ok = True
         finally:
             self._capturing = None
             if not ok:

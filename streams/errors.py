@@ -48,6 +48,12 @@ class DeviceFaultError(TimelineError):
     included, so the step that faulted never reports back: the engine's watchdog notices."""
 
 
+class HostFunctionCallError(TimelineError):
+    """A host function called the timeline (a query, a sync, an enqueue, a health check): CUDA
+    forbids any CUDA call inside a host function (it deadlocks or returns a mis-typed error). The
+    CUDA-rules timeline raises it where CUDA would misbehave."""
+
+
 class HostSyncInCaptureError(TimelineError):
     """Device work read a tensor's value on the host (`.item()`, `.tolist()`, `bool()`, a
     data-dependent output shape) while a step was being captured: a CUDA graph would fail to

@@ -60,3 +60,35 @@ def test_every_cuda_test_file_is_in_the_list_and_the_budget_fits_8_minutes() -> 
     listed = {path for path, _ in gpu_check.CUDA_TESTS}
     assert cuda_files and cuda_files <= listed, cuda_files - listed
     assert gpu_check.BUDGET_S <= 8 * 60 - 10
+
+
+def test_engine_files_run_their_cuda_cases_with_a_step_timeout_under_every_limit(tmp_path) -> None:
+    """Their CPU cases (CI's) on the CUDA-rules timeline would eat the part's limit before the CUDA
+    cases ran; a hung step must end as a typed error in the junit XML, not as a kill."""
+    parts = {p.name: p for p in gpu_check.test_parts(tmp_path)}
+    for path, limit in gpu_check.CUDA_TESTS:
+        argv = parts[Path(path).stem].argv
+        assert (["-k", "cuda"] == argv[argv.index("-k"): argv.index("-k") + 2]) if path.startswith("tests/engine/") \
+            else "-k" not in argv, argv
+        assert gpu_check.STEP_TIMEOUT_S < limit - 15       # and under faulthandler's dump
+    assert gpu_check._env()["INTERLOCK_TEST_STEP_TIMEOUT_S"] == str(gpu_check.STEP_TIMEOUT_S)
+
+
+def test_preflight_names_what_is_too_old_for_the_carried_wheels() -> None:
+    import importlib.metadata
+
+    import pytest
+
+    from interlock.benchmarks import gpu_preflight, gpu_wheels
+
+    assert "typing-extensions" in gpu_wheels.WHEELS
+    fine = {"pytest": "8.4.1", "typing-extensions": "4.16.0"}
+    assert "pytest 8.4.1" in gpu_preflight.minimum_versions(fine.__getitem__)
+    with pytest.raises(RuntimeError, match=r"pytest 8\.3\.5 \(needs >= 8\.4\).*typing-extensions 4\.12\.2"):
+        gpu_preflight.minimum_versions({"pytest": "8.3.5", "typing-extensions": "4.12.2"}.__getitem__)
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    with pytest.raises(RuntimeError, match="typing-extensions missing"):
+        gpu_preflight.minimum_versions(missing)

@@ -136,3 +136,28 @@ async def test_cancelled_requests_free_the_draft_cache(tiny_float) -> None:
         await assert_all_free(engine)
         res = await engine.resources()
         assert res["draft_kv_free_blocks"] == res["draft_kv_total_blocks"] and res["draft_requests"] == 0
+
+
+async def test_replayed_rounds_apply_every_table_update_whatever_the_captured_count(tiny_float) -> None:
+    """A captured step's draft-table updates are a fixed padded room, as the target's: a replay whose
+    step writes more (or fewer) block-table entries than the captured one still leaves the draft
+    cache's device tables equal to the host's mirror, and captured rounds draft what eager ones do.
+    Blocks of 8 and a pruned 1-layer draft (rejections) make the count vary from 0 to 2 a step."""
+    async def run(capture: bool):
+        cfg = config(spec("d2t-subset", tiny_float), max_batch_size=2, block_size=8, capture_steps=capture)
+        async with Engine(tiny_float, cfg) as engine:
+            cases = [(PROMPTS[i % len(PROMPTS)], None, SamplingParams(max_tokens=40, ignore_eos=True))
+                     for i in range(2)]
+            out = await complete_all(engine, cases, timeout_s=300)
+            await wait_idle(engine)
+            drafter, metrics = engine._rt.drafter, await engine.metrics()
+            tables = drafter.tables.cpu()
+            for slot, known in enumerate(drafter.mirror.known):
+                assert tables[slot, : len(known)].tolist() == known, f"slot {slot}'s draft table"
+        return out, metrics
+
+    eager, _ = await run(False)
+    captured, metrics = await run(True)
+    assert metrics.replayed_steps > 0
+    assert [(c.token_ids, c.stats.drafted, c.stats.accepted) for c in captured] == \
+        [(c.token_ids, c.stats.drafted, c.stats.accepted) for c in eager]

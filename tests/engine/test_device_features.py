@@ -100,10 +100,17 @@ def reference_cases() -> list[Case]:
 
 @pytest.mark.parametrize("device", DEVICES)
 async def test_greedy_output_of_each_feature_is_the_reference_loops(tiny_float, device: str) -> None:
+    """On the CPU the reference is the float32 loop. On CUDA the engine computes in bf16, which cannot
+    equal a float32 loop token for token (a near tie flips an argmax, logprobs differ past 1e-4): there
+    the reference is the device runner's own eager, unspeculated output, and how close bf16 is to
+    float32 is tests/models/test_device_forward.py's (`test_close_to_the_cpu_fp32_reference`)."""
     cases = reference_cases()
     tok = tiny_float.tokenizer
     want: list[Out] = []
-    for prompt, _, sampling, negative in cases:
+    if device == "cuda":
+        eager, _ = await run(tiny_float, device_config(device, "none", capture_steps=False), cases)
+        want = [out(c) for c in eager]
+    for prompt, _, sampling, negative in cases if device == "cpu" else ():
         neg = tok.encode_prompt(negative if negative is not None else EMPTY_CHAT)
         tokens, logprobs = await anyio.to_thread.run_sync(lambda: greedy_reference(
             tiny_float.model, tok.encode_prompt(prompt), sampling, negative=neg, vocab=tok.vocab_size))

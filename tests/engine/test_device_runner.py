@@ -110,6 +110,29 @@ async def test_captured_steps_give_the_eager_output(tiny_float, device: str) -> 
     assert [c.token_ids for c in captured] == [c.token_ids for c in eager]
 
 
+async def test_a_failed_capture_runs_that_shape_eagerly_and_is_counted(tiny_float, monkeypatch) -> None:
+    """Planted: the forward reads a device value on the host (allowed eagerly, a counted sync; a
+    capture cannot record it). The capture ends, the shape is marked eager-only and counted, the
+    step goes on eagerly: the output is the eager engine's, nothing crashes."""
+    from interlock.actors.device_verifier import DeviceVerifier
+
+    forward = DeviceVerifier.forward
+
+    def syncs(self, shape=None) -> None:
+        forward(self, shape)
+        int(self.staging.dev.input_ids[0])             # a host read in device work
+
+    cases = [case(i) for i in range(4)]
+    eager = await run_cases(tiny_float, device_config("cpu", max_batch_size=2, capture_steps=False), cases)
+    monkeypatch.setattr(DeviceVerifier, "forward", syncs)
+    async with Engine(tiny_float, device_config("cpu", max_batch_size=2)) as engine:
+        got = await complete_all(engine, cases, timeout_s=300)
+        await wait_idle(engine)
+        metrics = await engine.metrics()
+    assert [c.token_ids for c in got] == [c.token_ids for c in eager]
+    assert metrics.failed_captures >= 1 and metrics.replayed_steps == 0 and metrics.captured_programs == 0, metrics
+
+
 @pytest.mark.parametrize("device", DEVICES)
 async def test_greedy_speculative_equals_plain_across_a_grammar_switch(tiny_float, device: str) -> None:
     spec = Reasoning(then=JsonSchema(SCHEMA), max_reasoning_tokens=4)

@@ -82,28 +82,48 @@ def test_rows_are_bitwise_the_same_alone_in_a_verify_chunk_and_in_a_batch(models
     assert torch.equal(batch[1:5], alone)
 
 
-@CUDA
-def test_forward_replays_in_a_cuda_graph(models) -> None:
+def _timeline(device: torch.device):
+    """The timeline a device runner gets: CUDA's, or on the CPU the one that obeys CUDA's rules."""
+    if device.type == "cuda":
+        from interlock.streams.cuda_timeline import CudaTimeline
+
+        return CudaTimeline(device)
+    from interlock.streams.cuda_rules import CudaRulesTimeline
+
+    return CudaRulesTimeline()
+
+
+@torch.inference_mode()
+def _fill_nan(x: torch.Tensor) -> None:
+    x.fill_(float("nan"))
+
+
+async def test_forward_replays_in_a_captured_program(models) -> None:
+    """A CUDA graph on CUDA; on the CPU the CUDA-rules timeline's program (its ops replayed, not its
+    Python), so a changed signature or a host sync in the forward fails CI, not the GPU run."""
     from interlock.models.device_llama import step_inputs
 
-    cfg, _, cuda = models
-    kv = _cache(cfg, cuda)
-    _prefill(cuda, kv, 0, PROMPT)
+    cfg, _, dev = models
+    kv = _cache(cfg, dev)
+    _prefill(dev, kv, 0, PROMPT)
     start = kv.reserve(0, 4)
     inputs = step_inputs([SeqChunk(0, tuple(EXTRA), start, (0, 1, 2, 3))], kv, max_blocks=MAX_BLOCKS,
-                         device=cuda.device)
-    eager = cuda(inputs, kv).clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        cuda(inputs, kv)                               # warm up (Triton compiles) off the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = cuda(inputs, kv)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
+                         device=dev.device)
+    eager = dev(inputs, kv).clone()
+    out: dict[str, torch.Tensor] = {}
+
+    def forward() -> None:
+        out["logits"] = dev(inputs, kv)
+
+    with _timeline(dev.device) as timeline:
+        timeline.model.launch(forward)                 # warm up (Triton compiles) off the capture
+        with timeline.capture() as program:
+            timeline.model.launch(forward)
+        timeline.model.launch(_fill_nan, out["logits"])     # what the replay must overwrite
+        timeline.replay(program)
+        await timeline.model.synchronize()
+        program.close()
+    assert torch.equal(out["logits"], eager)
 
 
 def test_greedy_speculative_equals_greedy_plain(models) -> None:
@@ -136,18 +156,45 @@ def test_greedy_speculative_equals_greedy_plain(models) -> None:
     assert out[:steps] == plain[:steps] and rejected > 0
 
 
-@CUDA
+def _slow_attention(q, k, v, tables, row_table, positions, hkv: int, bs: int, scale: float, window: int):
+    """Row by row, head by head: softmax(q k^T * scale) v over the row's visible positions."""
+    t, d = q.shape[0], k.shape[-1]
+    g = q.shape[1] // d // hkv
+    out = torch.zeros(t, hkv * g * d)
+    for r in range(t):
+        n = int(positions[r]) + 1
+        seen = range(max(0, n - window) if window else 0, n)
+        slots = [int(tables[int(row_table[r]), p // bs]) * bs + p % bs for p in seen]
+        for h in range(hkv * g):
+            qh = q[r, h * d: (h + 1) * d].double()
+            keys, values = k[slots, h // g].double(), v[slots, h // g].double()
+            out[r, h * d: (h + 1) * d] = ((keys @ qh * scale).softmax(0) @ values).float()
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("window", [0, 5, 40])
-def test_triton_paged_attention_window_and_scale_follow_the_reference(window: int) -> None:
-    from interlock.models import reference_ops, triton_ops
+@pytest.mark.parametrize("head_dim", [32, 96])
+async def test_paged_attention_window_and_scale_follow_the_slow_reference(device: str, window: int,
+                                                                         head_dim: int) -> None:
+    """The device's attention op (Triton on CUDA in bf16, the torch reference on the CPU), issued as
+    device work on its timeline, against a per-row loop; head dim 96 is Phi-3-mini's (padded)."""
+    from interlock.models.device_llama import DeviceLlama
 
     gen = torch.Generator().manual_seed(0)
-    t, hkv, g, d, bs = 6, 2, 3, 32, 4
+    t, hkv, g, d, bs = 6, 2, 3, head_dim, 4
     k, v = torch.randn(64, hkv, d, generator=gen), torch.randn(64, hkv, d, generator=gen)
     q = torch.randn(t, hkv * g * d, generator=gen)
-    tables = torch.randperm(16, generator=gen)[None].repeat(t, 1).int()
+    tables = torch.stack([torch.randperm(16, generator=gen) for _ in range(t)]).int()
+    row_table = torch.tensor([5, 0, 3, 1, 2, 4])
     positions = torch.tensor([3, 9, 17, 30, 41, 60])
-    want = reference_ops.paged_attention(q, k, v, tables, positions, hkv, bs, 0.3, window)
-    got = triton_ops.paged_attention(*(x.cuda().to(torch.bfloat16) for x in (q, k, v)), tables.cuda(),
-                                     positions.cuda(), hkv, bs, 0.3, window)
-    assert (got.float().cpu() - want).abs().max().item() < 0.05
+    want = _slow_attention(q, k, v, tables, row_table, positions, hkv, bs, 0.3, window)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    ops = DeviceLlama.random(tiny_config(64), device, dtype=dtype).ops()
+    args = [x.to(device, dtype) for x in (q, k, v)] + [x.to(device) for x in (tables, row_table, positions)]
+    out: dict[str, torch.Tensor] = {}
+    with _timeline(torch.device(device)) as timeline:
+        timeline.model.launch(lambda: out.update(got=ops.paged_attention(*args, hkv, bs, 0.3, window)))
+        await timeline.model.synchronize()
+    err = (out["got"].float().cpu() - want).abs().max().item()
+    assert err < (0.05 if device == "cuda" else 1e-4), err

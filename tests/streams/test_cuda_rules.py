@@ -11,7 +11,7 @@ import torch
 
 from interlock.streams.cpu_timeline import CpuTimeline
 from interlock.streams.cuda_rules import CudaRulesTimeline
-from interlock.streams.errors import DeviceFaultError, HostSyncInCaptureError, TimelineError
+from interlock.streams.errors import DeviceFaultError, HostFunctionCallError, HostSyncInCaptureError, TimelineError
 
 
 @pytest.fixture(params=["rules", "cpu"])
@@ -192,3 +192,48 @@ async def test_a_device_fault_stops_everything_after_it_and_only_asking_reveals_
                 await timeline.grammar.synchronize()
         else:
             assert len(told) == 1 and not isinstance(info.value, DeviceFaultError)
+
+
+# --- rule 6: a fault poisons every later sync and query ------------------------------------------
+
+async def test_after_a_device_fault_queries_and_a_programs_free_raise_it(timeline) -> None:
+    """Planted bug: shutdown code that queries an event or frees a captured program after a fault.
+    On CUDA both return the context's sticky error (a graph's free syncs on its last replay first)."""
+    with anyio.fail_after(10):
+        done = timeline.new_event()
+        with timeline.capture() as program:
+            timeline.model.launch(lambda: torch.arange(4) * 2)
+            timeline.model.record(done)
+        timeline.replay(program)
+        await timeline.model.synchronize()
+        timeline.model.launch(lambda: torch.arange(4).index_select(0, torch.tensor([9])))     # a fault
+        with pytest.raises(TimelineError):
+            await timeline.model.synchronize()
+        if rules(timeline):
+            with pytest.raises(DeviceFaultError):
+                done.query()
+            with pytest.raises(DeviceFaultError):
+                program.close()
+        else:
+            assert done.query() is True
+            program.close()
+        program.close()                                         # idempotent either way
+
+
+# --- rule 7: a host function makes no timeline call ------------------------------------------------
+
+@pytest.mark.parametrize("call", ["health", "query", "launch", "record"])
+async def test_a_host_function_that_calls_the_timeline_fails_it(timeline, call: str) -> None:
+    """Planted bug: a host function that asks the timeline (on CUDA a stream or event query, an
+    enqueue: a CUDA call in a host function, which deadlocks or returns a mis-typed error)."""
+    with anyio.fail_after(10):
+        event = timeline.new_event()
+        calls = {"health": timeline.health, "query": event.query,
+                 "launch": lambda: timeline.model.launch(lambda: None), "record": lambda: timeline.model.record(event)}
+        timeline.grammar.launch_host(calls[call])
+        if rules(timeline):
+            with pytest.raises(TimelineError) as info:
+                await timeline.grammar.synchronize()
+            assert isinstance(info.value.__cause__, HostFunctionCallError), info.value
+        else:
+            await timeline.grammar.synchronize()
