@@ -97,13 +97,20 @@ def default_kv_dtype(weights: Weights, dtype: Dtype) -> Dtype:
     return "float16" if quantized and native.simd_kernels() else dtype
 
 
+# "auto" takes int4 from a GGUF of this size up. Below it a step is bound by compute and per-step work,
+# not by reading weights, and int4's heavier arithmetic loses: on SmolLM2-135M (98 MB) int4 was 1.06x
+# int8's decode step and 1.25x its 8-row verify step; at Llama-3.2-1B's shape (803 MB) int4 decodes
+# 1.2x faster (docs/models.md, "Weights").
+INT4_FROM_BYTES = 512 << 20
+
+
 def resolve_weights(path: Path, weights: WeightsChoice) -> Weights:
-    """What "auto" means for a checkpoint: int4 for a GGUF where the native kernels run (its 4-bit
-    blocks as int4, every other tensor int8: packed.py; on Gemma 3 270M and SmolLM2 that is closer
-    to the file than int8 throughout, docs/models.md), else int8."""
+    """What "auto" means for a checkpoint: int4 for a GGUF of INT4_FROM_BYTES or more where the native
+    kernels run (its 4-bit blocks as int4, every other tensor int8: packed.py), else int8."""
     if weights != "auto":
         return weights
-    return "int4" if path.suffix == ".gguf" and native.available() else "int8"
+    big_gguf = path.suffix == ".gguf" and path.stat().st_size >= INT4_FROM_BYTES
+    return "int4" if big_gguf and native.available() else "int8"
 
 
 def convert_if_needed(name_or_path: str, weights: WeightsChoice = "auto",

@@ -9,7 +9,7 @@ from interlock.kernels import native
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.linear import Int4Linear, Int8Linear
-from interlock.models.loader import EMBEDDED, embedded_gguf_path, load_model, resolve_weights
+from interlock.models.loader import EMBEDDED, INT4_FROM_BYTES, embedded_gguf_path, load_model, resolve_weights
 from interlock.models import packed
 from interlock.testing.greedy import greedy_generate
 
@@ -25,8 +25,13 @@ def logits(loaded, ids: list[int]) -> torch.Tensor:
 
 
 @needs_native
-def test_auto_is_int4_for_a_gguf_and_int8_for_tiny() -> None:
-    assert resolve_weights(embedded_gguf_path(), "auto") == "int4"
+def test_auto_is_int4_for_a_big_gguf_and_int8_for_a_small_one_and_tiny(tmp_path) -> None:
+    big = tmp_path / "big.gguf"
+    with open(big, "wb") as f:                                    # sparse: only its size is read
+        f.truncate(INT4_FROM_BYTES)
+    assert resolve_weights(big, "auto") == "int4"
+    assert resolve_weights(embedded_gguf_path(), "auto") == "int8"        # 98 MB: bound by compute
+    assert resolve_weights(embedded_gguf_path(), "int4") == "int4"
     assert load_model("tiny").model.weights == "int8"
 
 
