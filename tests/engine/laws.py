@@ -132,8 +132,8 @@ def first_two_law(tiny, engine, prompt: str, grammar, *, temperature: float = 1.
 
 
 def complete_laws(tiny, engine, prompt: str, grammar, temperature: float
-                  ) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], float]]:
-    """(masked, conditional): the laws of a constrained request's complete outputs (stop token left
+                  ) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], float], float]:
+    """(masked, conditional, P(L)): the laws of a constrained request's complete outputs (stop token left
     out), by scoring every token sequence the grammar accepts. masked: each token from the model's
     row with the refused ids removed and renormalised; conditional: P(x) 1[x in L] / P(L), P the
     model's unmasked law at `temperature`. For grammars whose outputs are few and short."""
@@ -167,4 +167,4 @@ def complete_laws(tiny, engine, prompt: str, grammar, temperature: float
 
     walk([], 1.0, 1.0)
     total = sum(model.values())
-    return masked, {x: v / total for x, v in model.items()}
+    return masked, {x: v / total for x, v in model.items()}, total
