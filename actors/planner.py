@@ -103,7 +103,7 @@ def plan_step(running: dict[SlotId, Request], config: SchedulerConfig) -> tuple[
             last = req.out.output[-1] if req.out.output else req.spec.uncond_prompt[-1]
             guide = GuideChunk(req.guide_seq, req.guide_computed, (last,))
         snaps.append(RequestSnapshot(req.spec.request_id, slot, req.seq, req.computed, (req.last_token,),
-                                     True, req.grammar == "ready", req.spec.sampling, guide))
+                                     True, req.grammar == "ready", req.spec.sampling, guide, req.spec.trie))
         budget -= (1 + k) * len(req.seqs)
     for slot in sorted(running):           # then prompt chunks, whole chunks only
         req = running[slot]

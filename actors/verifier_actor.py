@@ -25,6 +25,14 @@ event `head_argmax` computes, for a row whose grammar allows few ids (JSON struc
 row after a forced token), only those logits, the same bits the dense head gives them; rows that
 allow many take the dense head together, rows past a refused draft none.
 
+The grammar-conditional law (SamplingParams.law "conditional", one attempt per internal request
+that carries a TrieView): such a request's rows are not masked. Its target is the model's law on
+the unmasked rows, reweighted by what earlier attempts learned (kernels/walk_book.py,
+kernels/conditional.py); drafts (point masses and a draft model's q alike, grammar-forced ones
+included, which now carry the model's probability) are verified against that target by the same
+rejection rule, and the first emitted token the grammar's row refuses fails the request with an
+AttemptRefused carrying what the attempt saw (engine/conditional.py starts the next attempt).
+
 Log-probabilities (SamplingParams.logprobs): for the requests that ask, and only for them, each
 emitted token's log-probability and its row's top alternatives are read from the very rows it was
 verified against (kernels/logprobs.py), so they are the same with or without speculation.
@@ -42,6 +50,7 @@ from interlock.actors.base import Actor, Handler
 from interlock.output.delivery import cut_at_stop
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.kernels.penalty_book import PenaltyBook
+from interlock.kernels.walk_book import WalkBook
 from interlock.actors.step import StepShape
 from interlock.actors.step_state import StepState
 from interlock.kernels import (
@@ -89,6 +98,7 @@ class VerifierActor(Actor[object]):
         self.eos = frozenset(eos_token_ids)
         self.generators: dict[RequestId, torch.Generator] = {}     # seeded requests' own
         self.penalties = PenaltyBook(model.config.vocab_size)       # per-request token counts
+        self.walks = WalkBook(eos_token_ids)                        # law="conditional" attempts' walks
         self._plan: StepPlan | None = None
         self._work: _StepWork | None = None
         # the lean greedy path (module docstring); None: where the native kernels build
@@ -107,10 +117,11 @@ class VerifierActor(Actor[object]):
     async def on_release(self, msg: Release) -> None:
         self.step.between_steps(self.generators.pop, msg.request_id, None)
         self.step.between_steps(self.penalties.release, msg.request_id)
+        self.step.between_steps(self.walks.release, msg.request_id)
 
     async def on_count(self, msg: Count) -> None:
-        """(seeded generators, penalty entries) for leak checks."""
-        msg.reply.set_result((len(self.generators), len(self.penalties)))
+        """(seeded generators, penalty entries, conditional walks) for leak checks."""
+        msg.reply.set_result((len(self.generators), len(self.penalties), len(self.walks)))
 
     # --- this actor's part of a step ----------------------------------------------------------
 
@@ -208,11 +219,20 @@ class VerifierActor(Actor[object]):
             num_drafts[row] = self._valid_drafts(s, n)
         self.penalties.apply_(logits, snaps, work.drafts, num_drafts)      # after CFG, before masks and temperature
         logits[:, :, self.tokenizer_vocab:] = float("-inf")                 # padded ids: never
-        self._mask(logits, snaps, k)
+        rows = self._mask_rows(snaps, [k + 1] * len(snaps))
+        allowed = self._allowed(snaps, rows, k, v)                          # conditional requests' rows, unmasked
+        self._mask(logits, [-1 if snaps[i // (k + 1)].trie is not None else r for i, r in enumerate(rows)])
+        laws: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}            # row -> (model's p, allowed)
         if all(s.sampling.greedy for s in snaps):
             result = rejection_sample_greedy(logits, draft_tokens, num_drafts)
         else:
-            result = self._stochastic(logits, snaps, draft_tokens, self._draft_probs(work, v, k), num_drafts, k)
+            probs = self._target_probs(logits, snaps, k)
+            for row, a in allowed.items():      # the trie-adjusted target of a conditional attempt
+                n = len(work.drafts[row]) + 1
+                p = probs[row, :n].clone()
+                probs[row, :n], stop_ruled = self.walks.target(snaps[row], work.drafts[row], p, a[:n])
+                laws[row] = (p, stop_ruled)
+            result = self._stochastic(probs, snaps, draft_tokens, self._draft_probs(work, v, k), num_drafts, k)
         asked: list[tuple[int, SlotResult]] = []       # (row, result) of requests that want logprobs
         for row, s in enumerate(snaps):
             n_acc = int(result.num_accepted[row])
@@ -220,6 +240,10 @@ class VerifierActor(Actor[object]):
             # Nothing after a stop token (the grammar refuses it); the stop token itself is kept.
             tokens, _ = cut_at_stop(tokens, self.eos, s.sampling, keep_stop=True)
             if self._row_invalid(s, logits[row, : len(tokens), : self.tokenizer_vocab].amax(-1).tolist()):
+                continue
+            refused = self.walks.settle(s, tokens, *laws[row]) if row in laws else None
+            if refused is not None:             # the attempt is a rejection: its request ends here
+                self.step.fail(s.slot, refused)
                 continue
             # A stop token that was an accepted draft counts as accepted (tokens end at it).
             result_s = SlotResult(s.request_id, s.slot, tuple(tokens), int(num_drafts[row]), min(n_acc, len(tokens)))
@@ -347,15 +371,29 @@ class VerifierActor(Actor[object]):
             return cond
         return cfg_combine(cond, uncond, torch.full((cond.shape[0],), float(scale)))
 
-    def _mask(self, logits: torch.Tensor, snaps: list[RequestSnapshot], k: int) -> None:
-        """Grammar masks, in place, on each request's K+1 rows (`_mask_rows`)."""
-        rows = torch.tensor(self._mask_rows(snaps, [k + 1] * len(snaps)), dtype=torch.long)
+    def _mask(self, logits: torch.Tensor, mask_rows: list[int]) -> None:
+        """Grammar masks, in place, on each request's K+1 rows (the bitmask row of each, `_mask_rows`; -1: none)."""
+        rows = torch.tensor(mask_rows, dtype=torch.long)
         skip = rows < 0
         if bool(skip.all()):
             return
-        flat = logits.view(len(snaps) * (k + 1), -1)
+        flat = logits.view(rows.shape[0], -1)
         apply_token_bitmask_(flat, self.buffers.bitmask, rows=rows.clamp(min=0), skip=skip,
                              mask_vocab_size=self.tokenizer_vocab)
+
+    def _allowed(self, snaps: list[RequestSnapshot], mask_rows: list[int], k: int,
+                 v: int) -> dict[int, torch.Tensor]:
+        """row -> [K+1, V] bool, the ids each grammar row allows, for the law="conditional" requests
+        (whose logits stay unmasked); a free row allows every tokenizer id."""
+        out = {}
+        for row, s in enumerate(snaps):
+            if s.trie is None:
+                continue
+            x = torch.zeros(k + 1, v)
+            self._mask(x, mask_rows[row * (k + 1): (row + 1) * (k + 1)])
+            x[:, self.tokenizer_vocab:] = float("-inf")
+            out[row] = x == 0
+        return out
 
     def _draft_probs(self, work: _StepWork, v: int, k: int) -> torch.Tensor | None:
         """q [B, K, V] when some draft came from a draft model's distribution, else None (point masses)."""
@@ -371,10 +409,10 @@ class VerifierActor(Actor[object]):
                 q[row, :n, : q_row.shape[1]] = q_row
         return q
 
-    def _stochastic(self, logits: torch.Tensor, snaps: list[RequestSnapshot], draft_tokens: torch.Tensor,
-                    draft_probs: torch.Tensor | None, num_drafts: torch.Tensor, k: int):
+    @staticmethod
+    def _target_probs(logits: torch.Tensor, snaps: list[RequestSnapshot], k: int) -> torch.Tensor:
+        """[B, K+1, V]: each row's law after temperature, top-k and top-p."""
         b = len(snaps)
-        per = self.buffers.rows_per_slot
         temp = torch.tensor([s.sampling.temperature for s in snaps]).repeat_interleave(k + 1)
         top_k = torch.tensor([s.sampling.top_k or 0 for s in snaps]).repeat_interleave(k + 1)
         top_p = torch.tensor([s.sampling.top_p or 1.0 for s in snaps]).repeat_interleave(k + 1)
@@ -382,6 +420,12 @@ class VerifierActor(Actor[object]):
         any_p = any(s.sampling.top_p for s in snaps)
         probs = probs_from_logits(logits.view(b * (k + 1), -1), temp, top_k if any_k else None,
                                   top_p if any_p else None).view(b, k + 1, -1)
+        return probs
+
+    def _stochastic(self, probs: torch.Tensor, snaps: list[RequestSnapshot], draft_tokens: torch.Tensor,
+                    draft_probs: torch.Tensor | None, num_drafts: torch.Tensor, k: int):
+        b = len(snaps)
+        per = self.buffers.rows_per_slot
         # Each request draws a fixed number of uniforms per step (step_drafts acceptance draws +
         # one resample draw), whatever K this batch has: its stream of randoms, and so its output,
         # does not depend on the other requests.

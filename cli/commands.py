@@ -206,7 +206,8 @@ def sampling_from_args(args: argparse.Namespace) -> Any:
 
     sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
                               guidance_scale=args.guidance_scale, presence_penalty=args.presence_penalty,
-                              frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty)
+                              frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
+                              law=args.law, max_attempts=args.max_attempts)
     check_guidance(sampling, args.negative_prompt)
     return sampling
 
@@ -236,7 +237,8 @@ async def generate(args: argparse.Namespace) -> None:
         line = {"finish_reason": finish, "output_tokens": stats.output_tokens, "steps": stats.steps,
                 "mean_acceptance_length": round(stats.mean_acceptance_length, 3),
                 "tokens_per_s": None if rate is None else round(rate, 2), "ttft_s": round(stats.ttft_s, 4),
-                "exposed_grammar_ms": round(stats.exposed_grammar_ms, 3)}
+                "exposed_grammar_ms": round(stats.exposed_grammar_ms, 3),
+                "attempts": stats.attempts if sampling.law == "conditional" else None}
         # text mode leaves out what has no value (no rate for a one-token output); JSON keeps its null
         print(json.dumps(line) if args.json_stats else "  ".join(f"{k}={v}" for k, v in line.items() if v is not None),
               file=sys.stderr)

@@ -149,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="send the prompt as text (with the BOS the model adds to a text), not as a chat "
                           "message; the default for a model without a chat template")
     gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--law", choices=("masked", "conditional"), default="masked",
+                     help="masked: each token from the grammar-masked model (the default); conditional: exact "
+                          "samples of the model's law conditioned on the whole output matching the grammar, by "
+                          "attempts (needs a grammar and --temperature > 0; prints once accepted)")
+    gen.add_argument("--max-attempts", type=int, default=64, help="--law conditional: attempts before giving up")
     gen.add_argument("--json-stats", action="store_true")
     gen.add_argument("--guidance-scale", type=float, default=None,
                      help="classifier-free guidance: logits = uncond + S * (cond - uncond); S > 1 follows the "

@@ -7,6 +7,9 @@
 - build.py    build_runtime: timeline, KV cache, step buffers and actors for the device; starting
               and stopping them (Runtime)
 - intake.py   a request's prompt encoded and its parameters checked (one error type per fault)
+- conditional.py / trie.py
+              law="conditional": a request run as attempts by adaptive rejection, and the per-request
+              trie of proved-dead mass its attempts learn
 """
 from __future__ import annotations
 

@@ -174,10 +174,10 @@ class Runtime:
         """What every actor holds now (Engine.resources says what each count is)."""
         kv_actor, verifier, grammar, draft, scheduler = self.actors
         free, total, seqs, cached = await kv_actor.ask(lambda r: KVUsage(r))
-        generators, penalties = await verifier.ask(lambda r: Count(r))
+        generators, penalties, walks = await verifier.ask(lambda r: Count(r))
         res = {"kv_free_blocks": free, "kv_total_blocks": total, "kv_sequences": seqs, "kv_cached_blocks": cached,
                "matchers": await grammar.ask(lambda r: Count(r)),
-               "verify_generators": generators, "penalty_entries": penalties}
+               "verify_generators": generators, "penalty_entries": penalties, "conditional_walks": walks}
         res.update(await draft.ask(lambda r: Count(r)))
         res.update(await scheduler.ask(lambda r: Count(r)))
         return res

@@ -76,11 +76,14 @@ class EngineConfig:
     runner: str = "auto"
     # The device runner's padded batch sizes; None: powers of two below max_batch_size, and it.
     graph_buckets: tuple[int, ...] | None = None
+    # law="conditional" (engine/trie.py): the most trie nodes one request's attempts may record
+    # (each a few small Python objects, ~200 bytes). A full trie stops learning; attempts stay exact.
+    conditional_max_nodes: int = 100_000
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
             raise ValueError(f"prefill must be one of {PREFILL_MODES}, got {self.prefill!r}")
-        for name in ("max_batch_size", "output_buffer", "block_size", "kv_cache_bytes"):
+        for name in ("max_batch_size", "output_buffer", "block_size", "kv_cache_bytes", "conditional_max_nodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import anyio
 
 from interlock.actors.grammar_layer import GrammarLayer
+from interlock.engine.conditional import ConditionalTotals, run_conditional
 from interlock.engine.build import Runtime, build_runtime, failure_of, scheduler_config, stop_workers
 from interlock.engine.config import EngineConfig
 from interlock.engine.intake import Intake, Prompt
@@ -26,9 +28,11 @@ from interlock.logs import get_logger
 from interlock.models.linear import WeightsChoice
 from interlock.models.loader import LoadedModel
 from interlock.output.stream import OutputStream
-from interlock.protocol.errors import EngineClosedError, EngineError, GrammarError
+from interlock.protocol.errors import (
+    EngineClosedError, EngineError, GrammarError, InvalidParameterError, UnsupportedFeatureError, not_yet_on,
+)
 from interlock.protocol.grammar import DEFAULT_BACKEND, BackendName, GrammarConfig, GrammarSpec
-from interlock.protocol.messages import Cancel, EngineMetrics, GetMetrics, GrammarReady, Submit, Wake
+from interlock.protocol.messages import Cancel, EngineMetrics, GetMetrics, GrammarReady, RequestSpec, Submit, Wake
 from interlock.protocol.sampling import Completion, Delta, SamplingParams
 from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE, SpeculativeConfig
 from interlock.protocol.types import Dtype, RequestId
@@ -58,6 +62,7 @@ class Engine:
         self.grammars = GrammarLayer(loaded.tokenizer, loaded.config.vocab_size, config.grammar)
         self._draft_lm = draft_lm_for(loaded, config.speculative)
         self._sched_config = scheduler_config(config, loaded.config, self.max_context)
+        self._conditional = ConditionalTotals()     # law="conditional" requests' attempts (metrics())
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "smollm2-135m-instruct", *,
@@ -149,6 +154,10 @@ class Engine:
         Leaving the loop early, closing the iterator or cancelling the consuming task cancels the
         request and frees everything it held. Raises a RequestError subclass (bad prompt, grammar,
         capacity) for this request only, EngineError if the engine fails or is closed.
+
+        sampling.law "conditional" samples P(output | output in the grammar) exactly, by attempts
+        (engine/conditional.py): nothing streams until an attempt is accepted, then its whole output;
+        its stats count the attempts. The host runner runs it; the device runner refuses it by name.
         """
         return self._generate(prompt, grammar, sampling, negative_prompt, grammar_backend)
 
@@ -167,6 +176,27 @@ class Engine:
             self.grammars.check_name(grammar_backend)
         rid = f"req-{next(self._ids)}"
         spec = self.intake.request(rid, prompt, grammar, sampling, negative_prompt)
+        if sampling.law == "conditional":
+            self._check_conditional(spec)
+            run = lambda one: self._run(rt, one, grammar_backend)  # noqa: E731
+            async for delta in run_conditional(run, spec, self.config.conditional_max_nodes, self._conditional):
+                yield delta
+            return
+        async for delta in self._run(rt, spec, grammar_backend):
+            yield delta
+
+    def _check_conditional(self, spec: RequestSpec) -> None:
+        """law="conditional" needs a grammar, and the host runner (the device runner's fixed-shape
+        verification, kernels/verify.py, has no trie-adjusted target yet)."""
+        if spec.grammar is None:
+            raise InvalidParameterError("law", "law='conditional' conditions on a grammar: give one, or use "
+                                               "law='masked'")
+        if self.runner != "host":
+            raise UnsupportedFeatureError("law='conditional'", not_yet_on(self.config.torch_device().type))
+
+    async def _run(self, rt: Runtime, spec: RequestSpec, grammar_backend: BackendName | None) -> AsyncIterator[Delta]:
+        """One request through the runtime, its deltas as they come."""
+        rid, grammar = spec.request_id, spec.grammar
         stream: OutputStream[Delta] = OutputStream(self.config.output_buffer, on_room=lambda: self._post(Wake()),
                                                    on_cancel=lambda: self._post(Cancel(rid)))
         self._streams[rid] = stream
@@ -220,15 +250,18 @@ class Engine:
         return trace() if trace is not None else []
 
     async def metrics(self) -> EngineMetrics:
-        """Step counts and times since start (exposed grammar time included)."""
-        return await self._started().scheduler.ask(lambda r: GetMetrics(r))
+        """Step counts and times since start (exposed grammar time included), and law="conditional"
+        attempts (each attempt's steps and tokens count in the step totals too)."""
+        metrics = await self._started().scheduler.ask(lambda r: GetMetrics(r))
+        return replace(metrics, **vars(self._conditional))
 
     async def resources(self) -> dict[str, int]:
         """Every per-request thing any actor holds right now (each returns to 0 / to its total when
         the engine is idle): KV blocks and sequences, slots, matchers, n-gram entries, suffix tries,
         adaptive budgets, user-drafter contexts, draft-model sequences and blocks, seeded generators
-        (target and draft), penalty counts, compiled grammars kept for unadmitted requests, output
-        streams, requests, a step in flight (a release sent during a step takes effect at its end).
+        (target and draft), penalty counts, law="conditional" attempts' walks, compiled grammars kept
+        for unadmitted requests, output streams, requests, a step in flight (a release sent during a
+        step takes effect at its end).
         Kept across requests, bounded: the prefix cache's blocks (kv_cached_blocks; they count as
         free, since eviction reclaims them) and the global suffix trie (suffix_global_*).
         The KV pool's invariants (refcounts = block-table references) are checked on every call."""

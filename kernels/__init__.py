@@ -21,6 +21,10 @@ captured CUDA graph; the "reference" versions loop in Python and are the obvious
                  position's counts: output + the drafts before it, so penalties stay exact)
 - penalty_book.py PenaltyBook: the per-request prompt and output counts penalties.py reads (the
                  VerifierActor holds one)
+- conditional.py the law="conditional" target at a verify row: the model's unmasked law reweighted by
+                 what earlier attempts proved dead (live_weights, conditional_target)
+- walk_book.py   WalkBook: the VerifierActor's per-request walk of a conditional attempt through its
+                 trie snapshot (the target rows, the Visits, the refusal that ends the attempt)
 - types.py       RejectionResult
 - native.py      our CPU kernels (csrc/, built on first use with the machine's compiler):
                  int8_linear (decode / verify projections, and prompt chunks on AMX tiles),

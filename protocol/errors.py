@@ -101,6 +101,29 @@ class DrafterError(RequestError):
     """A drafter (a user-provided one, typically) raised for this request."""
 
 
+class AttemptRefused(RequestError):
+    """One attempt of a law="conditional" request drew a token its grammar refuses (a rejection).
+    Internal: the engine's driver catches it, learns from `visits` (one protocol.conditional.Visit
+    per token of the attempt, the refused one last) and starts the next attempt; no caller sees it."""
+
+    def __init__(self, visits: tuple) -> None:
+        super().__init__(f"the attempt's token {len(visits)} is refused by the grammar")
+        self.visits = visits
+
+
+class ConditionalAttemptsError(RequestError):
+    """A law="conditional" request drew no complete output in its grammar within
+    SamplingParams.max_attempts attempts: the model gives the grammar too little mass (raise
+    max_attempts, or use law="masked", which always ends but samples a different law)."""
+
+    def __init__(self, attempts: int, live_mass: float) -> None:
+        super().__init__(f"law='conditional': no output in the grammar after {attempts} attempts (the model's "
+                         f"mass not yet proved outside the grammar is {live_mass:.3g}): raise max_attempts, "
+                         "or use law='masked'")
+        self.attempts = attempts
+        self.live_mass = live_mass
+
+
 # --- capacity --------------------------------------------------------------------------------
 
 class CapacityError(InterlockError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from interlock.protocol.conditional import TrieView
 from interlock.protocol.grammar import GrammarSpec
 from interlock.protocol.sampling import SamplingParams, TokenLogprob
 from interlock.protocol.types import BlockId, RequestId, SeqId, SlotId, TokenId
@@ -22,6 +23,7 @@ class RequestSpec:
     grammar: GrammarSpec | None
     sampling: SamplingParams
     uncond_prompt: tuple[TokenId, ...] | None = None   # CFG's companion prompt (sampling.guidance_scale set)
+    trie: TrieView | None = None    # one attempt of a law="conditional" request: what earlier ones learned
 
 
 # --- Scheduler inbox -------------------------------------------------------------------------
@@ -87,6 +89,7 @@ class RequestSnapshot:
     constrained: bool              # has a grammar (ready whenever sample is True)
     sampling: SamplingParams
     guide: GuideChunk | None = None
+    trie: TrieView | None = None   # a law="conditional" attempt's (RequestSpec.trie); the VerifierActor reads it
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,9 @@ class EngineMetrics:
     failed_captures: int = 0      # captures that failed: that shape runs eagerly from then on
     prompt_tokens: int = 0        # prompt tokens of admitted requests (CFG companions included)
     cached_prompt_tokens: int = 0  # of those, found in the prefix cache (not prefilled)
+    conditional_requests: int = 0  # law="conditional" requests that ended with an accepted output (the Engine's)
+    conditional_attempts: int = 0  # attempts those and the failed ones drew, accepted ones included
+    conditional_rejected_tokens: int = 0   # tokens the rejected attempts drew
 
     @property
     def messages_per_step(self) -> float:

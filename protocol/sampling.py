@@ -6,6 +6,7 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from interlock.protocol.conditional import LAWS, Law
 from interlock.protocol.errors import InvalidParameterError
 from interlock.protocol.types import FinishReason, TokenId
 
@@ -20,6 +21,7 @@ REPETITION_RANGE = (1e-2, 1e2)       # repetition_penalty; 1.0 is off
 MAX_STOP_STRINGS = 64                # each one is searched for in the text after every step
 MAX_STOP_CHARS = 512                 # a stop string's length is also how much text is held back
 MAX_LOGPROBS = 20                    # top alternatives per token (OpenAI's top_logprobs limit)
+MAX_ATTEMPTS_LIMIT = 10_000          # law="conditional": attempts one request may take, at most
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,16 @@ class SamplingParams:
     n-gram, suffix, draft-model or user drafts) while its neighbours keep drafting. Its output
     is the same either way (greedy; and in law when sampled). True does nothing on an engine
     without speculation.
+
+    law: "masked" (default, what every engine samples: each token from the model's distribution
+    with the grammar's refused ids removed and the rest renormalised) or "conditional": exact
+    samples of the model's law conditioned on the whole output being in the grammar,
+    P(x | x in L), by adaptive rejection over attempts (docs/speculation.md, "Two laws"). It needs
+    a grammar and a temperature > 0 (at 0 it would be a search for the most probable complete
+    output, which interlock does not run), and refuses logprobs, stop strings and ignore_eos. A
+    complete output has at most max_tokens - 1 tokens before its stop token; an attempt that runs
+    out of context is a rejection. max_attempts (in [1, 10000]) bounds the attempts; past it the
+    request fails with ConditionalAttemptsError (never a silent switch to the masked law).
     """
 
     temperature: float = 0.0
@@ -80,6 +92,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logprobs: int | None = None
     speculative: bool = True
+    law: Law = "masked"
+    max_attempts: int = 64
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -110,6 +124,8 @@ class SamplingParams:
             put("logprobs", _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS, "use None to switch them off"))
         if not isinstance(self.speculative, bool):
             raise InvalidParameterError("speculative", f"must be a bool, got {type(self.speculative).__name__}")
+        put("max_attempts", _integer("max_attempts", self.max_attempts, 1, MAX_ATTEMPTS_LIMIT))
+        _check_law(self)
 
     @property
     def greedy(self) -> bool:
@@ -119,6 +135,21 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Some repetition remedy is on (the verifier then counts this request's tokens)."""
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+
+def _check_law(s: SamplingParams) -> None:
+    """law is a known name; "conditional" refuses what it cannot sample exactly (the docstring)."""
+    if s.law not in LAWS:
+        raise InvalidParameterError("law", f"must be one of {LAWS}, got {s.law!r}")
+    if s.law != "conditional":
+        return
+    if s.greedy:
+        raise InvalidParameterError("law", "law='conditional' at temperature 0 would be a search for the most "
+                                           "probable complete output in the grammar, which interlock does not "
+                                           "run: give a temperature > 0, or use law='masked' for greedy")
+    for name, on in (("logprobs", s.logprobs is not None), ("stop", bool(s.stop)), ("ignore_eos", s.ignore_eos)):
+        if on:
+            raise InvalidParameterError(name, "cannot be combined with law='conditional'")
 
 
 def _real(name: str, value: object, low: float | None = None, high: float | None = None) -> float:
@@ -177,6 +208,8 @@ class RequestStats:
     exposed_grammar_ms: float      # time the model lane waited for this request's masks
     grammar_compile_ms: float
     cached_prompt_tokens: int = 0  # prompt positions the prefix cache already held (not prefilled)
+    attempts: int = 1              # law="conditional": attempts drawn, the accepted one included
+    rejected_tokens: int = 0       # law="conditional": tokens the rejected attempts drew (their refused ones too)
 
     @property
     def mean_acceptance_length(self) -> float:

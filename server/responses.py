@@ -19,6 +19,8 @@ class InterlockUsage(BaseModel):
     mean_acceptance_length: float
     exposed_grammar_ms: float
     grammar_compile_ms: float
+    attempts: int = 1                  # law="conditional": attempts drawn over the choices (1 per choice otherwise)
+    rejected_tokens: int = 0           # law="conditional": tokens the rejected attempts drew
 
 
 class Usage(BaseModel):
@@ -38,7 +40,8 @@ class Usage(BaseModel):
                        accepted_tokens=sum(s.accepted for s in stats),
                        mean_acceptance_length=round(step_tokens / steps, 4) if steps else 0.0,
                        exposed_grammar_ms=round(sum(s.exposed_grammar_ms for s in stats), 3),
-                       grammar_compile_ms=round(sum(s.grammar_compile_ms for s in stats), 3)))
+                       grammar_compile_ms=round(sum(s.grammar_compile_ms for s in stats), 3),
+                       attempts=sum(s.attempts for s in stats), rejected_tokens=sum(s.rejected_tokens for s in stats)))
 
 
 class AssistantMessage(BaseModel):

@@ -123,6 +123,8 @@ class SamplingFields(BaseModel):
     speculative: bool | None = None
     repetition_penalty: float | None = Field(default=None, gt=0)   # vLLM's extension; 1 is off
     ignore_eos: bool | None = None                          # vLLM's extension: run to max_tokens (benchmarks, tests)
+    law: str | None = None                                  # "masked" (default) | "conditional" (checked in translate)
+    max_attempts: int | None = None                         # law="conditional": attempts before a 400
 
     def refuse_unknown(self) -> None:
         """400 naming the first field this server does not know, unless it was sent as null."""

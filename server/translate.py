@@ -120,7 +120,8 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, seed: int | Non
             top_k=None if req.top_k in (None, 0, -1) else req.top_k,
             max_tokens=max_tokens or config.default_max_tokens, stop=stop, seed=seed,
             guidance_scale=req.guidance_scale, logprobs=logprobs, ignore_eos=bool(req.ignore_eos),
-            speculative=req.speculative is not False, **extra)
+            speculative=req.speculative is not False, law=req.law or "masked",
+            max_attempts=64 if req.max_attempts is None else req.max_attempts, **extra)
     except InterlockError as exc:
         raise from_interlock(exc) from exc
 

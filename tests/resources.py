@@ -4,7 +4,8 @@ from __future__ import annotations
 
 PER_REQUEST = ("kv_sequences", "matchers", "ngram_requests", "suffix_requests", "suffix_request_nodes",
                "adaptive_budgets", "user_contexts",
-               "draft_requests", "draft_generators", "verify_generators", "penalty_entries", "compiled_grammars",
+               "draft_requests", "draft_generators", "verify_generators", "penalty_entries", "conditional_walks",
+               "compiled_grammars",
                "output_streams", "engine_streams", "requests")
 
 

@@ -34,6 +34,7 @@ DATASET = __file__          # --dataset must name a file that exists
     ["--kv-cache-dtype", "fp8", "generate", "hi"],
     ["generate", "hi", "--schema", "/nonexistent/schema.json"],
     ["generate", "hi", "--grammar", "/nonexistent/g.lark"],
+    ["generate", "hi", "--law", "exact"],
 ])
 def test_bad_values_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
@@ -41,6 +42,15 @@ def test_bad_values_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixt
     assert exit_info.value.code == 2
     flag = [a for a in argv if a.startswith("--")][-1]          # each case's bad value is its last flag
     assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_law_reaches_the_sampling_params() -> None:
+    from interlock.cli.commands import sampling_from_args
+
+    args = build_parser().parse_args(["generate", "hi", "--law", "conditional", "--temperature", "1",
+                                      "--max-attempts", "9"])
+    sampling = sampling_from_args(args)
+    assert (sampling.law, sampling.max_attempts) == ("conditional", 9)
 
 
 def test_good_values_pass_through_unchanged() -> None:

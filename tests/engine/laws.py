@@ -129,3 +129,42 @@ def first_two_law(tiny, engine, prompt: str, grammar, *, temperature: float = 1.
         for t1 in second.nonzero().flatten().tolist():
             law[(t0, t1)] = float(first[t0]) * float(second[t1])
     return law
+
+
+def complete_laws(tiny, engine, prompt: str, grammar, temperature: float
+                  ) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], float], float]:
+    """(masked, conditional, P(L)): the laws of a constrained request's complete outputs (stop token left
+    out), by scoring every token sequence the grammar accepts. masked: each token from the model's
+    row with the refused ids removed and renormalised; conditional: P(x) 1[x in L] / P(L), P the
+    model's unmasked law at `temperature`. For grammars whose outputs are few and short."""
+    tok = tiny.tokenizer
+    ids = tok.encode_prompt(prompt)
+    matcher = anyio.run(engine.grammars.matcher, grammar)
+    bitmask = allocate_bitmask(1, tiny.config.vocab_size)
+    eos = set(tok.eos_token_ids)
+    masked: dict[tuple[int, ...], float] = {}
+    model: dict[tuple[int, ...], float] = {}
+    temp = torch.tensor([float(temperature)])
+
+    def rows(prefix: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        x = logits_after(tiny, ids, prefix)[-1:].float().clone()   # an inference tensor: copy before masking
+        x[:, tok.vocab_size:] = float("-inf")
+        p = probs_from_logits(x, temp)[0]
+        assert matcher.accept(prefix)
+        matcher.fill_mask(bitmask, 0)
+        matcher.rollback(len(prefix))
+        apply_token_bitmask_(x, bitmask)
+        return p, probs_from_logits(x, temp)[0]
+
+    def walk(prefix: list[int], p_masked: float, p_model: float) -> None:
+        p, pm = rows(prefix)
+        for t in pm.nonzero().flatten().tolist():
+            if t in eos:
+                masked[tuple(prefix)] = p_masked * float(pm[t])
+                model[tuple(prefix)] = p_model * float(p[t])
+            else:
+                walk(prefix + [t], p_masked * float(pm[t]), p_model * float(p[t]))
+
+    walk([], 1.0, 1.0)
+    total = sum(model.values())
+    return masked, {x: v / total for x, v in model.items()}, total

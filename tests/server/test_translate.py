@@ -74,6 +74,9 @@ PLAIN_FACTS = EngineFacts(speculative=False, grammar_backend="auto")
     ({"logprobs": True, "top_logprobs": 21}, FACTS, "top_logprobs"),
     ({"speculative": True}, PLAIN_FACTS, "speculative"),                 # no speculation to turn on
     ({"grammar_backend": "outlines"}, FACTS, "grammar_backend"),
+    ({"law": "exact"}, FACTS, "law"),
+    ({"law": "conditional", "temperature": 0}, FACTS, "law"),                 # a search, which is not run
+    ({"law": "conditional", "temperature": 1, "max_attempts": 0}, FACTS, "max_attempts"),
 ])
 def test_unimplemented_or_bad_fields_are_400_naming_them(body, facts, param):
     with pytest.raises(APIError) as e:
@@ -313,3 +316,9 @@ def test_the_tool_instruction_echoed_never_comes_back(pieces, content):
             said += stream.feed(piece)[0]
         said += stream.finish()[0]
         assert said == content and stream.content() == content and stream.calls() == []
+
+
+def test_law_and_max_attempts_map_to_sampling():
+    plan = plan_chat(chat(law="conditional", max_attempts=7, temperature=1.0), FACTS, ServerConfig())
+    assert [(c.sampling.law, c.sampling.max_attempts) for c in plan.calls] == [("conditional", 7)]
+    assert plan_chat(chat(), FACTS, ServerConfig()).calls[0].sampling.law == "masked"
