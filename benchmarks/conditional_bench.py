@@ -2,7 +2,7 @@
 accepted sample, wall time per sample, and how many ran out of attempts.
 
     python -m interlock.benchmarks.conditional_bench --dataset JME --limit 3 --samples 2 \
-        --out benchmarks/results/conditional-jme3-2cpu-2026-12-03.json
+        --out benchmarks/results/conditional-jme3-zen4-2026-12-02.json
 
 Each row's prompt (benchmarks/prompts.py) and schema are run `--samples` times per law, seeded, one
 request at a time, on one engine (prefix caching on: each attempt re-prefills the cached prompt).
