@@ -27,6 +27,9 @@ test: venv lint
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	# mypy reads the package by its name: a link named interlock to this checkout (pyproject.toml's [tool.mypy]).
+	mkdir -p $(VENV)/mypy-path && ln -sfn "$(CURDIR)" $(VENV)/mypy-path/interlock
+	MYPYPATH=$(VENV)/mypy-path $(VENV)/bin/mypy
 
 bench: venv
 	$(PY) -m interlock.benchmarks.model_speed

@@ -37,6 +37,7 @@ import torch
 
 from interlock.actors.feature_staging import DevicePenalties, FeatureStaging, feature_shape
 from interlock.actors.grammar_actor import MaskBuffers
+from interlock.actors.planner import guided_rows
 from interlock.actors.staging import StepStaging
 from interlock.actors.step import StepShape
 from interlock.actors.step_state import StepState
@@ -105,7 +106,7 @@ class DeviceVerifier(VerifierActor):
         self.pad_slot = pad_block * kv.block_size       # padding rows write K/V there (a block outside the pool)
         slots = len(step)
         tables = 2 * slots                  # a table row per slot, and one per slot's CFG companion
-        rows = max(max_rows, 2 * buckets[-1] * (max_drafts + 1))
+        rows = max(max_rows, guided_rows(buckets[-1], max_drafts))
         # a step writes at most every table whole (a prefix-cache hit), or 2 entries per row set
         updates = max(tables * max_blocks, 2 * buckets[-1] * UPDATES_PER_REQUEST)
         batch = max(slots, buckets[-1])

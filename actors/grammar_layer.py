@@ -83,7 +83,7 @@ class GrammarLayer:
         return await self._caches[name].get(spec)
 
     async def matcher(self, spec: GrammarSpec, backend: BackendName | None = None) -> BaseMatcher:
-        return self.router.matcher(await self.compile(spec, backend))  # type: ignore[return-value]
+        return self.router.matcher(await self.compile(spec, backend))
 
     def allocate_bitmask(self, rows: int):  # -> torch.Tensor [rows, ceil(V/32)] int32
         return self.backend.allocate_bitmask(rows)

@@ -21,21 +21,48 @@ from interlock.output.delivery import Output
 from interlock.protocol.messages import GuideChunk, RequestSnapshot, RequestSpec, SlotResult, StepPlan, TokenEvent
 from interlock.protocol.types import RequestId, SlotId, TokenId
 
+
+def decode_rows(batch: int, max_drafts: int) -> int:
+    """Rows a decode step of `batch` requests forwards: each one's last token and its K draft rows."""
+    return batch * (max_drafts + 1)
+
+
+def guided_rows(batch: int, max_drafts: int) -> int:
+    """Rows a decode step of `batch` requests forwards at most: every one guided (CFG), with its
+    companion's K+1 rows beside its own."""
+    return 2 * decode_rows(batch, max_drafts)
+
+
+def sequence_blocks(positions: int, max_drafts: int, block_size: int) -> int:
+    """KV blocks of a sequence that commits `positions` positions: those and the K+1 rows a step
+    writes past the last of them, in whole blocks."""
+    return -(-(positions + max_drafts + 1) // block_size)
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batch_size: int
     max_drafts: int                 # draft rows a request may verify in a step (SpeculativeConfig.step_drafts); 0: none
     prefill_chunk: int = 256
-    max_step_tokens: int = 512      # token budget of one step (decode rows + prompt chunks)
+    max_step_tokens: int = 512      # token budget asked for; a step gets `step_budget`
     max_position: int = 2048
     block_size: int = 16
     num_blocks: int = 1024
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.prefill_chunk < 1 or self.max_drafts < 0:
-            raise ValueError("max_batch_size and prefill_chunk must be >= 1, max_drafts >= 0")
-        if self.max_step_tokens < self.max_batch_size * (self.max_drafts + 1):
-            raise ValueError("max_step_tokens must fit one decode step of a full batch")
+        if self.max_batch_size < 1 or self.prefill_chunk < 1 or self.max_drafts < 0 or self.max_step_tokens < 1:
+            raise ValueError("max_batch_size, prefill_chunk and max_step_tokens must be >= 1, max_drafts >= 0")
+
+    @property
+    def step_budget(self) -> int:
+        """Token budget of one step (decode rows + prompt chunks): max_step_tokens, raised to one
+        decode step of a full batch so that every running request can decode in every step."""
+        return max(self.max_step_tokens, decode_rows(self.max_batch_size, self.max_drafts))
+
+    @property
+    def max_blocks(self) -> int:
+        """KV blocks one sequence can ever hold: a full context and a step's draft rows past it."""
+        return sequence_blocks(self.max_position, self.max_drafts, self.block_size)
 
 
 class Phase(enum.Enum):
@@ -89,7 +116,7 @@ class Request:
 def plan_step(running: dict[SlotId, Request], config: SchedulerConfig) -> tuple[RequestSnapshot, ...]:
     """The snapshots of the next step: decode rows first, then whole prompt chunks within the budget."""
     k = config.max_drafts
-    budget = config.max_step_tokens
+    budget = config.step_budget
     snaps: list[RequestSnapshot] = []
     for slot in sorted(running):           # decode rows first: they keep latency low
         req = running[slot]
@@ -104,7 +131,7 @@ def plan_step(running: dict[SlotId, Request], config: SchedulerConfig) -> tuple[
             guide = GuideChunk(req.guide_seq, req.guide_computed, (last,))
         snaps.append(RequestSnapshot(req.spec.request_id, slot, req.seq, req.computed, (req.last_token,),
                                      True, req.grammar == "ready", req.spec.sampling, guide, req.spec.trie))
-        budget -= (1 + k) * len(req.seqs)
+        budget -= decode_rows(len(req.seqs), k)
     for slot in sorted(running):           # then prompt chunks, whole chunks only
         req = running[slot]
         if not req.prefilling:
@@ -133,12 +160,8 @@ def next_chunk(config: SchedulerConfig, prompt: tuple[int, ...], computed: int) 
 def blocks_for(spec: RequestSpec, config: SchedulerConfig) -> int:
     """Blocks the request (and its CFG companion) can ever hold: promised at admission, all at once."""
     prompts = [spec.prompt] + ([spec.uncond_prompt] if spec.uncond_prompt is not None else [])
-    total = 0
-    for prompt in prompts:
-        positions = min(len(prompt) + spec.sampling.max_tokens + config.max_drafts + 1,
-                        config.max_position + config.max_drafts + 1)
-        total += -(-positions // config.block_size)
-    return total
+    return sum(sequence_blocks(min(len(p) + spec.sampling.max_tokens, config.max_position), config.max_drafts,
+                               config.block_size) for p in prompts)
 
 
 def reservations(plan: StepPlan) -> tuple[tuple[int, int], ...]:

@@ -69,7 +69,7 @@ class PendingReplies:
         self._pending: set[Reply[object]] = set()
         self._closed_with: BaseException | None = None
 
-    def new(self) -> Reply[T]:  # type: ignore[type-var]
+    def new(self) -> Reply[T]:
         """A fresh reply slot; raises the teardown error if the owner has already stopped."""
         if self._closed_with is not None:
             raise self._closed_with

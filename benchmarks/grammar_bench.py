@@ -30,6 +30,7 @@ from interlock.grammars.auto import AutoBackend
 from interlock.grammars.backends import AUTO_ORDER
 from interlock.protocol.errors import GrammarError, SchemaKeywordError
 from interlock.protocol.grammar import GrammarConfig, JsonSchema
+from interlock.models.names import EMBEDDED
 
 BACKENDS = ("xgrammar", "llguidance", "auto")
 
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dataset", type=dataset_arg, required=True, help="a JSONSchemaBench set (name or .jsonl path)")
     parser.add_argument("--limit", type=int, default=None, help="first N schemas only")
     parser.add_argument("--timeout", type=float, default=GrammarConfig().compile_timeout_s)
-    parser.add_argument("--tokenizer", default="smollm2-135m-instruct")
+    parser.add_argument("--tokenizer", default=EMBEDDED)
     parser.add_argument("--details", type=Path, default=None, help="write per-schema failures as JSON")
     args = parser.parse_args(argv)
 

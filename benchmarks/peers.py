@@ -48,6 +48,7 @@ from interlock.benchmarks.common import load_average, percentile, print_json_las
 from interlock.benchmarks.prompts import Row, build_messages, build_prompt, dataset_arg, is_valid, load_rows
 from interlock.benchmarks.workloads import REPEATED_ROW, extraction, repeated_schema, row_by_id
 from interlock.logs import configure_logging
+from interlock.models.names import EMBEDDED
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -140,7 +141,7 @@ def hf_runner(max_tokens: int, lookup: int) -> Runner:
     from interlock.protocol.grammar import JsonSchema
 
     model = load_hf()
-    tok = load_tokenizer("smollm2-135m-instruct")
+    tok = load_tokenizer(EMBEDDED)
     vocab = model.config.vocab_size
     info = xgr.TokenizerInfo.from_huggingface(tok.hf, vocab_size=vocab, stop_token_ids=list(tok.eos_token_ids))
     compiler = xgr.GrammarCompiler(info)
@@ -205,7 +206,7 @@ def llama_cpp_runner(max_tokens: int, lookup: int, threads: int, model: str | No
 
 def measure_interlock(mode: str, rows: Sequence[Row], repeats: int, max_tokens: int,
                       prefix_caching: bool = True, threads: int = 1, prefill: str = "auto",
-                      model: str = "smollm2-135m-instruct", dense: str = "auto",
+                      model: str = EMBEDDED, dense: str = "auto",
                       kv_dtype: str = "auto") -> dict[str, Any]:
     """Like `measure`, inside one event loop: an engine is entered and left by one task."""
     import anyio
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
                     for kv in filter(None, args.kv_dtype.split(",")):
                         results.append(measure_interlock(mode, rows, args.repeats, args.max_tokens, on,
                                                          args.threads, prefill,
-                                                         args.model or "smollm2-135m-instruct", dense, kv))
+                                                         args.model or EMBEDDED, dense, kv))
                         save()
     torch.set_num_threads(args.threads)
     for peer in filter(None, args.peers.split(",")):

@@ -35,6 +35,7 @@ from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.linear import dense_dtype, quantize_int8
 from interlock.models.loader import load_model
+from interlock.models.names import EMBEDDED
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUPS = {      # top-level op name fragments -> group (first match wins: the head's int8_linear before linear)
@@ -108,7 +109,7 @@ def gemm_ops(lm, chunk: int) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default=EMBEDDED)
     p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[0, 512, 2000])
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--repeats", type=int, default=5)

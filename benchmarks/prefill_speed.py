@@ -24,6 +24,7 @@ from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.linear import dense_dtype
 from interlock.models.loader import LoadedModel, load_model
+from interlock.models.names import EMBEDDED
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -55,7 +56,7 @@ def forward_chunk(lm: LoadedModel, context: int, chunk: int, repeats: int) -> fl
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default=EMBEDDED)
     p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[0, 200, 512, 1000])
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--repeats", type=int, default=5)

@@ -30,6 +30,7 @@ import torch
 
 from interlock.protocol.speculative import DEFAULT_DRAFT_LEN
 from interlock.benchmarks.common import load_average, median, print_json_last, print_table
+from interlock.models.names import EMBEDDED
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPE = {"hidden_size": 576, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 72,
@@ -199,7 +200,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--draft-len", type=int, default=DEFAULT_DRAFT_LEN)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--model", default="smollm2-135m-instruct", help="replica benchmark's model")
+    p.add_argument("--model", default=EMBEDDED, help="replica benchmark's model")
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=32)

@@ -29,6 +29,7 @@ from interlock.models.loader import LoadedModel, load_model
 from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, SpeculativeConfig
+from interlock.models.names import EMBEDDED
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", type=dataset_arg, default="JME", help="a JSONSchemaBench set (name or .jsonl path)")
     p.add_argument("--limit", type=int, default=32)
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default=EMBEDDED)
     p.add_argument("--speculative", default="ngram+forced")
     p.add_argument("--draft-len", type=int, default=DEFAULT_DRAFT_LEN)
     p.add_argument("--max-tokens", type=int, default=256)

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from interlock.benchmarks.common import load_average, median, print_json_last, print_table
+from interlock.models.names import EMBEDDED
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIDES = {"simd": "1", "portable": "0"}
@@ -52,7 +53,7 @@ def run_side(side: str, args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default=EMBEDDED)
     p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[0, 500, 1500])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=7, help="timed steps per figure in a child (median)")

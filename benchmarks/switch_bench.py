@@ -28,6 +28,7 @@ from interlock.models.loader import LoadedModel, load_model
 from interlock.protocol.grammar import GrammarConfig, JsonSchema, StructuralTag, Tag
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
+from interlock.models.names import EMBEDDED
 
 MODES = ["none", "ngram", "forced", "ngram+forced", "self-draft+forced"]
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
@@ -90,7 +91,7 @@ async def main_async(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--model", default=EMBEDDED)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--max-tokens", type=int, default=48)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from interlock.cli.progress import counted, stderr_console, step
+from interlock.protocol.types import Dtype
 
 if TYPE_CHECKING:
     from interlock.engine import Engine
@@ -58,7 +59,7 @@ def demo_messages() -> list[dict[str, str]]:
     ]
 
 
-def kv_dtype(args: argparse.Namespace) -> str | None:
+def kv_dtype(args: argparse.Namespace) -> Dtype | None:
     """--kv-cache-dtype as load_model's kv_dtype (None: the loader's default)."""
     return None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype
 

@@ -9,11 +9,12 @@ from interlock.benchmarks.prompts import dataset_arg
 from interlock.protocol.grammar import BACKENDS, DEFAULT_BACKEND
 from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE, MAX_DRAFT_LEN
 from interlock.protocol.types import DEFAULT_PREFILL, DEVICE_PATTERN, DTYPES, PREFILL_MODES, SIMD_CPUS
+from interlock.models.names import EMBEDDED
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 WEIGHTS = ("auto", "int4", "int8", "float")         # models.linear.WeightsChoice
 
-MODEL_HELP = ("smollm2-135m-instruct (embedded), a .gguf file, an HF checkpoint folder or a Hugging Face hub id "
+MODEL_HELP = (f"{EMBEDDED} (embedded), a .gguf file, an HF checkpoint folder or a Hugging Face hub id "
               "such as Qwen/Qwen2.5-0.5B-Instruct (HF_HUB_OFFLINE=1: from the local cache only)")
 SPECULATIVE_HELP = ("none, or drafters joined by +: ngram[:N], suffix, forced[:N] (N forced rows beyond --draft-len, "
                     "4 by default), self-draft[:N], draft:PATH; options: adaptive, nomask (no draft-side grammar "
@@ -127,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, max_tokens: int) -> None:
-        p.add_argument("--model", default="smollm2-135m-instruct", help=MODEL_HELP)
+        p.add_argument("--model", default=EMBEDDED, help=MODEL_HELP)
         p.add_argument("--speculative", type=_speculative, default=DEFAULT_SPECULATIVE, help=SPECULATIVE_HELP)
         p.add_argument("--draft-len", type=_draft_len, default=DEFAULT_DRAFT_LEN)
         p.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
@@ -196,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(bench, 256)
     srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat/completions, structured outputs, "
                                        "tools, SSE, /metrics)")
-    srv.add_argument("--model", default="smollm2-135m-instruct", help=MODEL_HELP)
+    srv.add_argument("--model", default=EMBEDDED, help=MODEL_HELP)
     srv.add_argument("--served-model-name", default=None, help="the `model` id clients send (default: --model)")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=_port, default=8000)

@@ -187,7 +187,8 @@ class DeviceDrafter:
         """Write the rounds' inputs for `batch` lanes (asks and padding); return the catch-up feeds
         (eager device work the caller launches before the step's program)."""
         h, k = self.np, self.k
-        catch_up, updates = [], []
+        catch_up: list[StepInputs] = []
+        updates: list[tuple[int, int]] = []
         for name in ("num", "budget", "masked", "temperature", "top_k", "uniforms"):
             h[name][:batch] = 0
         h["top_p"][:batch] = 1.0

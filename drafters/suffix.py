@@ -101,6 +101,7 @@ class SuffixTrie:
         self.clock += 1
         clock, count, last, tok, one, kids = self.clock, self._count, self._last, self._tok, self._one, self._kids
         out = []
+        child: int | None
         for node in ends[-(self.max_depth - 1):] + [_ROOT]:     # the longest (D tokens) cannot grow
             if tok[node] == token:
                 child = one[node]
@@ -198,7 +199,8 @@ class SuffixTrie:
 
     def substrings(self) -> dict[tuple[TokenId, ...], int]:
         """Every indexed substring with its count (for tests and debugging: walks the whole trie)."""
-        out, stack = {}, [((), _ROOT)]
+        out: dict[tuple[TokenId, ...], int] = {}
+        stack: list[tuple[tuple[TokenId, ...], int]] = [((), _ROOT)]
         while stack:
             path, node = stack.pop()
             for t, child in self._children(node):
@@ -207,11 +209,12 @@ class SuffixTrie:
         return out
 
     def _find(self, path: Sequence[TokenId]) -> int | None:
-        node: int | None = _ROOT
+        node = _ROOT
         for t in path:
-            node = self._child(node, t)
-            if node is None:
+            child = self._child(node, t)
+            if child is None:
                 return None
+            node = child
         return node
 
     def match(self, context: Sequence[TokenId], room: int = 1) -> tuple[int, int | None]:

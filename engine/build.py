@@ -28,6 +28,7 @@ from interlock.actors.device_verifier import DeviceVerifier
 from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import GrammarActor, MaskBuffers
 from interlock.actors.kv_actor import KVActor
+from interlock.actors.planner import guided_rows, sequence_blocks
 from interlock.actors.runtime import Runtime as ActorRuntime
 from interlock.actors.scheduler import Scheduler, SchedulerConfig
 from interlock.actors.step import StepState, StepProgram
@@ -77,13 +78,13 @@ def prefill_rows(model: object, prefill: str) -> bool:
 def scheduler_config(config: EngineConfig, model: ModelConfig, max_context: int) -> SchedulerConfig:
     """The Scheduler's limits for this engine: draft rows per request, step budget, KV pool size."""
     k = config.speculative.step_drafts if config.speculative else 0          # draft rows per request
-    per_seq = -(-(max_context + k + 1) // config.block_size)
+    per_seq = sequence_blocks(max_context, k, config.block_size)
     # Requests are admitted by the blocks they may need, so a smaller pool queues them, never fails them,
     # unless one request alone needs more than the pool (a typed error for that request).
     budget = max(1, config.kv_cache_bytes // block_bytes(model, config.block_size))
     num_blocks = config.num_kv_blocks or min(per_seq * config.max_batch_size, budget)
     return SchedulerConfig(max_batch_size=config.max_batch_size, max_drafts=k, prefill_chunk=config.prefill_chunk,
-                           max_step_tokens=max(config.max_step_tokens, config.max_batch_size * (k + 1)),
+                           max_step_tokens=config.max_step_tokens,
                            max_position=max_context, block_size=config.block_size, num_blocks=num_blocks)
 
 
@@ -98,7 +99,7 @@ def start_workers(loaded: LoadedModel, sched: SchedulerConfig, draft_lm: DraftLM
         return
     draft = (sched.num_blocks, draft_lm.n_layers) if draft_lm is not None and \
         isinstance(draft_lm.model, TensorParallelModel) else None
-    rows = 2 * sched.max_batch_size * (sched.max_drafts + 1)       # x2: classifier-free guidance's second row set
+    rows = guided_rows(sched.max_batch_size, sched.max_drafts)
     tp = TPConfig(world=model.world, num_blocks=sched.num_blocks, block_size=sched.block_size, max_rows=rows,
                   step_timeout_s=config.tp_step_timeout_s, draft_cache=draft)
     try:
@@ -238,12 +239,11 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
     drafter: ModelDrafter | DeviceDrafter | None = None
     draft: DraftActor
     if isinstance(model, DeviceLlama):     # the device runner's forward (for_runner made it)
-        per_seq = -(-(sched.max_position + sched.max_drafts + 1) // sched.block_size)
         if isinstance(draft_lm, DeviceDraftLM):
             assert config.speculative is not None
             drafter = DeviceDrafter(draft_lm, slots=sched.max_batch_size, lanes=sched.max_batch_size,
                                     draft_rows=sched.max_drafts, rounds=rounds, num_blocks=sched.num_blocks,
-                                    block_size=sched.block_size, max_blocks=per_seq, vocab=vocab,
+                                    block_size=sched.block_size, max_blocks=sched.max_blocks, vocab=vocab,
                                     mask_words=buffers.bitmask.shape[1], eos=eos, prefill_chunk=sched.prefill_chunk)
             draft = DeviceDraftActor(config.speculative, vocab, timeline, step, drafter, buffers)
         else:
@@ -252,9 +252,10 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
             model, kv, timeline, buffers, step, vocab, eos,
             # a step's rows: decode rows within max_step_tokens, and a first prompt chunk (with its CFG
             # companion's) may exceed it; guided decode rows count twice
-            max_rows=max(sched.max_step_tokens, 2 * sched.prefill_chunk)
-            + 2 * sched.max_batch_size * (sched.max_drafts + 1),
-            max_drafts=sched.max_drafts, buckets=config.buckets(), max_blocks=per_seq, pad_block=sched.num_blocks,
+            max_rows=max(sched.step_budget, 2 * sched.prefill_chunk)
+            + guided_rows(sched.max_batch_size, sched.max_drafts),
+            max_drafts=sched.max_drafts, buckets=config.buckets(), max_blocks=sched.max_blocks,
+            pad_block=sched.num_blocks,
             drafter=drafter if isinstance(drafter, DeviceDrafter) else None)
     else:
         verifier = VerifierActor(model, kv, timeline, buffers, step, vocab, eos, rows_prefill=rows)

@@ -83,7 +83,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
             raise ValueError(f"prefill must be one of {PREFILL_MODES}, got {self.prefill!r}")
-        for name in ("max_batch_size", "output_buffer", "block_size", "kv_cache_bytes", "conditional_max_nodes"):
+        for name in ("max_batch_size", "output_buffer", "block_size", "kv_cache_bytes", "max_step_tokens",
+                     "conditional_max_nodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)

@@ -38,6 +38,7 @@ from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIV
 from interlock.protocol.types import Dtype, RequestId
 from interlock.streams.errors import ChannelClosedError, ChannelFullError
 from interlock.streams.timeline import HostCall
+from interlock.models.names import EMBEDDED
 
 log = get_logger(__name__)
 
@@ -65,7 +66,7 @@ class Engine:
         self._conditional = ConditionalTotals()     # law="conditional" requests' attempts (metrics())
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str = "smollm2-135m-instruct", *,
+    def from_pretrained(cls, name_or_path: str = EMBEDDED, *,
                         speculative: SpeculativeConfig | str | None = DEFAULT_SPECULATIVE,
                         draft_len: int = DEFAULT_DRAFT_LEN, grammar_backend: BackendName = DEFAULT_BACKEND,
                         max_batch_size: int = 8,

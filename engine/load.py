@@ -49,7 +49,7 @@ def load_device_shard(name_or_path: str, world: int, *, seed: int = 0, threads: 
     shard = load_shard(source, config, Shard(0, world), inv_freq, "float")
     group = DeviceGroup(name_or_path, world, config, seed=seed, threads=threads, step_timeout_s=step_timeout_s)
     model = DeviceLlama.from_transformer(shard, "cpu", torch.float32, tp=group.comm)
-    return LoadedModel(name_or_path, model.config, model, tokenizer, 0.0)  # type: ignore[arg-type]
+    return LoadedModel(name_or_path, model.config, model, tokenizer, 0.0)
 
 
 def check_before_loading(name_or_path: str, tensor_parallel: int) -> None:

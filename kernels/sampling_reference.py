@@ -33,6 +33,7 @@ def _row_probs(row: list[float], temperature: float, top_k: int, top_p: float) -
     if 0 < top_k < vocab and kept:
         kth = x[order[top_k - 1]]
         kept = [t for t in kept if x[t] >= kth]
+    cut: list[int]
     if top_p < 1 and kept:
         weights = _softmax([x[t] for t in kept])
         mass, cut = 0.0, []

@@ -106,12 +106,15 @@ class Output:
 
     def _refused(self) -> bool:
         """Run the end-of-request check on everything delivered; keep its error in `invalid`."""
+        grammar = self.spec.grammar
+        if grammar is None:
+            return False                          # nothing to check an unconstrained output against
         delivered = self.text.tokenizer.decode(self.text.ids, skip_special_tokens=True)[: self.text.emitted]
-        if is_switch(self.spec.grammar):
+        if is_switch(grammar):
             # Its markers may be special tokens, which the delivered text drops: check the tokens' text.
             delivered = self.text.tokenizer.decode(self.output)
         try:
-            validate_output(self.spec.grammar, delivered)
+            validate_output(grammar, delivered)
         except GrammarError as exc:
             log.error("invalid_constrained_output", request_id=self.spec.request_id,
                       grammar=type(self.spec.grammar).__name__, error=str(exc), output=delivered[:200])

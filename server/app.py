@@ -194,10 +194,10 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI
 
     app = FastAPI(title="interlock", lifespan=lifespan)
     app.state.server = server
-    app.add_exception_handler(APIError, lambda request, exc: exc.response())  # type: ignore[arg-type, return-value]
+    app.add_exception_handler(APIError, lambda request, exc: exc.response())
     app.add_exception_handler(RequestValidationError, validation_error)        # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, http_error)                       # type: ignore[arg-type]
-    app.add_exception_handler(Exception, lambda request, exc: APIError(  # type: ignore[arg-type, return-value]
+    app.add_exception_handler(Exception, lambda request, exc: APIError(
         500, f"internal error: {type(exc).__name__}", code="internal_error").response())
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])

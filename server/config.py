@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from interlock.models.names import EMBEDDED
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -12,7 +14,7 @@ class ServerConfig:
     n); past it the server answers 429 with Retry-After instead of letting memory grow.
     """
 
-    model_name: str = "smollm2-135m-instruct"  # the id clients pass as `model` and /v1/models lists
+    model_name: str = EMBEDDED  # the id clients pass as `model` and /v1/models lists
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None

@@ -48,7 +48,7 @@ class CpuLane:
         self.name: LaneName = name
         self.threads = threads
         self._shared = shared
-        self._ops: queue.Queue[tuple[OpKind, Callable[[], None]]] = queue.Queue(maxsize=max_ops)
+        self._ops: queue.Queue[tuple[OpKind, Callable[[], object]]] = queue.Queue(maxsize=max_ops)
         self._ops_run = 0
         self._host_calls = 0
         self._waits_blocked = 0
@@ -121,7 +121,7 @@ class CpuLane:
             self._put(kind, lambda: self._shared.complete(event, generation))
             event._enqueued = generation  # only once the op is really queued
 
-    def _put(self, kind: OpKind, op: Callable[[], None]) -> None:
+    def _put(self, kind: OpKind, op: Callable[[], object]) -> None:
         try:
             self._ops.put_nowait((kind, op))
         except queue.Full:
@@ -142,7 +142,7 @@ class CpuLane:
             self._wait_seconds += time.perf_counter() - start
             self._waits_blocked += 1
 
-    def _execute(self, kind: OpKind, op: Callable[[], None]) -> None:
+    def _execute(self, kind: OpKind, op: Callable[[], object]) -> None:
         """Run one op on this thread; an exception fails the timeline (a host function's failure)."""
         try:
             op()
@@ -263,7 +263,7 @@ class CpuTimeline:
             with shared.cond:
                 shared.recording = None
 
-    def replay(self, program: CpuProgram) -> None:  # type: ignore[override]
+    def replay(self, program: CpuProgram) -> None:
         """Make the program's lane calls again, in their recorded order (fresh event generations)."""
         if not isinstance(program, CpuProgram) or program._shared is not self._shared:
             raise ValueError("program was not captured on this timeline")

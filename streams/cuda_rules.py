@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import cast
 
 import torch
 
@@ -168,7 +169,7 @@ class RulesLane(CpuLane):
             self._shared.check()
             self._put("device", _DeviceOps(ops))
 
-    def _execute(self, kind: OpKind, op: Callable[[], None]) -> None:
+    def _execute(self, kind: OpKind, op: Callable[[], object]) -> None:
         if kind == "host":
             assert isinstance(op, _HostOp)
             self._host.call(self.name, op.name, op)
@@ -367,7 +368,7 @@ class CudaRulesTimeline:
             with shared.cond:
                 shared.recording = None
 
-    def replay(self, program: RulesProgram) -> None:  # type: ignore[override]
+    def replay(self, program: RulesProgram) -> None:
         """Enqueue the program's ops once more, joined to both lanes at its ends (module docstring)."""
         if not isinstance(program, RulesProgram) or program._shared is not self._shared:
             raise ValueError("program was not captured on this timeline")
@@ -383,7 +384,7 @@ class CudaRulesTimeline:
         self._join(g, m)                          # the grammar lane forks from the model lane
         for e in program.entries:
             if e.kind == "host":
-                fn, args = e.target  # type: ignore[misc]
+                fn, args = cast("tuple[Callable[..., object], tuple[object, ...]]", e.target)
                 e.lane.launch_host(fn, *args)
             elif e.kind == "device":
                 e.lane._enqueue_ops(e.target)  # type: ignore[arg-type]

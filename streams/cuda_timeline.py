@@ -374,7 +374,7 @@ class CudaTimeline:
         program._state.done = torch.cuda.Event()
         self._programs.add(program)
 
-    def replay(self, program: CudaProgram) -> None:  # type: ignore[override]
+    def replay(self, program: CudaProgram) -> None:
         """Launch the program's graph once more (see the module docstring for event semantics)."""
         self._shared.check()
         if self._capturing is not None:
@@ -393,8 +393,10 @@ class CudaTimeline:
             state.graph.replay()
         for ev in program.private:
             ev._record_on(model)
-        state.done.record(model)  # type: ignore[union-attr]
-        grammar.wait_event(state.done)                     # later grammar work follows the replay
+        done = state.done
+        assert done is not None                            # the capture made it
+        done.record(model)
+        grammar.wait_event(done)                           # later grammar work follows the replay
         with self._shared.lock:
             self.model._ops += program.ops
 
