@@ -162,6 +162,7 @@ class StepProgram:
         self._capturing = False
         self._eager_only: set[tuple[int, bool, StepShape | None]] = set()    # shapes whose capture failed
         self.counts = {"steps": 0, "replayed": 0, "captured": 0, "eager": 0, "wakeups": 0, "capture_failed": 0}
+        self._waited = 0.0              # the model lane's wait time when the step in flight was launched
 
     def bind(self, publish: Publish, on_error: OnError) -> None:
         """Where the finished step's TokenEvent goes (called on this loop, once per step), and where
@@ -175,6 +176,7 @@ class StepProgram:
         self.state.begin_step()                 # refuses a second step in flight
         try:
             self._plan = plan
+            self._waited = self._model_waits()
             self.counts["steps"] += 1
             self.counts["wakeups"] += 1
             self._prologue(plan)
@@ -370,21 +372,29 @@ class StepProgram:
                 results.append(SlotResult(s.request_id, s.slot, (), 0, 0, error))
             elif r is not None:
                 results.append(r)
-        event = TokenEvent(plan.step, tuple(results), b.timing["exposed_s"], b.timing["forward_s"])
         assert self._loop is not None and self._publish is not None, "bind() before launch()"
         self.counts["wakeups"] += 1
         try:
-            self._loop.call_soon_threadsafe(self._deliver, event)
+            self._loop.call_soon_threadsafe(self._deliver, plan.step, tuple(results))
         except RuntimeError:
             pass  # the loop is closed: the engine is shutting down
 
-    def _deliver(self, event: TokenEvent) -> None:
+    def _deliver(self, step: int, results: tuple[SlotResult, ...]) -> None:
         """On the loop: the step is over; what waited for its end runs, then the Scheduler hears."""
         if self.watchdog is not None:
             self.watchdog.disarm()
+        event = TokenEvent(step, results, self._model_waits() - self._waited, self.state.timing["forward_s"])
         self.state.end_step()
         assert self._publish is not None
         self._publish(event)
+
+    def _model_waits(self) -> float:
+        """The model lane's time blocked on the grammar lane so far: a step's share is its exposed
+        grammar time, whichever runner, as the timeline measures it (on the loop: a host function
+        may ask the timeline nothing). Every model-lane wait of a step is on the grammar lane's work
+        (the masks, a draft model's mask rows and checked drafts); a replay's own joins are not
+        counted. CUDA cannot see a stream wait from the host: there it reads 0 (streams/cuda_timeline.py)."""
+        return self.timeline.statistics().model.wait_seconds
 
     def health(self) -> BaseException | None:
         """The timeline's sticky error (what the watchdog asks), explained by the peers where they

@@ -164,7 +164,6 @@ class VerifierActor(Actor[object]):
         """Mask and verify every sampled request; write its SlotResult (or its SamplingError)."""
         work = self._work
         assert work is not None
-        self.step.timing["exposed_s"] = time.perf_counter() - work.forward_end
         if work.sampled:
             self._verify(work)
         self._work = None
