@@ -7,7 +7,8 @@ work the design exists to hide. So the step's inputs are ready before its progra
     prologue (event loop, when the Scheduler launches the step; the previous step has ended)
       assign each sampling request its lane; grammar.begin: forced tokens; draft.begin: the
       chain's drafts; draft.finish; grammar.check: cut drafts at the first one the grammar
-      refuses; verifier.begin + stage: the step's inputs written to the runner's buffers
+      refuses (host runner only, see below); verifier.begin + stage: the step's inputs written
+      to the runner's buffers
 
     program (K = draft length; a draft model adds the part in brackets, see below)
       grammar lane                               model lane
@@ -18,7 +19,14 @@ work the design exists to hide. So the step's inputs are ready before its progra
       draft.commit, grammar.commit, publish
 
 The forward depends on no host function of its program, and the verification on the fill (a test
-over a recorded program's dependencies pins both). The tail is one host function: on CUDA each
+over a recorded program's dependencies pins both).
+
+The check saves the host runner's forward the rows after a refused draft. The device runner's
+forward has fixed rows (`VerifyPart.fixed_rows`: a padded bucket, or K draft rows per request), so
+there the check would only be host work with the device idle: its verification takes the drafts the
+fill reached (the fill stops at the first refused draft too, and `kernels/verify.valid_drafts` cuts
+the drafts at the rows filled), so the cut happens in the fill, under the forward
+(benchmarks/overlap_bench.py measures it). Rows after a refused draft are computed and never read. The tail is one host function: on CUDA each
 costs a callback's latency, and they would run one after another anyway.
 
 With a draft model the drafts come from inside the program (K draft forwards, each waiting for
@@ -112,6 +120,8 @@ class DraftPart(Protocol):
 
 
 class VerifyPart(Protocol):
+    fixed_rows: bool        # its forward's rows do not shrink with a draft cut (module docstring)
+
     def begin(self, plan: StepPlan) -> None: ...
     def stage(self) -> None: ...
     def shape_of(self, plan: StepPlan) -> StepShape | None: ...
@@ -206,7 +216,7 @@ class StepProgram:
             return
         if not b.draft_rounds:      # device draft rounds: the drafts come from inside the program
             self.draft.finish()
-            if self.k:
+            if self.k and not self.verifier.fixed_rows:     # else the fill cuts them (module docstring)
                 self.grammar.check()
         self.verifier.stage()
 

@@ -114,6 +114,8 @@ class VerifierActor(Actor[object]):
 
     # --- this actor's part of a step ----------------------------------------------------------
 
+    fixed_rows = False      # the forward computes only the drafts the grammar's check let through
+
     def shape_of(self, plan: StepPlan) -> StepShape | None:
         """None: this runner's ops read everything from the plan (actors/step.py)."""
         return None
