@@ -19,15 +19,15 @@ work the design exists to hide. So the step's inputs are ready before its progra
       draft.commit, grammar.commit, publish
 
 The forward depends on no host function of its program, and the verification on the fill (a test
-over a recorded program's dependencies pins both).
+over a recorded program's dependencies pins both). The tail is one host function: on CUDA each
+costs a callback's latency, and they would run one after another anyway.
 
 The check saves the host runner's forward the rows after a refused draft. The device runner's
 forward has fixed rows (`VerifyPart.fixed_rows`: a padded bucket, or K draft rows per request), so
 there the check would only be host work with the device idle: its verification takes the drafts the
 fill reached (the fill stops at the first refused draft too, and `kernels/verify.valid_drafts` cuts
 the drafts at the rows filled), so the cut happens in the fill, under the forward
-(benchmarks/overlap_bench.py measures it). Rows after a refused draft are computed and never read. The tail is one host function: on CUDA each
-costs a callback's latency, and they would run one after another anyway.
+(benchmarks/overlap_bench.py measures it). Rows after a refused draft are computed and never read.
 
 With a draft model the drafts come from inside the program (K draft forwards, each waiting for
 the grammar's draft-side mask row), so the check and the staging follow them as host functions:
