@@ -95,6 +95,10 @@ class _Work:
 
 
 class DeviceVerifier(VerifierActor):
+    # every sampling request has K draft rows whatever its drafts: the grammar's cut is left to the
+    # fill, under the forward, and verification reads it from the rows filled (actors/step.py)
+    fixed_rows = True
+
     def __init__(self, model: DeviceLlama, kv: PagedKVCache, timeline: Timeline, buffers: MaskBuffers,
                  step: StepState, tokenizer_vocab: int, eos_token_ids: tuple[int, ...], *, max_rows: int,
                  max_drafts: int, buckets: tuple[int, ...], max_blocks: int, pad_block: int,

@@ -7,7 +7,8 @@ work the design exists to hide. So the step's inputs are ready before its progra
     prologue (event loop, when the Scheduler launches the step; the previous step has ended)
       assign each sampling request its lane; grammar.begin: forced tokens; draft.begin: the
       chain's drafts; draft.finish; grammar.check: cut drafts at the first one the grammar
-      refuses; verifier.begin + stage: the step's inputs written to the runner's buffers
+      refuses (host runner only, see below); verifier.begin + stage: the step's inputs written
+      to the runner's buffers
 
     program (K = draft length; a draft model adds the part in brackets, see below)
       grammar lane                               model lane
@@ -20,6 +21,13 @@ work the design exists to hide. So the step's inputs are ready before its progra
 The forward depends on no host function of its program, and the verification on the fill (a test
 over a recorded program's dependencies pins both). The tail is one host function: on CUDA each
 costs a callback's latency, and they would run one after another anyway.
+
+The check saves the host runner's forward the rows after a refused draft. The device runner's
+forward has fixed rows (`VerifyPart.fixed_rows`: a padded bucket, or K draft rows per request), so
+there the check would only be host work with the device idle: its verification takes the drafts the
+fill reached (the fill stops at the first refused draft too, and `kernels/verify.valid_drafts` cuts
+the drafts at the rows filled), so the cut happens in the fill, under the forward
+(benchmarks/overlap_bench.py measures it). Rows after a refused draft are computed and never read.
 
 With a draft model the drafts come from inside the program (K draft forwards, each waiting for
 the grammar's draft-side mask row), so the check and the staging follow them as host functions:
@@ -112,6 +120,8 @@ class DraftPart(Protocol):
 
 
 class VerifyPart(Protocol):
+    fixed_rows: bool        # its forward's rows do not shrink with a draft cut (module docstring)
+
     def begin(self, plan: StepPlan) -> None: ...
     def stage(self) -> None: ...
     def shape_of(self, plan: StepPlan) -> StepShape | None: ...
@@ -162,6 +172,7 @@ class StepProgram:
         self._capturing = False
         self._eager_only: set[tuple[int, bool, StepShape | None]] = set()    # shapes whose capture failed
         self.counts = {"steps": 0, "replayed": 0, "captured": 0, "eager": 0, "wakeups": 0, "capture_failed": 0}
+        self._waited = 0.0              # the model lane's wait time when the step in flight was launched
 
     def bind(self, publish: Publish, on_error: OnError) -> None:
         """Where the finished step's TokenEvent goes (called on this loop, once per step), and where
@@ -175,6 +186,7 @@ class StepProgram:
         self.state.begin_step()                 # refuses a second step in flight
         try:
             self._plan = plan
+            self._waited = self._model_waits()
             self.counts["steps"] += 1
             self.counts["wakeups"] += 1
             self._prologue(plan)
@@ -204,7 +216,7 @@ class StepProgram:
             return
         if not b.draft_rounds:      # device draft rounds: the drafts come from inside the program
             self.draft.finish()
-            if self.k:
+            if self.k and not self.verifier.fixed_rows:     # else the fill cuts them (module docstring)
                 self.grammar.check()
         self.verifier.stage()
 
@@ -370,21 +382,29 @@ class StepProgram:
                 results.append(SlotResult(s.request_id, s.slot, (), 0, 0, error))
             elif r is not None:
                 results.append(r)
-        event = TokenEvent(plan.step, tuple(results), b.timing["exposed_s"], b.timing["forward_s"])
         assert self._loop is not None and self._publish is not None, "bind() before launch()"
         self.counts["wakeups"] += 1
         try:
-            self._loop.call_soon_threadsafe(self._deliver, event)
+            self._loop.call_soon_threadsafe(self._deliver, plan.step, tuple(results))
         except RuntimeError:
             pass  # the loop is closed: the engine is shutting down
 
-    def _deliver(self, event: TokenEvent) -> None:
+    def _deliver(self, step: int, results: tuple[SlotResult, ...]) -> None:
         """On the loop: the step is over; what waited for its end runs, then the Scheduler hears."""
         if self.watchdog is not None:
             self.watchdog.disarm()
+        event = TokenEvent(step, results, self._model_waits() - self._waited, self.state.timing["forward_s"])
         self.state.end_step()
         assert self._publish is not None
         self._publish(event)
+
+    def _model_waits(self) -> float:
+        """The model lane's time blocked on the grammar lane so far: a step's share is its exposed
+        grammar time, whichever runner, as the timeline measures it (on the loop: a host function
+        may ask the timeline nothing). Every model-lane wait of a step is on the grammar lane's work
+        (the masks, a draft model's mask rows and checked drafts); a replay's own joins are not
+        counted. CUDA cannot see a stream wait from the host: there it reads 0 (streams/cuda_timeline.py)."""
+        return self.timeline.statistics().model.wait_seconds
 
     def health(self) -> BaseException | None:
         """The timeline's sticky error (what the watchdog asks), explained by the peers where they

@@ -48,7 +48,7 @@ class StepState:
     (module docstring). Host values: what the device reads lives in the runner's step buffers."""
 
     slots: list[SlotState]
-    timing: dict[str, float] = field(default_factory=lambda: {"forward_s": 0.0, "exposed_s": 0.0})
+    timing: dict[str, float] = field(default_factory=lambda: {"forward_s": 0.0})     # the host runner's forward
     in_flight: bool = False
     # the device runner's draft-model rounds this step (0: none), and whether some lane samples its
     # drafts (verification then needs their law q); written by the draft part in the prologue

@@ -125,6 +125,8 @@ class VerifierActor(Actor[object]):
 
     # --- this actor's part of a step ----------------------------------------------------------
 
+    fixed_rows = False      # the forward computes only the drafts the grammar's check let through
+
     def shape_of(self, plan: StepPlan) -> StepShape | None:
         """None: this runner's ops read everything from the plan (actors/step.py)."""
         return None
@@ -175,7 +177,6 @@ class VerifierActor(Actor[object]):
         """Mask and verify every sampled request; write its SlotResult (or its SamplingError)."""
         work = self._work
         assert work is not None
-        self.step.timing["exposed_s"] = time.perf_counter() - work.forward_end
         if work.sampled:
             self._verify(work)
         self._work = None

@@ -133,7 +133,7 @@ class TokenEvent:
 
     step: int
     results: tuple[SlotResult, ...]
-    exposed_grammar_s: float          # how long the model lane waited for this step's masks
+    exposed_grammar_s: float          # how long the model lane waited for this step's grammar lane (its masks)
     forward_s: float
 
 
@@ -221,7 +221,7 @@ class EngineMetrics:
     steps: int
     step_s: float                 # wall time of steps, launch -> TokenEvent handled
     forward_s: float
-    exposed_grammar_s: float      # time the model lane waited for masks
+    exposed_grammar_s: float      # time the model lane waited for the grammar lane (masks; 0 on CUDA)
     output_tokens: int
     messages: int = 0             # actor messages + staged step plans, over all actors
     loop_wakeups: int = 0         # event-loop entries for steps: one launch + one token event each

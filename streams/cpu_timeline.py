@@ -81,13 +81,18 @@ class CpuLane:
 
     def wait(self, event: DeviceEvent) -> None:
         """Enqueue a wait for `event`'s latest enqueued record (cudaStreamWaitEvent)."""
+        self._wait(event, counted=True)
+
+    def _wait(self, event: DeviceEvent, counted: bool) -> None:
+        """`wait`; `counted=False` for a timeline's own joins (a replay's boundaries), which are not
+        time this lane waited for the other lane's work of the step (`wait_seconds`)."""
         ev = self._own(event)
         if self._recorded("wait", ev, ()):
             return
         with self._shared.cond:
             self._shared.check()
             target = ev._enqueued
-            self._put("wait", lambda: self._block_until(ev, target))
+            self._put("wait", lambda: self._block_until(ev, target, counted))
 
     async def synchronize(self) -> None:
         """Wait until everything enqueued so far on this lane ran; raises `TimelineError` if failed."""
@@ -128,7 +133,7 @@ class CpuLane:
             # Blocking here would block the event loop, possibly on ops it has yet to enqueue.
             raise LaneFullError(f"{self.name} lane has {self._ops.maxsize} ops queued") from None
 
-    def _block_until(self, event: CpuEvent, target: int) -> None:
+    def _block_until(self, event: CpuEvent, target: int, counted: bool = True) -> None:
         shared = self._shared
         with shared.cond:
             if event._completed >= target:
@@ -139,8 +144,9 @@ class CpuLane:
                 lambda: event._completed >= target or shared.failure is not None or shared.closed
             )
             self._blocked = False
-            self._wait_seconds += time.perf_counter() - start
-            self._waits_blocked += 1
+            if counted:
+                self._wait_seconds += time.perf_counter() - start
+                self._waits_blocked += 1
 
     def _execute(self, kind: OpKind, op: Callable[[], object]) -> None:
         """Run one op on this thread; an exception fails the timeline (a host function's failure)."""

@@ -38,7 +38,9 @@ semantics of `CudaTimeline`, so that a CPU test that passes predicts the GPU:
    device tensor is not caught: on the CPU device and host tensors are the same kind.)
 
 `trace=True` keeps each host function's name, lane, thread, start and end (`host_trace()`), as
-`make gpu-check` records them on CUDA.
+`make gpu-check` records them on CUDA, and when each launch's device work ran on its lane
+(`device_trace()`: on CUDA only a profiler sees that), so that a benchmark can tell host work that
+ran under device work from host work that ran with the "device" idle (benchmarks/overlap_bench.py).
 """
 from __future__ import annotations
 
@@ -126,6 +128,7 @@ class RulesLane(CpuLane):
                  threads: int | None = None) -> None:
         self._host = host
         self._syncs = 0
+        self.trace: deque[HostCall] | None = deque(maxlen=4096) if host.trace is not None else None
         super().__init__(name, shared, max_ops, threads)
 
     def launch_host(self, fn: Callable[..., object], *args: object) -> None:
@@ -164,10 +167,10 @@ class RulesLane(CpuLane):
         return LaneStatistics(s.name, s.ops_run, s.host_calls, s.waits_blocked, s.wait_seconds, s.blocked,
                               self._syncs)
 
-    def _enqueue_ops(self, ops: list[DeferredOp]) -> None:
+    def _enqueue_ops(self, ops: list[DeferredOp], name: str) -> None:
         with self._shared.cond:
             self._shared.check()
-            self._put("device", _DeviceOps(ops))
+            self._put("device", _DeviceOps(ops, name))
 
     def _execute(self, kind: OpKind, op: Callable[[], object]) -> None:
         if kind == "host":
@@ -180,6 +183,7 @@ class RulesLane(CpuLane):
         if kind != "device":
             super()._execute(kind, op)
             return
+        start = time.perf_counter()
         try:
             with torch.inference_mode():
                 op()
@@ -187,6 +191,10 @@ class RulesLane(CpuLane):
             log.error("timeline_device_fault", lane=self.name, error=repr(exc))
             self._shared.break_all(exc, "device")
             return
+        if self.trace is not None:
+            assert isinstance(op, _DeviceOps)
+            self.trace.append(HostCall(op.name, self.name, threading.current_thread().name, start,
+                                       time.perf_counter()))
         with self._shared.cond:
             self._ops_run += 1
 
@@ -217,6 +225,7 @@ class _HostOp:
 @dataclass(eq=False)
 class _DeviceOps:
     ops: list[DeferredOp]
+    name: str                       # the launch's qualname (`device_trace()`)
 
     def __call__(self) -> None:
         for op in self.ops:
@@ -253,7 +262,7 @@ class _LaneWork:
         if self.program is not None:
             self.program.add_device(self.lane, self.name, ops)  # type: ignore[attr-defined]
         else:
-            self.lane._enqueue_ops(ops)
+            self.lane._enqueue_ops(ops, self.name)
 
 
 @dataclass(frozen=True)
@@ -348,6 +357,10 @@ class CudaRulesTimeline:
         """The host functions that ran (with `trace=True`), oldest first."""
         return list(self._host.trace or ())
 
+    def device_trace(self) -> list[HostCall]:
+        """Each launch's device work as it ran on its lane (with `trace=True`), oldest first per lane."""
+        return [c for lane in (self.grammar, self.model) for c in (lane.trace or ())]
+
     @contextmanager
     def capture(self) -> Iterator[RulesProgram]:
         """Record both lanes' calls as a program: device work's Python runs, nothing executes."""
@@ -387,7 +400,7 @@ class CudaRulesTimeline:
                 fn, args = cast("tuple[Callable[..., object], tuple[object, ...]]", e.target)
                 e.lane.launch_host(fn, *args)
             elif e.kind == "device":
-                e.lane._enqueue_ops(e.target)  # type: ignore[arg-type]
+                e.lane._enqueue_ops(e.target, e.name)  # type: ignore[arg-type]
             elif e.kind == "record":
                 e.lane.record(program.private[e.target])  # type: ignore[index]
             elif e.private:
@@ -412,7 +425,7 @@ class CudaRulesTimeline:
     def _join(self, waiter: RulesLane, on: RulesLane) -> None:
         event = self._joins[0] if on is self.grammar else self._joins[1]
         on.record(event)
-        waiter.wait(event)
+        waiter._wait(event, counted=False)     # the program's boundary, not a wait of its own
 
     def __enter__(self) -> CudaRulesTimeline:
         return self

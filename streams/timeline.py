@@ -56,7 +56,7 @@ class LaneStatistics:
     ops_run: int          # host functions, records and waits that ran (synchronize markers excluded)
     host_calls: int       # host functions that ran
     waits_blocked: int    # waits that found their event not yet recorded and had to block
-    wait_seconds: float   # total time this lane spent blocked in wait(event)
+    wait_seconds: float   # total time this lane spent blocked in wait(event) (a replay's own joins excluded)
     blocked: bool         # blocked in a wait(event) right now (which lane a stuck step waits on)
     host_syncs: int = 0   # device work that read a tensor's value on the host (the CUDA-rules timeline counts them)
 

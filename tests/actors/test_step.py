@@ -21,6 +21,8 @@ PROLOGUE = {"begin", "stage", "check", "finish"}
 class Part:
     """A fake part that notes each call (part, function, thread)."""
 
+    fixed_rows = False          # as the host runner's verifier
+
     def __init__(self, name: str, seen: list[tuple[str, str, str]]) -> None:
         self.name, self.seen = name, seen
 
@@ -84,6 +86,18 @@ async def test_the_prologue_runs_on_the_loop_and_two_host_functions_on_the_host_
         assert on_host == tail
         assert len(on_loop) + len(on_host) == len(step)
     assert host_calls == 2 * 3                    # the grammar lane's two host functions, per step
+
+
+async def test_a_fixed_rows_verifier_leaves_the_draft_cut_to_the_fill() -> None:
+    """The device runner's forward has fixed rows: its prologue runs no grammar check (host work with
+    the device idle); the fill, under the forward, is the step's one grammar pass before the tail."""
+    seen: list[tuple[str, str, str]] = []
+    with CudaRulesTimeline() as timeline:
+        program = make(timeline, seen)
+        program.verifier.fixed_rows = True          # type: ignore[misc]
+        await run_steps(program, 2)
+    grammar = [w for p, w, _ in seen if p == "grammar"]
+    assert grammar == ["begin", "fill", "commit"] * 2
 
 
 def test_a_second_step_is_refused_while_one_is_in_flight() -> None:

@@ -14,6 +14,7 @@ penalties and logprobs on it are tests/engine/test_device_features.py.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import anyio
@@ -108,6 +109,31 @@ async def test_captured_steps_give_the_eager_output(tiny_float, device: str) -> 
     captured = await run_cases(tiny_float, device_config(device, max_batch_size=4), cases)
     eager = await run_cases(tiny_float, device_config(device, max_batch_size=4, capture_steps=False), cases)
     assert [c.token_ids for c in captured] == [c.token_ids for c in eager]
+
+
+@pytest.mark.parametrize("runner", ["host", "device"])
+async def test_the_exposed_grammar_time_is_the_model_lanes_wait_for_the_masks(tiny_float, monkeypatch,
+                                                                             runner: str) -> None:
+    """Planted: a mask fill 200 ms slower than it is, far longer than the tiny forward of a steady
+    (replayed) decode step. The model lane waits for it, and both runners' metric says so (the
+    device runner's read 0 before: its verification's Python runs at enqueue, so the host runner's
+    clock in `verify` saw nothing)."""
+    from interlock.actors.grammar_actor import GrammarActor
+
+    fill = GrammarActor.fill
+
+    def slow(self) -> None:
+        time.sleep(0.2)
+        fill(self)
+
+    monkeypatch.setattr(GrammarActor, "fill", slow)
+    config = device_config("cpu", max_batch_size=2) if runner == "device" else \
+        EngineConfig(speculative=SpeculativeConfig.parse("ngram+forced", max_draft_len=3), max_batch_size=2)
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    async with Engine(tiny_float, config) as engine:
+        await engine.complete("Once upon a time", sampling=greedy)      # every step fills (no rows)
+        metrics = await engine.metrics()
+    assert 0 < metrics.exposed_grammar_s <= metrics.step_s, metrics
 
 
 async def test_a_failed_capture_runs_that_shape_eagerly_and_is_counted(tiny_float, monkeypatch) -> None:

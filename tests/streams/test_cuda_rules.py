@@ -112,6 +112,33 @@ async def test_a_replay_runs_the_captured_ops_not_the_python(timeline) -> None:
         assert out.tolist() == ([3.0] * 3 if rules(timeline) else [6.0] * 3)
 
 
+async def test_a_replays_own_joins_are_not_counted_as_the_model_lanes_waits() -> None:
+    """A replay joins the lanes at its ends (as a CUDA graph does): the model lane then waits for the
+    grammar lane's last host function, which is the timeline's boundary and not a wait of the step.
+    `wait_seconds` is a step's exposed grammar time (actors/step.py): only the program's own waits
+    count. Planted: the program's host function holds the grammar lane for 50 ms."""
+    with CudaRulesTimeline() as tl, anyio.fail_after(10):
+        gate = threading.Event()
+        with tl.capture() as program:
+            tl.grammar.launch_host(gate.wait, 5)
+        tl.replay(program)
+        threading.Timer(0.05, gate.set).start()
+        await drain(tl)
+        joined = tl.statistics().model
+        gate.clear()
+        ready = tl.new_event()
+        with tl.capture() as program:
+            tl.grammar.launch_host(gate.wait, 5)
+            tl.grammar.record(ready)
+            tl.model.wait(ready)                    # the program's own wait: counted
+        tl.replay(program)
+        threading.Timer(0.05, gate.set).start()
+        await drain(tl)
+        waited = tl.statistics().model
+    assert (joined.waits_blocked, joined.wait_seconds) == (0, 0.0)
+    assert waited.waits_blocked == 1 and waited.wait_seconds > 0
+
+
 async def test_memory_allocated_in_a_capture_is_reused_by_every_replay() -> None:
     with CudaRulesTimeline() as tl, anyio.fail_after(10):
         source = torch.arange(4.0)
