@@ -42,7 +42,7 @@ from interlock.actors.step import StepShape
 from interlock.actors.step_state import StepState
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.drafters.device_draft import DeviceDrafter
-from interlock.kernels.verify import Mode
+from interlock.kernels.verify import sampling_mode
 from interlock.kernels.verify_features import verify_features
 from interlock.models.device_llama import DeviceLlama
 from interlock.models.kv_cache import PagedKVCache, slots_of
@@ -50,13 +50,6 @@ from interlock.protocol.messages import RequestSnapshot, StepPlan
 from interlock.streams.timeline import Timeline
 
 UPDATES_PER_REQUEST = 2     # table entries a decode step may write per request (K+1 <= block size)
-
-
-def sampling_mode(snaps: list[RequestSnapshot]) -> Mode:
-    """Which verification a step's requests need: greedy alone, sampling, or sampling with top-k/top-p."""
-    if all(s.sampling.greedy for s in snaps):
-        return "greedy"
-    return "filtered" if any(s.sampling.top_k or s.sampling.top_p for s in snaps) else "sample"
 
 
 def step_shape(plan: StepPlan, buckets: tuple[int, ...], updates: int, state: StepState | None = None) -> StepShape:
@@ -68,7 +61,7 @@ def step_shape(plan: StepPlan, buckets: tuple[int, ...], updates: int, state: St
     snaps = plan.snapshots
     k = plan.max_drafts
     sampled = [s for s in snaps if s.sample]
-    mode = sampling_mode(sampled)
+    mode = sampling_mode([s.sampling for s in sampled])
 
     def bucket(n: int) -> int:
         return next(b for b in buckets if b >= n)
