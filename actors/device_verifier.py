@@ -35,13 +35,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from interlock.actors.feature_staging import DevicePenalties, FeatureStaging, feature_shape
+from interlock.actors.feature_staging import FeatureStaging, feature_shape
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.actors.staging import StepStaging
 from interlock.actors.step import StepShape
 from interlock.actors.step_state import StepState
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.drafters.device_draft import DeviceDrafter
+from interlock.kernels.penalty_book import PenaltyBook
 from interlock.kernels.verify import sampling_mode
 from interlock.kernels.verify_features import verify_features
 from interlock.models.device_llama import DeviceLlama
@@ -106,7 +107,7 @@ class DeviceVerifier(VerifierActor):
                                    updates=updates, pad_block=pad_block, device=model.device,
                                    bitmask=buffers.bitmask, rows_filled=buffers.rows, free=buffers.free,
                                    companions=batch)
-        self.penalties = DevicePenalties(slots, model.config.vocab_size, model.device, timeline)  # type: ignore[assignment]
+        self.penalties = PenaltyBook(slots, model.config.vocab_size, model.device, timeline.model.launch)
         self.features = FeatureStaging(batch=batch, k=max_drafts, device=model.device, penalties=self.penalties)
         self.drafter = drafter            # a draft model's rounds write the lanes' drafts on the device
         self._logits: torch.Tensor | None = None

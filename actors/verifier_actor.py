@@ -104,7 +104,7 @@ class VerifierActor(Actor[object]):
         self.tokenizer_vocab = tokenizer_vocab
         self.eos = frozenset(eos_token_ids)
         self.generators: dict[RequestId, torch.Generator] = {}     # seeded requests' own
-        self.penalties = PenaltyBook(model.config.vocab_size)       # per-request token counts
+        self.penalties = PenaltyBook(len(step), model.config.vocab_size)   # per-request token counts
         self.walks = WalkBook(eos_token_ids)                        # law="conditional" attempts' walks
         self._plan: StepPlan | None = None
         self._work: _StepWork | None = None
@@ -211,7 +211,7 @@ class VerifierActor(Actor[object]):
         k = max(len(d) for d in work.drafts)
         v, m = self._inputs(snaps, work.drafts, k)
         logits = self._rows(work, snaps, k)                                 # [B, K+1, V] float32
-        self.penalties.apply_(logits, snaps, work.drafts, valid_drafts(v, m))   # after CFG, before the masks
+        self.penalties.apply_(logits, snaps, v.drafts, valid_drafts(v, m))   # after CFG, before the masks
         laws: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}            # row -> (model's p, stop ruled)
         vocab = logits.shape[2]
         mode = sampling_mode([s.sampling for s in snaps])
