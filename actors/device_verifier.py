@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from interlock.actors.feature_staging import DevicePenalties, FeatureStaging, feature_shape
+from interlock.actors.feature_staging import FeatureStaging, feature_shape
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.actors.planner import guided_rows
 from interlock.actors.staging import StepStaging
@@ -43,7 +43,8 @@ from interlock.actors.step import StepShape
 from interlock.actors.step_state import StepState
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.drafters.device_draft import DeviceDrafter
-from interlock.kernels.verify import Mode
+from interlock.kernels.penalty_book import PenaltyBook
+from interlock.kernels.verify import sampling_mode
 from interlock.kernels.verify_features import verify_features
 from interlock.models.device_llama import DeviceLlama
 from interlock.models.kv_cache import PagedKVCache, slots_of
@@ -51,13 +52,6 @@ from interlock.protocol.messages import RequestSnapshot, StepPlan
 from interlock.streams.timeline import Timeline
 
 UPDATES_PER_REQUEST = 2     # table entries a decode step may write per request (K+1 <= block size)
-
-
-def sampling_mode(snaps: list[RequestSnapshot]) -> Mode:
-    """Which verification a step's requests need: greedy alone, sampling, or sampling with top-k/top-p."""
-    if all(s.sampling.greedy for s in snaps):
-        return "greedy"
-    return "filtered" if any(s.sampling.top_k or s.sampling.top_p for s in snaps) else "sample"
 
 
 def step_shape(plan: StepPlan, buckets: tuple[int, ...], updates: int, state: StepState | None = None) -> StepShape:
@@ -69,7 +63,7 @@ def step_shape(plan: StepPlan, buckets: tuple[int, ...], updates: int, state: St
     snaps = plan.snapshots
     k = plan.max_drafts
     sampled = [s for s in snaps if s.sample]
-    mode = sampling_mode(sampled)
+    mode = sampling_mode([s.sampling for s in sampled])
 
     def bucket(n: int) -> int:
         return next(b for b in buckets if b >= n)
@@ -118,7 +112,7 @@ class DeviceVerifier(VerifierActor):
                                    updates=updates, pad_block=pad_block, device=model.device,
                                    bitmask=buffers.bitmask, rows_filled=buffers.rows, free=buffers.free,
                                    companions=batch)
-        self.penalties = DevicePenalties(slots, model.config.vocab_size, model.device, timeline)  # type: ignore[assignment]
+        self.penalties = PenaltyBook(slots, model.config.vocab_size, model.device, timeline.model.launch)
         self.features = FeatureStaging(batch=batch, k=max_drafts, device=model.device, penalties=self.penalties)
         self.drafter = drafter            # a draft model's rounds write the lanes' drafts on the device
         self._logits: torch.Tensor | None = None

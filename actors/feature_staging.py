@@ -1,7 +1,7 @@
 """The device runner's per-request features (classifier-free guidance, repetition penalties,
 logprobs): which a step uses (its part of the step's shape), their per-lane inputs in pinned
-host buffers and their device copies, the penalty counts kept on the device, and the logprobs
-copied back (kernels/verify_features.py is the device work they feed).
+host buffers and their device copies, and the logprobs copied back (the penalty counts are
+kernels/penalty_book.py's, the book both runners keep) (kernels/verify_features.py is the device work they feed).
 
 A step's shape names only the features its verified requests use, so a step without them stages,
 copies and computes nothing more than before (and replays the same program):
@@ -20,12 +20,12 @@ from dataclasses import dataclass, fields
 import torch
 
 from interlock.actors.staging import numpy_views
+from interlock.kernels.penalty_book import PenaltyBook
 from interlock.kernels.types import Logprobs
-from interlock.kernels.verify_features import Features, GuideInputs, PenaltyCounts, PenaltyInputs
+from interlock.kernels.verify_features import Features, GuideInputs, PenaltyInputs
 from interlock.protocol.messages import RequestSnapshot
 from interlock.protocol.sampling import MAX_LOGPROBS, TokenLogprob
-from interlock.protocol.types import RequestId, TokenId
-from interlock.streams.timeline import Timeline
+from interlock.protocol.types import TokenId
 
 LOGPROB_BUCKETS = (0, 5, MAX_LOGPROBS)      # alternatives a step computes: few programs per bucket
 
@@ -48,55 +48,11 @@ def feature_shape(sampled: Sequence[RequestSnapshot], pad: Callable[[int], int] 
                         next(n for n in LOGPROB_BUCKETS if n >= max(asked)) if asked else None)
 
 
-class DevicePenalties:
-    """The device runner's penalty book (kernels/penalty_book.py is the host runner's): a row of
-    `PenaltyCounts` per penalized request, from admission to release. The rows are allocated on
-    the first penalized request (rows x V ints: nothing for an engine that never sees one), and a
-    row is reset and given its prompt by device work on the model lane, between steps, so it
-    precedes every step that reads it in stream order. The verification adds each step's emitted
-    tokens on the device (kernels/verify_features.count_tokens_)."""
-
-    def __init__(self, rows: int, vocab: int, device: torch.device, timeline: Timeline) -> None:
-        self.vocab, self.device, self.timeline = vocab, device, timeline
-        self.zero_row = rows                                   # PenaltyCounts' all-zero row
-        self.free = list(range(rows - 1, -1, -1))
-        self.entries: dict[RequestId, int] = {}
-        self.counts: PenaltyCounts | None = None
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def add(self, request_id: RequestId, prompt: Sequence[TokenId]) -> None:
-        """Between steps: a penalized request's row, reset to its prompt (ids past the vocabulary clamped)."""
-        if not self.free:
-            raise RuntimeError(f"no penalty row left for request {request_id}: more penalized requests than slots")
-        row = self.entries[request_id] = self.free.pop()
-        ids = torch.tensor(sorted({min(max(int(t), 0), self.vocab - 1) for t in prompt}), dtype=torch.long)
-        self.timeline.model.launch(self._reset, row, ids)
-
-    def _reset(self, row: int, ids: torch.Tensor) -> None:
-        """Device work (the model lane, outside any step)."""
-        if self.counts is None:
-            self.counts = PenaltyCounts.allocate(self.zero_row, self.vocab, self.device)
-        self.counts.counts[row].zero_()
-        self.counts.prompt[row].zero_()
-        if ids.numel():
-            self.counts.prompt[row].index_fill_(0, ids.to(self.device, non_blocking=True), True)
-
-    def release(self, request_id: RequestId) -> None:
-        row = self.entries.pop(request_id, None)
-        if row is not None:
-            self.free.append(row)                              # reset by its next add
-
-    def row(self, request_id: RequestId) -> int:
-        return self.entries[request_id]
-
-
 class FeatureStaging:
     """Host (pinned on CUDA) and device copies of the features' per-lane inputs, and the pinned
     host copy of the logprobs (every buffer allocated once, at full capacity)."""
 
-    def __init__(self, *, batch: int, k: int, device: torch.device, penalties: DevicePenalties) -> None:
+    def __init__(self, *, batch: int, k: int, device: torch.device, penalties: PenaltyBook) -> None:
         pin = device.type == "cuda"
         self.k, self.penalties = k, penalties
 

@@ -4,7 +4,9 @@ Its part of a step (see actors/step.py): in the prologue, the step's plan and ea
 request's drafts and generator (`begin`, `stage`); on the model lane, the target forward over
 every request's chunk (prefill chunks, or the last token plus drafts), then, after the mask event,
 masking and verification (`verify`), which writes each request's SlotResult into the step
-buffers before the token event is recorded.
+buffers before the token event is recorded. The acceptance law is kernels/verify.py's
+`verify_step`, the device runner's own, called on the requests' packed rows [B, K+1] (each
+reading its lane's mask rows); `_settle` turns its outputs into results for both runners.
 
 A per-request fault inside verification (a NaN logits row, or a row that allows no token at all)
 fails that request with a SamplingError; its neighbours are verified exactly as without it.
@@ -23,7 +25,11 @@ allowed fails its request) without masking, copying or re-reading the logits. On
 native int8 head (`sparse_head`), such a step's forward stops before the head, and after the mask
 event `head_argmax` computes, for a row whose grammar allows few ids (JSON structure, an enum, the
 row after a forced token), only those logits, the same bits the dense head gives them; rows that
-allow many take the dense head together, rows past a refused draft none.
+allow many take the dense head together, rows past a refused draft none. Its acceptance (the
+leading drafts equal to the allowed argmax) stays a short loop over the requests: the same rule
+through kernels/verify.py's tensor functions measured twice this path's host time (about 0.4 ms
+more a step at B=8, K=4: some 80 small tensor calls), and tests/engine/test_exactness_modes.py
+holds it to the general path's decisions.
 
 The grammar-conditional law (SamplingParams.law "conditional", one attempt per internal request
 that carries a TrieView): such a request's rows are not masked. Its target is the model's law on
@@ -53,11 +59,12 @@ from interlock.kernels.penalty_book import PenaltyBook
 from interlock.kernels.walk_book import WalkBook
 from interlock.actors.step import StepShape
 from interlock.actors.step_state import StepState
-from interlock.kernels import (
-    apply_token_bitmask_, native, probs_from_logits, rejection_sample, rejection_sample_greedy, token_logprobs,
-)
+from interlock.kernels import native, token_logprobs
 from interlock.kernels.cfg import cfg_combine
 from interlock.kernels.sampling import request_generator
+from interlock.kernels.verify import (
+    MaskInputs, Target, VerifyInputs, VerifyOutputs, allowed_ids, sampling_mode, valid_drafts, verify_step,
+)
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.llama import Transformer
@@ -97,7 +104,7 @@ class VerifierActor(Actor[object]):
         self.tokenizer_vocab = tokenizer_vocab
         self.eos = frozenset(eos_token_ids)
         self.generators: dict[RequestId, torch.Generator] = {}     # seeded requests' own
-        self.penalties = PenaltyBook(model.config.vocab_size)       # per-request token counts
+        self.penalties = PenaltyBook(len(step), model.config.vocab_size)   # per-request token counts
         self.walks = WalkBook(eos_token_ids)                        # law="conditional" attempts' walks
         self._plan: StepPlan | None = None
         self._work: _StepWork | None = None
@@ -196,16 +203,56 @@ class VerifierActor(Actor[object]):
                 and self._lean([work.plan.snapshots[i] for i in work.sampled]))
 
     def _verify(self, work: _StepWork) -> None:
+        """The step's verification: kernels/verify.py's law on the requests' rows, packed [B, K+1]."""
         plan = work.plan
         snaps = [plan.snapshots[i] for i in work.sampled]
         if work.hidden is not None or (self._lean(snaps) and work.logits.dtype == torch.float32):
             self._verify_greedy(work, snaps)
             return
-        b, k = len(snaps), max(len(d) for d in work.drafts)
+        k = max(len(d) for d in work.drafts)
+        v, m = self._inputs(snaps, work.drafts, k)
+        logits = self._rows(work, snaps, k)                                 # [B, K+1, V] float32
+        self.penalties.apply_(logits, snaps, v.drafts, valid_drafts(v, m))   # after CFG, before the masks
+        laws: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}            # row -> (model's p, stop ruled)
+        vocab = logits.shape[2]
+        mode = sampling_mode([s.sampling for s in snaps])
+        out = verify_step(logits.view(-1, vocab), v, m, self.tokenizer_vocab, mode, self._draft_probs(work, vocab, k),
+                          target=self._conditional(snaps, work.drafts, v, m, laws),
+                          mask_backend="torch")                               # masks `logits` in place
+        asked = [(row, r) for row, r in self._settle_all(snaps, out, laws) if snaps[row].sampling.logprobs is not None]
+        if asked:
+            for r in self._with_logprobs(logits, snaps, asked):
+                self.step[r.slot].result = r
+
+    def _inputs(self, snaps: list[RequestSnapshot], drafts: list[tuple[TokenId, ...]],
+                k: int) -> tuple[VerifyInputs, MaskInputs]:
+        """The requests' verification inputs, request b's K+1 verify rows reading its lane's mask
+        rows lane * (D+1) + j; the sampled ones' uniforms drawn from their generators. Few tensor
+        calls (each costs microseconds on the hot step): one per kind of value, not per request."""
+        b, per = len(snaps), self.buffers.rows_per_slot
+        d = torch.tensor([list(ds) + [0] * (k - len(ds)) for ds in drafts], dtype=torch.long).view(b, k)
+        ints = torch.tensor([(len(ds), s.constrained, self.step[s.slot].lane, s.trie is not None)
+                             for s, ds in zip(snaps, drafts)], dtype=torch.long)          # [B, 4]
+        p = [s.sampling for s in snaps]
+        if all(x.greedy for x in p):          # greedy: the sampling fields are never read (zeros: off)
+            zeros = torch.zeros(b, k + 2)
+            temperature, top_k, top_p, uniforms = zeros[:, 0], ints[:, 0] * 0, zeros[:, 0] + 1, zeros[:, 1:]
+        else:
+            temperature = torch.tensor([x.temperature for x in p], dtype=torch.float32)
+            top_k = torch.tensor([x.top_k or 0 for x in p], dtype=torch.long)
+            top_p = torch.tensor([x.top_p or 1.0 for x in p], dtype=torch.float32)
+            uniforms = self._uniforms(snaps, k)
+        v = VerifyInputs(d, ints[:, 0], ints[:, 1].bool(), temperature, top_k, top_p, uniforms)
+        lanes = ints[:, 2]
+        rows = (lanes.unsqueeze(1) * per + torch.arange(k + 1)).view(-1)               # [B (K+1)]
+        trie = ints[:, 3].bool() if any(s.trie is not None for s in snaps) else None
+        return v, MaskInputs(self.buffers.bitmask, self.buffers.rows[lanes], self.buffers.free[rows], rows, trie)
+
+    def _rows(self, work: _StepWork, snaps: list[RequestSnapshot], k: int) -> torch.Tensor:
+        """The forward's rows packed per request [B, K+1, V] float32 (padding unused), guided ones
+        combined with their companion's (module docstring)."""
         v = work.logits.shape[1]
-        logits = work.logits.new_zeros((b, k + 1, v))                      # [B, K+1, V]; padding unused
-        draft_tokens = torch.zeros(b, k, dtype=torch.long)
-        num_drafts = torch.zeros(b, dtype=torch.long)
+        logits = work.logits.new_zeros((len(snaps), k + 1, v), dtype=torch.float32)
         offset = 0
         for row, (s, drafts) in enumerate(zip(snaps, work.drafts)):
             n = len(drafts)
@@ -215,46 +262,7 @@ class VerifierActor(Actor[object]):
                 logits[row, : n + 1] = self._guided(logits[row, : n + 1], work.logits[offset: offset + n + 1],
                                                     s.sampling.guidance_scale)
                 offset += n + 1
-            if n:
-                draft_tokens[row, :n] = torch.tensor(drafts)
-            num_drafts[row] = self._valid_drafts(s, n)
-        self.penalties.apply_(logits, snaps, work.drafts, num_drafts)      # after CFG, before masks and temperature
-        logits[:, :, self.tokenizer_vocab:] = float("-inf")                 # padded ids: never
-        rows = self._mask_rows(snaps, [k + 1] * len(snaps))
-        allowed = self._allowed(snaps, rows, k, v)                          # conditional requests' rows, unmasked
-        self._mask(logits, [-1 if snaps[i // (k + 1)].trie is not None else r for i, r in enumerate(rows)])
-        laws: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}            # row -> (model's p, allowed)
-        if all(s.sampling.greedy for s in snaps):
-            result = rejection_sample_greedy(logits, draft_tokens, num_drafts)
-        else:
-            probs = self._target_probs(logits, snaps, k)
-            for row, a in allowed.items():      # the trie-adjusted target of a conditional attempt
-                n = len(work.drafts[row]) + 1
-                p = probs[row, :n].clone()
-                probs[row, :n], stop_ruled = self.walks.target(snaps[row], work.drafts[row], p, a[:n])
-                laws[row] = (p, stop_ruled)
-            result = self._stochastic(probs, snaps, draft_tokens, self._draft_probs(work, v, k), num_drafts, k)
-        asked: list[tuple[int, SlotResult]] = []       # (row, result) of requests that want logprobs
-        for row, s in enumerate(snaps):
-            n_acc = int(result.num_accepted[row])
-            tokens = [int(t) for t in result.tokens[row, : n_acc + 1]]
-            # Nothing after a stop token (the grammar refuses it); the stop token itself is kept.
-            tokens, _ = cut_at_stop(tokens, self.eos, s.sampling, keep_stop=True)
-            if self._row_invalid(s, logits[row, : len(tokens), : self.tokenizer_vocab].amax(-1).tolist()):
-                continue
-            refused = self.walks.settle(s, tokens, *laws[row]) if row in laws else None
-            if refused is not None:             # the attempt is a rejection: its request ends here
-                self.step.fail(s.slot, refused)
-                continue
-            # A stop token that was an accepted draft counts as accepted (tokens end at it).
-            result_s = SlotResult(s.request_id, s.slot, tuple(tokens), int(num_drafts[row]), min(n_acc, len(tokens)))
-            if s.sampling.logprobs is not None:
-                asked.append((row, result_s))
-            self.step[s.slot].result = result_s
-            self.penalties.commit((result_s,))
-        if asked:
-            for r in self._with_logprobs(logits, snaps, asked):
-                self.step[r.slot].result = r
+        return logits
 
     def _verify_greedy(self, work: _StepWork, snaps: list[RequestSnapshot]) -> None:
         """Greedy verification from each row's allowed argmax alone (module docstring)."""
@@ -280,6 +288,21 @@ class VerifierActor(Actor[object]):
             if result is not None:
                 self.penalties.commit((result,))
 
+    def _settle_all(self, snaps: list[RequestSnapshot], out: VerifyOutputs,
+                    laws: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[int, SlotResult]]:
+        """Every request's result from the verification's outputs (`_settle`), its tokens counted
+        for its penalties; (row, result) of those that stand."""
+        tokens, accepted = out.tokens.tolist(), out.accepted.tolist()
+        valid, peaks = out.valid_drafts.tolist(), out.peaks.tolist()
+        done = []
+        for row, s in enumerate(snaps):
+            n = accepted[row]
+            result = self._settle(s, tokens[row][: n + 1], peaks[row], valid[row], n, laws.get(row))
+            if result is not None:
+                done.append((row, result))
+        self.penalties.commit([r for _, r in done])
+        return done
+
     def _generator(self, s: RequestSnapshot) -> torch.Generator | None:
         """A sampling request's own generator, made from its seed on its first step (None: greedy)."""
         if s.sampling.greedy:
@@ -288,13 +311,20 @@ class VerifierActor(Actor[object]):
             self.generators[s.request_id] = request_generator(s.sampling.seed)
         return self.generators[s.request_id]
 
-    def _settle(self, s: RequestSnapshot, tokens: list[int], peaks: list[float], drafted: int,
-                accepted: int) -> SlotResult | None:
-        """A verified request's step result: its accepted drafts and new token, up to a stop token,
-        written to its slot; None (and a SamplingError) when a row its tokens came from was invalid."""
+    def _settle(self, s: RequestSnapshot, tokens: list[int], peaks: list[float], drafted: int, accepted: int,
+                law: tuple[torch.Tensor, torch.Tensor] | None = None) -> SlotResult | None:
+        """A verified request's step result: its accepted drafts and new token, up to a stop token
+        (kept: nothing after it, the grammar refuses that), written to its slot; None (and its
+        error) when a row its tokens came from was invalid, or when its conditional attempt's
+        `law` (the model's p and the rows whose stop was ruled) refuses a token."""
         tokens, _ = cut_at_stop(tokens, self.eos, s.sampling, keep_stop=True)
         if self._row_invalid(s, peaks[: len(tokens)]):
             return None
+        refused = self.walks.settle(s, tokens, *law) if law is not None else None
+        if refused is not None:             # the attempt is a rejection: its request ends here
+            self.step.fail(s.slot, refused)
+            return None
+        # A stop token that was an accepted draft counts as accepted (tokens end at it).
         result = SlotResult(s.request_id, s.slot, tuple(tokens), drafted, min(accepted, len(tokens)))
         self.step[s.slot].result = result
         return result
@@ -372,30 +402,6 @@ class VerifierActor(Actor[object]):
             return cond
         return cfg_combine(cond, uncond, torch.full((cond.shape[0],), float(scale)))
 
-    def _mask(self, logits: torch.Tensor, mask_rows: list[int]) -> None:
-        """Grammar masks, in place, on each request's K+1 rows (the bitmask row of each, `_mask_rows`; -1: none)."""
-        rows = torch.tensor(mask_rows, dtype=torch.long)
-        skip = rows < 0
-        if bool(skip.all()):
-            return
-        flat = logits.view(rows.shape[0], -1)
-        apply_token_bitmask_(flat, self.buffers.bitmask, rows=rows.clamp(min=0), skip=skip,
-                             mask_vocab_size=self.tokenizer_vocab)
-
-    def _allowed(self, snaps: list[RequestSnapshot], mask_rows: list[int], k: int,
-                 v: int) -> dict[int, torch.Tensor]:
-        """row -> [K+1, V] bool, the ids each grammar row allows, for the law="conditional" requests
-        (whose logits stay unmasked); a free row allows every tokenizer id."""
-        out = {}
-        for row, s in enumerate(snaps):
-            if s.trie is None:
-                continue
-            x = torch.zeros(k + 1, v)
-            self._mask(x, mask_rows[row * (k + 1): (row + 1) * (k + 1)])
-            x[:, self.tokenizer_vocab:] = float("-inf")
-            out[row] = x == 0
-        return out
-
     def _draft_probs(self, work: _StepWork, v: int, k: int) -> torch.Tensor | None:
         """q [B, K, V] when some draft came from a draft model's distribution, else None (point masses)."""
         rows = work.probs
@@ -410,27 +416,31 @@ class VerifierActor(Actor[object]):
                 q[row, :n, : q_row.shape[1]] = q_row
         return q
 
-    @staticmethod
-    def _target_probs(logits: torch.Tensor, snaps: list[RequestSnapshot], k: int) -> torch.Tensor:
-        """[B, K+1, V]: each row's law after temperature, top-k and top-p."""
-        b = len(snaps)
-        temp = torch.tensor([s.sampling.temperature for s in snaps]).repeat_interleave(k + 1)
-        top_k = torch.tensor([s.sampling.top_k or 0 for s in snaps]).repeat_interleave(k + 1)
-        top_p = torch.tensor([s.sampling.top_p or 1.0 for s in snaps]).repeat_interleave(k + 1)
-        any_k = any(s.sampling.top_k for s in snaps)
-        any_p = any(s.sampling.top_p for s in snaps)
-        probs = probs_from_logits(logits.view(b * (k + 1), -1), temp, top_k if any_k else None,
-                                  top_p if any_p else None).view(b, k + 1, -1)
-        return probs
+    def _conditional(self, snaps: list[RequestSnapshot], drafts: list[tuple[TokenId, ...]], v: VerifyInputs,
+                     m: MaskInputs, laws: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> Target | None:
+        """The law="conditional" requests' target (their unmasked rows' law, reweighted by what earlier
+        attempts learned: kernels/walk_book.py), for verify_step; each one's (p, stop ruled) go to `laws`."""
+        rows = [row for row, s in enumerate(snaps) if s.trie is not None]
+        if not rows:
+            return None
 
-    def _stochastic(self, probs: torch.Tensor, snaps: list[RequestSnapshot], draft_tokens: torch.Tensor,
-                    draft_probs: torch.Tensor | None, num_drafts: torch.Tensor, k: int):
-        b = len(snaps)
+        def target(probs: torch.Tensor) -> torch.Tensor:
+            allowed = allowed_ids(v, m, torch.tensor(rows), self.tokenizer_vocab, probs.shape[2])   # [L, K+1, V]
+            for a, row in zip(allowed, rows):
+                n = len(drafts[row]) + 1
+                p = probs[row, :n].clone()
+                probs[row, :n], stop_ruled = self.walks.target(snaps[row], drafts[row], p, a[:n])
+                laws[row] = (p, stop_ruled)
+            return probs
+
+        return target
+
+    def _uniforms(self, snaps: list[RequestSnapshot], k: int) -> torch.Tensor:
+        """[B, K+1]: each request draws a fixed number of uniforms per step (step_drafts acceptance
+        draws + one resample draw), whatever K this batch has: its stream of randoms, and so its
+        output, does not depend on the other requests. Greedy requests draw none (zeros)."""
         per = self.buffers.rows_per_slot
-        # Each request draws a fixed number of uniforms per step (step_drafts acceptance draws +
-        # one resample draw), whatever K this batch has: its stream of randoms, and so its output,
-        # does not depend on the other requests.
-        uniforms = torch.zeros(b, k + 1)
+        uniforms = torch.zeros(len(snaps), k + 1)
         for row, s in enumerate(snaps):
             gen = self.generators.get(s.request_id)
             if gen is None:
@@ -438,4 +448,4 @@ class VerifierActor(Actor[object]):
             draws = torch.rand(per, generator=gen)
             uniforms[row, :k] = draws[:k]
             uniforms[row, k] = draws[per - 1]
-        return rejection_sample(probs, draft_tokens, draft_probs, num_drafts, uniforms)
+        return uniforms

@@ -19,8 +19,11 @@ captured CUDA graph; the "reference" versions loop in Python and are the obvious
 - cfg.py         cfg_combine: classifier-free guidance per-row scale
 - penalties.py   apply_penalties (repetition / frequency / presence) and draft_counts (each verify
                  position's counts: output + the drafts before it, so penalties stay exact)
-- penalty_book.py PenaltyBook: the per-request prompt and output counts penalties.py reads (the
-                 VerifierActor holds one)
+- penalty_book.py PenaltyBook: the per-request prompt and output counts penalties.py reads (both
+                 runners' VerifierActor holds one, on the logits' device)
+- verify.py      verify_step: a step's whole verification (masks, moot drafts, greedy / rejection
+                 sampling), the acceptance law both runners call; verify_features.py the CFG,
+                 penalty and logprob work around it
 - conditional.py the law="conditional" target at a verify row: the model's unmasked law reweighted by
                  what earlier attempts proved dead (live_weights, conditional_target)
 - walk_book.py   WalkBook: the VerifierActor's per-request walk of a conditional attempt through its

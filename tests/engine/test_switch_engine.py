@@ -87,6 +87,7 @@ async def test_free_rows_are_skipped_not_applied(tiny, marker, mode, monkeypatch
     part's rows are."""
     import interlock.actors.draft_actor as draft_actor
     import interlock.actors.verifier_actor as verifier_actor
+    import interlock.kernels.verify as verify
     from interlock.grammars.bitmask import allowed_ids
 
     applied: list[int] = []
@@ -101,7 +102,7 @@ async def test_free_rows_are_skipped_not_applied(tiny, marker, mode, monkeypatch
             return real(logits, bitmask, rows=rows, skip=skip, **kw)
         monkeypatch.setattr(module, "apply_token_bitmask_", apply)
 
-    spy(verifier_actor)
+    spy(verify)             # the verifier's masks (kernels/verify.py, the one law)
     spy(draft_actor)
     real_argmax = verifier_actor.native.masked_argmax
 
