@@ -22,8 +22,12 @@ $(STAMP): pyproject.toml
 run: venv
 	$(VENV)/bin/interlock run
 
+# Two workers or more (up to 4): the suite's engines spend much of a step in Python, so a second
+# worker overlaps them on 2 cores (tests/conftest.py keeps the process-group tests on one worker).
+WORKERS := $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; [ $$n -lt 2 ] && n=2; echo $$n)
+
 test: venv lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup
 
 lint: venv
 	$(VENV)/bin/ruff check .
