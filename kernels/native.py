@@ -123,7 +123,7 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, backend: 
 
 
 def int4_linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, backend: str = "native") -> torch.Tensor:
-    """x: [M, K] float; w: [N, row_bytes(K)] uint8 records and offset steps [N, K / 32] int8
+    """x: [M, K] float; w: [N, row_bytes(K)] uint8 records and offsets [N, K / 32] fp16
     (kernels/int4_pack.py) -> [M, N] fp32.
 
     "native": csrc/int4_linear.h (activations quantized to int8 per super-block of 256);
@@ -133,8 +133,8 @@ def int4_linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, backend
 
     k = x.shape[-1]
     if x.dim() != 2 or w.dim() != 2 or w.dtype != torch.uint8 or k % 64 or w.shape[1] != row_bytes(k) \
-            or offsets.shape != (w.shape[0], k // 32) or offsets.dtype != torch.int8:
-        raise ValueError(f"int4_linear: x [M, K] (K % 64 == 0), uint8 records [N, row_bytes(K)] and int8 offset steps "
+            or offsets.shape != (w.shape[0], k // 32) or offsets.dtype != torch.float16:
+        raise ValueError(f"int4_linear: x [M, K] (K % 64 == 0), uint8 records [N, row_bytes(K)] and fp16 offsets "
                          f"[N, K / 32]; got x {tuple(x.shape)}, w {tuple(w.shape)} {w.dtype}, offsets "
                          f"{tuple(offsets.shape)} {offsets.dtype}")
     if backend == "reference":

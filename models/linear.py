@@ -128,9 +128,9 @@ class Int8Linear(_Quantized):
 
 
 class Int4Linear(nn.Module):
-    """4-bit weights (kernels/int4_pack.py: 256-weight super-blocks, ~4.63 bits a weight) through the
+    """4-bit weights (kernels/int4_pack.py: 256-weight super-blocks, ~4.8 bits a weight) through the
     native int4 kernel (kernels/csrc/int4_linear.h), for every row count: decode and verify rows
-    (memory-bound: 0.55x the bytes of int8) and prompt chunks alike, so no float copy is kept and a
+    (memory-bound: 0.57x the bytes of int8) and prompt chunks alike, so no float copy is kept and a
     row's bits never depend on the other rows (batch invariant). Needs the native kernels."""
 
     def __init__(self, records: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None = None) -> None:
@@ -138,7 +138,7 @@ class Int4Linear(nn.Module):
         if not native.available():
             raise ValueError("int4 weights need the native CPU kernels (kernels/native.py), which did not build here")
         self.register_buffer("records", records)          # [N, row_bytes(K)] uint8
-        self.register_buffer("offsets", offsets)          # [N, K / 32] int8 offset steps
+        self.register_buffer("offsets", offsets)          # [N, K / 32] fp16
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
         self.native = True
 

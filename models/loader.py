@@ -132,7 +132,7 @@ def load_model(name_or_path: str, *, weights: WeightsChoice = "auto", dtype: Dty
                kv_dtype: Dtype | None = None, seed: int = 0) -> LoadedModel:
     """Load a model by name, path or hub id. Raises ModelNotFoundError / UnsupportedModelError / ModelLoadError.
 
-    weights: "auto" (default: `resolve_weights`), "int4" (4-bit blocks, ~4.63 bits a weight: the
+    weights: "auto" (default: `resolve_weights`), "int4" (4-bit blocks, ~4.8 bits a weight: the
     memory-bound decode reads the fewest bytes), "int8" (weight-only int8, one scale per row) or
     "float" (the checkpoint's values in `dtype`; float32 is the reference that matches HF). int8 and
     int4 are fast and batch-invariant on CPU (linear.py); from a GGUF they are converted tensor by

@@ -33,7 +33,7 @@ from interlock.models.tokenizer import cache_dir, file_key
 from interlock.models.weight_cache import config_from_json
 from interlock.protocol.errors import ModelLoadError, UnsupportedModelError
 
-FORMAT = 2                      # 2: int4 offsets as int8 steps of an fp16 scale per super-block
+FORMAT = 1
 PROJECTIONS = {"wqkv": ("q", "k", "v"), "wo": ("o",), "w13": ("gate", "up"), "w2": ("down",)}
 
 

@@ -3,20 +3,18 @@
 // CPU decode / verify projections and prompt chunks of a model loaded with weights="int4".
 //
 // Why 4 bits: decoding a token reads every weight once, so at the sizes people run (1B-8B) a step is
-// bound by memory bandwidth, and these ~4.63 bits a weight read 0.55x the bytes of int8 with per-row
-// scales. Q4_K and Q4_0 GGUF blocks map onto the format exactly, Q4_1 up to an 8-bit sub-scale and
-// offset step, anything else is quantized from its floats.
+// bound by memory bandwidth, and these ~4.8 bits a weight read 0.57x the bytes of int8 with per-row
+// scales. Q4_K GGUF blocks map onto the format exactly (but for the fp16 rounding of the offsets),
+// Q4_0 / Q4_1 up to an 8-bit sub-scale, anything else is quantized from its floats.
 //
 // Format. Along K, super-blocks of 256 weights (the last one 64, 128 or 192 where K % 256 != 0), each
-// split in blocks of 32. A weight is w = D * sc_b * q + o_b with o_b = Dm * m_b: q in 0..15, sc_b an
-// int8 sub-scale and m_b an int8 offset step per block, D and Dm fp16 scales per super-block (Q4_K's
-// own form: its offsets are exact). Two tensors per matrix:
+// split in blocks of 32. A weight is w = D * sc_b * q + o_b: q in 0..15, sc_b an int8 sub-scale per
+// block, D an fp16 scale per super-block, o_b an fp16 offset per block. Two tensors per matrix:
 //   records [N, row bytes]: per super-block of W weights, W / 2 bytes of nibbles, W / 32 int8
-//     sub-scales, fp16 D, fp16 Dm. Nibbles pair two 64-weight chunks in 64 bytes (byte i: weight i of
-//     the pair in its low nibble, 64 + i in its high one); a last unpaired chunk takes 32 bytes (byte
-//     i: weights i and 32 + i).
-//   offset steps [N, K / 32] int8.
-// ~4.63 bits a weight (fp16 offsets per block made it 4.81).
+//     sub-scales, fp16 D. Nibbles pair two 64-weight chunks in 64 bytes (byte i: weight i of the pair
+//     in its low nibble, 64 + i in its high one); a last unpaired chunk takes 32 bytes (byte i:
+//     weights i and 32 + i).
+//   offsets [N, K / 32] fp16.
 // Activations: int8, per super-block one fp32 scale A_g = amax / 127 and per block of 32 an exponent
 // e_b in 0..7, the largest with 2^e_b * (the block's amax) <= the super-block's amax: block b's scale
 // is A_g / 2^e_b. So a block of small values keeps (within a factor 2) the resolution of its own
@@ -30,8 +28,7 @@
 //     q * xq), exact in int32 (|sc * 2^(7 - e)| <= 16256 fits the int16 dpwssd multiplies); then
 //     acc_l = fma(float(isum_l), D_g * A_g / 128, acc_l) (fp32), super-block by super-block in K order;
 //   offsets: sum over blocks of o_b * ((A_g / 2^e_b) * xsum_b) (xsum_b: the block's int8 activations
-//     summed), in 16 fp32 lanes, lane j taking blocks j, j + 16, ... by fma in K order; o_b = Dm * m_b
-//     is exact in fp32 (11 x 8 bits), worked out once per output for all its rows;
+//     summed), in 16 fp32 lanes, lane j taking blocks j, j + 16, ... by fma in K order;
 //   y = halving tree(main) + halving tree(offsets).
 // Per chunk and row that is 3 SIMD ops on VNNI (maddubs, mullo, dpwssd) where per-block fp32 scales
 // took 4 (dpbusd, convert, multiply, fma): at 4 rows (a verify step) the loop is compute-bound, and
@@ -67,7 +64,7 @@ inline float half_to_float(const uint8_t* p) {
 
 // Where super-block g of a row starts, and its weights.
 inline int64_t i4_super_weights(int64_t K, int64_t g) { return std::min(kI4Super, K - g * kI4Super); }
-inline int64_t i4_super_bytes(int64_t W) { return W / 2 + W / kI4Block + 4; }
+inline int64_t i4_super_bytes(int64_t W) { return W / 2 + W / kI4Block + 2; }
 inline int64_t i4_row_bytes(int64_t K) {
   const int64_t full = K / kI4Super, tail = K % kI4Super;
   return full * i4_super_bytes(kI4Super) + (tail ? i4_super_bytes(tail) : 0);
@@ -167,9 +164,9 @@ inline float i4_main_portable(const I4Rows& a, const uint8_t* row, int64_t m) {
   return acc[0];
 }
 
-inline float i4_offsets_portable(const float* off, const float* bsum, int64_t B) {
+inline float i4_offsets_portable(const c10::Half* off, const float* bsum, int64_t B) {
   float acc[kI4Lanes] = {};
-  for (int64_t b = 0; b < B; ++b) acc[b % kI4Lanes] = std::fma(off[b], bsum[b], acc[b % kI4Lanes]);
+  for (int64_t b = 0; b < B; ++b) acc[b % kI4Lanes] = std::fma(static_cast<float>(off[b]), bsum[b], acc[b % kI4Lanes]);
   for (int64_t h = kI4Lanes / 2; h > 0; h /= 2)
     for (int64_t l = 0; l < h; ++l) acc[l] += acc[l + h];
   return acc[0];
@@ -184,13 +181,16 @@ inline void i4_subscales(const uint8_t* p, int64_t W, int16_t out[8]) {
 
 #if defined(INTERLOCK_VNNI)
 
-inline float i4_offsets(const float* off, const float* bsum, int64_t B) {
+inline float i4_offsets(const c10::Half* off, const float* bsum, int64_t B) {
   __m512 acc = _mm512_setzero_ps();
   int64_t b = 0;
-  for (; b + 16 <= B; b += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(off + b), _mm512_loadu_ps(bsum + b), acc);
+  for (; b + 16 <= B; b += 16)
+    acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(off + b))),
+                          _mm512_loadu_ps(bsum + b), acc);
   if (b < B) {                          // a masked fma: lanes past the end keep their value, as above
     const __mmask16 k = static_cast<__mmask16>((1u << (B - b)) - 1);
-    acc = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(k, off + b), _mm512_maskz_loadu_ps(k, bsum + b), acc, k);
+    const __m512 o = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, off + b));
+    acc = _mm512_mask3_fmadd_ps(o, _mm512_maskz_loadu_ps(k, bsum + b), acc, k);
   }
   return _mm512_reduce_add_ps(acc);
 }
@@ -247,7 +247,7 @@ inline void i4_block(const I4Rows& a, const uint8_t* w, int64_t stride, float* m
       const uint8_t* rec = w + (n0 + n) * stride + offset;
       _mm_prefetch(reinterpret_cast<const char*>(rec + kI4Prefetch), _MM_HINT_T1);
       _mm_prefetch(reinterpret_cast<const char*>(rec + kI4Prefetch + 64), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(rec + kI4Prefetch + 128), _MM_HINT_T1);   // 140 bytes: 3 lines
+      _mm_prefetch(reinterpret_cast<const char*>(rec + kI4Prefetch + 128), _MM_HINT_T1);   // 138 bytes: 3 lines
       const __m128i sc = i4_load8(rec + W / 2, blocks, true);
       __m512i mult[MB], isum[MB];
 #pragma GCC unroll 8
@@ -294,19 +294,21 @@ inline void i4_block(const I4Rows& a, const uint8_t* w, int64_t stride, float* m
 
 // 8 blocks' offsets from o (fewer with n < 8: those lanes keep acc's value, as the portable loop
 // leaves them).
-inline __m256 i4_offsets_half(const float* o, const float* s, int64_t n, __m256 acc) {
-  if (n >= 8) return _mm256_fmadd_ps(_mm256_loadu_ps(o), _mm256_loadu_ps(s), acc);
+inline __m256 i4_offsets_half(const c10::Half* o, const float* s, int64_t n, __m256 acc) {
+  if (n >= 8)
+    return _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o))), _mm256_loadu_ps(s), acc);
   if (n <= 0) return acc;
-  alignas(32) float ob[8] = {};
+  alignas(32) c10::Half ob[8] = {};
   alignas(32) float sb[8] = {};
-  std::memcpy(ob, o, n * sizeof(float));
+  std::memcpy(ob, o, n * sizeof(c10::Half));
   std::memcpy(sb, s, n * sizeof(float));
-  const __m256 f = _mm256_fmadd_ps(_mm256_load_ps(ob), _mm256_load_ps(sb), acc);
+  const __m256 f = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(ob))),
+                                   _mm256_load_ps(sb), acc);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_blendv_ps(acc, f, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lane)));
 }
 
-inline float i4_offsets(const float* off, const float* bsum, int64_t B) {
+inline float i4_offsets(const c10::Half* off, const float* bsum, int64_t B) {
   __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
   for (int64_t b = 0; b < B; b += 16) {
     lo = i4_offsets_half(off + b, bsum + b, B - b, lo);
@@ -377,7 +379,7 @@ inline void i4_block(const I4Rows& a, const uint8_t* w, int64_t stride, float* m
 
 #else
 
-inline float i4_offsets(const float* off, const float* bsum, int64_t B) { return i4_offsets_portable(off, bsum, B); }
+inline float i4_offsets(const c10::Half* off, const float* bsum, int64_t B) { return i4_offsets_portable(off, bsum, B); }
 
 template <int NB, int MB>
 inline void i4_block(const I4Rows& a, const uint8_t* w, int64_t stride, float* main, int64_t n0, int64_t m0,
@@ -388,50 +390,35 @@ inline void i4_block(const I4Rows& a, const uint8_t* w, int64_t stride, float* m
 
 #endif
 
-// Output n's block offsets o_b = Dm * m_b (exact) from its records (Dm after each super-block's D)
-// and its offset steps.
-inline void i4_block_offsets(const uint8_t* rec, const int8_t* steps, int64_t K, float* o) {
-  for (int64_t g = 0, b = 0; g * kI4Super < K; ++g) {
-    const int64_t W = i4_super_weights(K, g);
-    const float dm = half_to_float(rec + W / 2 + W / kI4Block + 2);
-    for (int64_t end = b + W / kI4Block; b < end; ++b) o[b] = dm * static_cast<float>(steps[b]);
-    rec += i4_super_bytes(W);
-  }
-}
-
 // Outputs n0 .. n0 + NB for all M rows, MB rows at a time (the block's records come from memory
 // for the first group and from L1 / L2 after it), each finished with its offsets pass.
 template <int NB, int MB>
-inline void i4_rows(const I4Rows& a, const uint8_t* w, const int8_t* steps, int64_t stride, float* y, int64_t M,
+inline void i4_rows(const I4Rows& a, const uint8_t* w, const c10::Half* off, int64_t stride, float* y, int64_t M,
                     int64_t N, int64_t n0) {
   int64_t m = 0;
   for (; m + MB <= M; m += MB) i4_block<NB, MB>(a, w, stride, y, n0, m, N);
   for (; m < M; ++m) i4_block<NB, 1>(a, w, stride, y, n0, m, N);
-  thread_local std::vector<float> off;
-  off.resize(a.B);
-  for (int64_t n = n0; n < n0 + NB; ++n) {
-    i4_block_offsets(w + n * stride, steps + n * a.B, a.K, off.data());
-    for (m = 0; m < M; ++m) y[m * N + n] += i4_offsets(off.data(), a.bsum.data() + m * a.B, a.B);
-  }
+  for (int64_t n = n0; n < n0 + NB; ++n)
+    for (m = 0; m < M; ++m) y[m * N + n] += i4_offsets(off + n * a.B, a.bsum.data() + m * a.B, a.B);
 }
 
 template <int NB, int MB>
-inline void i4_out_blocks(const I4Rows& a, const uint8_t* w, const int8_t* steps, float* y, int64_t M, int64_t N) {
+inline void i4_out_blocks(const I4Rows& a, const uint8_t* w, const c10::Half* off, float* y, int64_t M, int64_t N) {
   const int64_t stride = i4_row_bytes(a.K), blocks = (N + NB - 1) / NB;
   at::parallel_for(0, blocks, 64 / NB, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n0 = b * NB;
       if (n0 + NB <= N) {
-        i4_rows<NB, MB>(a, w, steps, stride, y, M, N, n0);
+        i4_rows<NB, MB>(a, w, off, stride, y, M, N, n0);
       } else {
-        for (int64_t n = n0; n < N; ++n) i4_rows<1, MB>(a, w, steps, stride, y, M, N, n);
+        for (int64_t n = n0; n < N; ++n) i4_rows<1, MB>(a, w, off, stride, y, M, N, n);
       }
     }
   });
 }
 
-// y[M, N] = x[M, K] . W^T for records w ([N, i4_row_bytes(K)]) and offset steps ([N, K / 32] int8).
-inline void int4_linear_raw(const float* x, const uint8_t* w, const int8_t* off, float* y, int64_t M, int64_t K,
+// y[M, N] = x[M, K] . W^T for records w ([N, i4_row_bytes(K)]) and offsets off ([N, K / 32] fp16).
+inline void int4_linear_raw(const float* x, const uint8_t* w, const c10::Half* off, float* y, int64_t M, int64_t K,
                             int64_t N) {
   thread_local I4Rows scratch;
   i4_quantize(x, M, K, scratch);

@@ -52,12 +52,12 @@ void check_int4(const at::Tensor& w, const at::Tensor& off, int64_t K, const cha
   TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() &&
               K % kI4Chunk == 0 && w.size(1) == i4_row_bytes(K), name,
               ": contiguous uint8 int4 records [N, ", i4_row_bytes(K), "], K (", K, ") a multiple of 64");
-  TORCH_CHECK(off.device().is_cpu() && off.scalar_type() == at::kChar && off.dim() == 2 && off.is_contiguous() &&
-              off.size(0) == w.size(0) && off.size(1) == K / kI4Block, name, ": contiguous int8 offset steps [N, K / 32]");
+  TORCH_CHECK(off.device().is_cpu() && off.scalar_type() == at::kHalf && off.dim() == 2 && off.is_contiguous() &&
+              off.size(0) == w.size(0) && off.size(1) == K / kI4Block, name, ": contiguous fp16 offsets [N, K / 32]");
 }
 
 // A projection's weight: int8 rows with one scale each (q int8 [N, K], s fp32 [N]), or int4 (q the
-// uint8 records, s the int8 block offset steps: int4_linear.h). Both give [M, N] from the same quantized
+// uint8 records, s the fp16 block offsets: int4_linear.h). Both give [M, N] from the same quantized
 // activations.
 void check_weight(const at::Tensor& q, const at::Tensor& s, int64_t K, const char* name) {
   if (q.scalar_type() == at::kByte) {
@@ -70,7 +70,7 @@ void check_weight(const at::Tensor& q, const at::Tensor& s, int64_t K, const cha
 inline void project(const at::Tensor& q, const at::Tensor& s, const float* x, float* y, int64_t M, int64_t K,
                     int64_t N) {
   if (q.scalar_type() == at::kByte) {
-    int4_linear_raw(x, q.data_ptr<uint8_t>(), s.data_ptr<int8_t>(), y, M, K, N);
+    int4_linear_raw(x, q.data_ptr<uint8_t>(), s.data_ptr<at::Half>(), y, M, K, N);
   } else {
     int8_linear_raw(x, q.data_ptr<int8_t>(), s.data_ptr<float>(), y, M, K, N);
   }
@@ -98,7 +98,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   check_f32(x, 2, "x");
   check_int4(w, off, x.size(1), "w");
   at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
-  int4_linear_raw(x.data_ptr<float>(), w.data_ptr<uint8_t>(), off.data_ptr<int8_t>(), y.data_ptr<float>(),
+  int4_linear_raw(x.data_ptr<float>(), w.data_ptr<uint8_t>(), off.data_ptr<at::Half>(), y.data_ptr<float>(),
                   x.size(0), x.size(1), w.size(0));
   return y;
 }

@@ -69,14 +69,11 @@ def test_quantized_weights_stay_within_half_a_step_of_the_floats(gen) -> None:
     w = torch.randn(16, 640, generator=gen) * torch.logspace(-2, 1, 16)[:, None]
     back = dequantize_int4(*int4(w))
     blocks = w.reshape(16, -1, 32)
-    def per_super(v: torch.Tensor) -> torch.Tensor:      # a block value's super-block largest, per block
-        return torch.cat([s.amax(1, keepdim=True).expand_as(s) for s in v.split([8, 8, 4], dim=1)], dim=1)
-
-    # the offset is an 8-bit step Dm * m at most one step Dm (the super-block's largest |min| / 127)
-    # below the block's min, so the block's step grows by at most Dm / 15; the sub-scale is then
-    # rounded up to D * sc (8 bits under the super-block's largest): by at most D
-    step = (blocks.amax(-1) - blocks.amin(-1)) / 15 + per_super(blocks.amin(-1).abs()) / 127 / 15
-    bound = per_super(step) / 127 + step
+    step = (blocks.amax(-1) - blocks.amin(-1)) / 15                     # the ideal per-block step
+    # the sub-scale is rounded up to D * sc (8 bits under the super-block's largest): the step grows
+    # by at most D, the super-block's largest step / 127
+    largest = step.reshape(16, -1).split([8, 8, 4], dim=1)
+    bound = torch.cat([s.amax(1, keepdim=True).expand_as(s) for s in largest], dim=1) / 127 + step
     err = (back - w).abs().reshape(16, -1, 32).amax(-1)
     assert (err <= 0.5 * bound * 1.001 + 1e-6).all()
 
