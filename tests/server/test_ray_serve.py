@@ -88,11 +88,18 @@ def test_requests_spread_over_both_replicas_and_equal_one_engine(ray_url: str, r
         async with httpx.AsyncClient(base_url=ray_url, timeout=60) as client:
             return await asyncio.gather(*[client.post("/v1/completions", json=body(p)) for p in PROMPTS * 2])
 
-    responses = asyncio.run(run())
-    assert [r.status_code for r in responses] == [200] * len(responses)
-    for prompt, r in zip(PROMPTS * 2, responses):
-        assert r.json()["choices"][0]["text"] == reference[prompt, MAX_TOKENS]
-    assert len({r.headers["x-interlock-replica"] for r in responses}) == 2
+    # Ray's router picks a replica by the queue lengths it last probed: on a loaded machine (the suite's
+    # other worker) one burst can all go to one replica, so up to three bursts, every answer checked
+    replicas: set[str] = set()
+    for _ in range(3):
+        responses = asyncio.run(run())
+        assert [r.status_code for r in responses] == [200] * len(responses)
+        for prompt, r in zip(PROMPTS * 2, responses):
+            assert r.json()["choices"][0]["text"] == reference[prompt, MAX_TOKENS]
+        replicas |= {r.headers["x-interlock-replica"] for r in responses}
+        if len(replicas) == 2:
+            break
+    assert len(replicas) == 2
 
 
 @dataclass
