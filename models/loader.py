@@ -98,9 +98,10 @@ def default_kv_dtype(weights: Weights, dtype: Dtype) -> Dtype:
 
 
 # "auto" takes int4 from a GGUF of this size up. Below it a step is bound by compute and per-step work,
-# not by reading weights, and int4's heavier arithmetic loses: on SmolLM2-135M (98 MB) int4 was 1.06x
-# int8's decode step and 1.25x its 8-row verify step; at Llama-3.2-1B's shape (803 MB) int4 decodes
-# 1.2x faster (docs/models.md, "Weights").
+# not by reading weights, and int4's heavier arithmetic loses where the engine spends its time: on
+# SmolLM2-135M (98 MB) int4's 4-row verify step cost 1.19x int8's and its prefill ran at 0.59x int8's
+# rate (its one-row decode was within 8% either way); at Llama-3.2-1B's shape (803 MB) int4 decodes
+# 1.15x faster (docs/models.md, "Weights").
 INT4_FROM_BYTES = 512 << 20
 
 
