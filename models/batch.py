@@ -20,7 +20,8 @@ from interlock.protocol.types import BlockId, SeqId, TokenId
 class KVLayout(Protocol):
     """Where a sequence's positions live: PagedKVCache, or a BlockTables snapshot of it."""
 
-    block_size: int
+    @property
+    def block_size(self) -> int: ...
 
     def block_table(self, seq: SeqId) -> tuple[BlockId, ...]: ...
 

@@ -17,11 +17,14 @@ from any `TensorSource`. So the eager loader (llama.py `load_checkpoint`) and th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from interlock.models.config import ModelConfig
+
+if TYPE_CHECKING:                   # llama.py imports this module
+    from interlock.models.llama import Transformer
 
 LAYER_PIECES = ("attention_norm", "q", "k", "v", "q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "o",
                 "post_attention_norm", "ffn_norm", "gate", "up", "down", "post_ffn_norm")
@@ -129,7 +132,7 @@ class CheckpointReader:
 
 
 @torch.inference_mode()
-def fill(model: torch.nn.Module, ckpt: CheckpointReader) -> None:
+def fill(model: Transformer, ckpt: CheckpointReader) -> None:
     """Copy every piece into a Transformer's fused weights (llama.py), in its dtype.
     Raises KeyError naming the first missing tensor."""
     dtype = model.dtype
@@ -141,18 +144,18 @@ def fill(model: torch.nn.Module, ckpt: CheckpointReader) -> None:
     model.norm.data = take("norm")
     if model.output is not None:
         model.output.data = take("output")
-    for i, layer in enumerate(model.layers):
-        layer.wqkv.data = torch.cat([take(n, i) for n in "qkv"])
+    for i, layer in enumerate(model.layer_list()):
+        layer.matrix("wqkv").data = torch.cat([take(n, i) for n in "qkv"])
         if layer.bqkv is not None:
             layer.bqkv.data = torch.cat([take(f"{n}_bias", i) for n in "qkv"])
-        layer.w13.data = torch.cat([take("gate", i), take("up", i)])
-        layer.wo.data, layer.w2.data = take("o", i), take("down", i)
+        layer.matrix("w13").data = torch.cat([take("gate", i), take("up", i)])
+        layer.matrix("wo").data, layer.matrix("w2").data = take("o", i), take("down", i)
         for name in ("attention_norm", "ffn_norm", "q_norm", "k_norm", "post_attention_norm", "post_ffn_norm"):
             if getattr(layer, name) is not None:
                 getattr(layer, name).data = take(name, i)
 
 
-def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def state_of(model: Transformer) -> dict[str, torch.Tensor]:
     """A float Transformer's weights as the checkpoint tensors `Layout(model.config)` reads back
     (norm_shift 0: the norms as the forward multiplies by them)."""
     c = model.config
@@ -161,12 +164,12 @@ def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                                                           ("norm", None): model.norm.data}
     if model.output is not None:
         pieces["output", None] = model.output.data
-    for i, layer in enumerate(model.layers):
-        q, k, v = layer.wqkv.data.split([c.q_size, c.kv_size, c.kv_size])
-        gate, up = layer.w13.data.chunk(2)
-        pieces.update({("q", i): q, ("k", i): k, ("v", i): v, ("o", i): layer.wo.data, ("gate", i): gate,
-                       ("up", i): up, ("down", i): layer.w2.data, ("attention_norm", i): layer.attention_norm.data,
-                       ("ffn_norm", i): layer.ffn_norm.data})
+    for i, layer in enumerate(model.layer_list()):
+        q, k, v = layer.matrix("wqkv").data.split([c.q_size, c.kv_size, c.kv_size])
+        gate, up = layer.matrix("w13").data.chunk(2)
+        pieces.update({("q", i): q, ("k", i): k, ("v", i): v, ("o", i): layer.matrix("wo").data,
+                       ("gate", i): gate, ("up", i): up, ("down", i): layer.matrix("w2").data,
+                       ("attention_norm", i): layer.attention_norm.data, ("ffn_norm", i): layer.ffn_norm.data})
         if layer.bqkv is not None:
             bq, bk, bv = layer.bqkv.data.split([c.q_size, c.kv_size, c.kv_size])
             pieces.update({("q_bias", i): bq, ("k_bias", i): bk, ("v_bias", i): bv})
@@ -174,7 +177,7 @@ def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             if getattr(layer, name) is not None:
                 pieces[name, i] = getattr(layer, name).data
     state: dict[str, list[tuple[int, torch.Tensor]]] = {}
-    for (piece, layer), t in pieces.items():
-        name, offset = layout.where(piece, layer)
+    for (piece, index), t in pieces.items():
+        name, offset = layout.where(piece, index)
         state.setdefault(name, []).append((offset, t))
     return {name: torch.cat([t for _, t in sorted(parts, key=lambda p: p[0])]) for name, parts in state.items()}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from interlock.protocol.types import Dtype
 
@@ -134,7 +134,7 @@ class ModelConfig:
         """Whether `layer` rotates with the local table (rope_local_theta) instead of the global one."""
         return self.rope_local_theta > 0 and layer in self.sliding_layers
 
-    def replace(self, **changes: object) -> ModelConfig:
+    def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def first_layers(self, n: int) -> ModelConfig:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -158,28 +159,33 @@ class DeviceLlama:
 
     @classmethod
     def from_transformer(cls, model: Transformer, device: torch.device | str = "cuda",
-                         dtype: torch.dtype = torch.bfloat16, **kwargs: object) -> DeviceLlama:
+                         dtype: torch.dtype = torch.bfloat16, **kwargs: Any) -> DeviceLlama:
         """The same weights as a float-weight CPU Transformer (`build("float")`, or not built),
         rounded to `dtype` on `device`. Its RoPE table comes along (a GGUF may carry its own
         frequencies). Raises UnsupportedModelError for quantized weights: their float matrices are gone."""
-        if model.weights not in (None, "float") or model.layers[0].wqkv is None:
+        if model.weights not in (None, "float") or model.layer_list()[0].wqkv is None:
             raise UnsupportedModelError(f"the device forward needs float weights (load_model(..., weights='float')); "
                                         f"this model was built with {model.weights!r}")
 
-        def to(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.detach().to(device, dtype).contiguous()
+        def to(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().to(device, dtype).contiguous()
 
-        layers = [_Layer(to(x.attention_norm), to(x.wqkv), to(x.bqkv), to(x.wo), to(x.ffn_norm), to(x.w13),
-                         to(x.w2), to(x.q_norm), to(x.k_norm), to(x.post_attention_norm), to(x.post_ffn_norm))
-                  for x in model.layers]
+        def maybe(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else to(t)
+
+        layers = [_Layer(to(x.attention_norm), to(x.matrix("wqkv")), maybe(x.bqkv), to(x.matrix("wo")),
+                         to(x.ffn_norm), to(x.matrix("w13")), to(x.matrix("w2")), maybe(x.q_norm), maybe(x.k_norm),
+                         maybe(x.post_attention_norm), maybe(x.post_ffn_norm))
+                  for x in model.layer_list()]
         head = model.tok_embeddings if model.output is None else model.output
-        local = None if model.rope_cos_local is None else (model.rope_cos_local, model.rope_sin_local)
+        cos, sin = model.rope_cos_local, model.rope_sin_local
+        local = None if cos is None or sin is None else (cos, sin)
         return cls(model.config, to(model.tok_embeddings), layers, to(model.norm), to(head),
                    rope=(model.rope_cos, model.rope_sin), rope_local=local, **kwargs)
 
     @classmethod
     def random(cls, config: ModelConfig, device: torch.device | str = "cuda", seed: int = 0,
-               dtype: torch.dtype = torch.bfloat16, **kwargs: object) -> DeviceLlama:
+               dtype: torch.dtype = torch.bfloat16, **kwargs: Any) -> DeviceLlama:
         """Random weights drawn on the device (no host copy of a multi-GB model), scaled as
         llama.random_transformer scales them: unit embeddings and norms, 1/sqrt(fan_in) matrices."""
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -244,11 +250,11 @@ class DeviceLlama:
     __call__ = forward
 
     def _attention(self, qkv: torch.Tensor, layer: _Layer, cos: torch.Tensor, sin: torch.Tensor, inputs: StepInputs,
-                   kv: PagedKVCache, index: int, ops: ModuleType, norm: object) -> torch.Tensor:
+                   kv: PagedKVCache, index: int, ops: ModuleType, norm: Callable[..., torch.Tensor]) -> torch.Tensor:
         c = self.config
         t, heads = qkv.shape[0], c.n_heads + c.n_kv_heads
         qk = qkv[:, : c.q_size + c.kv_size].reshape(t, heads, c.head_dim)
-        if layer.q_norm is not None:        # per head: a row norm over [T * heads, D]
+        if layer.q_norm is not None and layer.k_norm is not None:        # per head: a row norm over [T * heads, D]
             q_part = norm(qk[:, : c.n_heads].reshape(-1, c.head_dim).contiguous(), layer.q_norm, c.rms_eps)
             k_part = norm(qk[:, c.n_heads:].reshape(-1, c.head_dim).contiguous(), layer.k_norm, c.rms_eps)
             qk = torch.cat([q_part.view(t, c.n_heads, -1), k_part.view(t, c.n_kv_heads, -1)], dim=1)

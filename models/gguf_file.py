@@ -49,7 +49,8 @@ class GGUFFile:
         self.path = Path(path)
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         try:
-            self._read(gguf, memoryview(self._map), path)
+            # numpy's stubs give memmap no buffer protocol; it has one
+            self._read(gguf, memoryview(self._map), path)  # type: ignore[arg-type]
         except (struct.error, KeyError, IndexError) as exc:
             raise ValueError(f"{path} is truncated or not a GGUF file ({exc})") from exc
 
@@ -57,7 +58,7 @@ class GGUFFile:
         """Drop the file's pages from this process's resident set (they stay in the page cache).
         A conversion calls it after each layer: reading a 5 GB file through one map would
         otherwise count all of it as resident by the end."""
-        self._map._mmap.madvise(mmap.MADV_DONTNEED)
+        self._map._mmap.madvise(mmap.MADV_DONTNEED)  # type: ignore[attr-defined]  # numpy keeps its mmap private
 
     def _read(self, gguf: Any, buf: memoryview, path: str | Path) -> None:
         if bytes(buf[:4]) != b"GGUF":

@@ -28,6 +28,9 @@ WeightsChoice: TypeAlias = Literal["auto", "float", "int8", "int4"]     # "auto"
 class Linear(nn.Module):
     """y = x @ W^T (+ b) in the weight's dtype; output cast to fp32."""
 
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
@@ -68,6 +71,9 @@ class _Quantized(nn.Module):
     gets its own GEMM, so its rows never depend on what else is in the step.
     """
 
+    dense_weight: torch.Tensor | None       # buffers, declared for the type checker
+    bias: nn.Parameter | None
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.register_buffer("dense_weight", weight.to(torch.bfloat16))
@@ -90,6 +96,10 @@ class Int8Linear(_Quantized):
     where it builds, else torch's `_weight_int8pack_mm` (bf16 activations). The choice is
     made once per process, so every row of every step takes the same arithmetic.
     """
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    scales_f32: torch.Tensor
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__(weight, bias)
@@ -133,6 +143,10 @@ class Int4Linear(nn.Module):
     (memory-bound: 0.57x the bytes of int8) and prompt chunks alike, so no float copy is kept and a
     row's bits never depend on the other rows (batch invariant). Needs the native kernels."""
 
+    records: torch.Tensor
+    offsets: torch.Tensor
+    bias: nn.Parameter | None
+
     def __init__(self, records: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         if not native.available():
@@ -174,7 +188,11 @@ def head_weights(weights: Weights) -> Weights:
     return "int8" if weights == "int4" else weights
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, weights: Weights) -> nn.Module:
+# What a model's projections are: the forward and the fused rows path read each kind's attributes.
+Projection: TypeAlias = "Linear | Int8Linear | Int4Linear"
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, weights: Weights) -> Projection:
     if weights == "int8":
         return Int8Linear(weight, bias)
     if weights == "int4":
@@ -184,7 +202,7 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, weights: Weight
     raise ValueError(f"weights must be 'float', 'int8' or 'int4', got {weights!r}")
 
 
-def select_rows(linear: nn.Module, index: torch.Tensor) -> nn.Module:
+def select_rows(linear: Projection, index: torch.Tensor) -> Projection:
     """The same layer with only the output rows in `index` (a pruned draft vocabulary's head)."""
     if isinstance(linear, Linear):
         bias = None if linear.bias is None else linear.bias[index].clone()

@@ -12,6 +12,8 @@ weights are int8, and in the weight dtype otherwise.
 """
 from __future__ import annotations
 
+from typing import Self
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,7 +23,7 @@ from interlock.models.batch import ForwardBatch, SeqView, split_rows
 from interlock.models.checkpoint import CheckpointReader, Layout, StateDictSource, fill
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import _DTYPES, PagedKVCache
-from interlock.models.linear import Weights, head_weights, make_linear
+from interlock.models.linear import Int4Linear, Int8Linear, Projection, Weights, head_weights, make_linear
 from interlock.models.rope import apply_rope, cos_sin_table, local_cos_sin_table
 
 NATIVE_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)      # the KV caches the native kernels read
@@ -48,7 +50,7 @@ def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape), requires_grad=False)
 
 
-def _project(linear: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+def _project(linear: Projection, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
     """linear(x), with each prompt chunk through its own dense GEMM (see linear.py)."""
     if not batch.dense:
         return linear(x)
@@ -61,11 +63,42 @@ def _project(linear: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> torch.T
     return out
 
 
-def _ones(n: int, present: bool = True) -> nn.Parameter | None:
-    return nn.Parameter(torch.ones(n), requires_grad=False) if present else None
+def _ones(n: int) -> nn.Parameter:
+    return nn.Parameter(torch.ones(n), requires_grad=False)
+
+
+def _ones_if(n: int, present: bool) -> nn.Parameter | None:
+    return _ones(n) if present else None
+
+
+def _kernel(linear: Projection) -> Int8Linear | Int4Linear | None:
+    """The projection, where the fused rows path can take it (a native quantized kind)."""
+    return linear if isinstance(linear, (Int8Linear, Int4Linear)) and linear.native else None
 
 
 class Layer(nn.Module):
+    # Declared for the type checker (nn.Module's attribute lookup types them Tensor | Module). The float
+    # matrices are None once Linear modules hold the weights (Transformer.install).
+    attention_norm: nn.Parameter
+    wqkv: nn.Parameter | None
+    bqkv: nn.Parameter | None
+    q_norm: nn.Parameter | None
+    k_norm: nn.Parameter | None
+    wo: nn.Parameter | None
+    post_attention_norm: nn.Parameter | None
+    ffn_norm: nn.Parameter
+    w13: nn.Parameter | None
+    w2: nn.Parameter | None
+    post_ffn_norm: nn.Parameter | None
+
+    def matrix(self, name: str) -> nn.Parameter:
+        """The float matrix `name` (wqkv, wo, w13, w2), which must still be here."""
+        w = getattr(self, name)
+        if w is None:
+            raise RuntimeError(f"layer.{name} is gone: build() runs once, and a model made with matrices=False "
+                               "takes its Linear modules from install()")
+        return w
+
     def __init__(self, config: ModelConfig, matrices: bool = True) -> None:
         super().__init__()
         e, i, d = config.hidden_size, config.intermediate_size, config.head_dim
@@ -74,17 +107,26 @@ class Layer(nn.Module):
         self.attention_norm = _ones(e)
         self.wqkv = param(qkv, e)
         self.bqkv = nn.Parameter(torch.zeros(qkv), requires_grad=False) if config.qkv_bias and matrices else None
-        self.q_norm, self.k_norm = _ones(d, config.qk_norm), _ones(d, config.qk_norm)   # [D]: one per head dim
+        self.q_norm, self.k_norm = _ones_if(d, config.qk_norm), _ones_if(d, config.qk_norm)   # [D]: one per head dim
         self.wo = param(e, config.q_size)
-        self.post_attention_norm = _ones(e, config.post_norms)
+        self.post_attention_norm = _ones_if(e, config.post_norms)
         self.ffn_norm = _ones(e)
         self.w13 = param(2 * i, e)          # gate rows, then up rows
         self.w2 = param(e, i)
-        self.post_ffn_norm = _ones(e, config.post_norms)
+        self.post_ffn_norm = _ones_if(e, config.post_norms)
 
 
 class Transformer(nn.Module):
     """Weights plus the forward. Fill with `load_hf_state_dict` / `load_state_dict`, then `build()`."""
+
+    # Declared for the type checker, as Layer's.
+    tok_embeddings: nn.Parameter
+    norm: nn.Parameter
+    output: nn.Parameter | None
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+    rope_cos_local: torch.Tensor | None
+    rope_sin_local: torch.Tensor | None
 
     def __init__(self, config: ModelConfig, inv_freq: torch.Tensor | None = None, matrices: bool = True) -> None:
         """matrices=False: no float projection matrices (nor embedding storage): the caller installs
@@ -105,8 +147,8 @@ class Transformer(nn.Module):
         self.native = False             # the native CPU kernels for norms and row attention (build)
         self.fused_rows: dict[str, list[torch.Tensor]] | None = None     # rows_forward's weights (build)
         self.rows_prefill = False       # prompt chunks take rows_forward too (build)
-        self._linears: list[dict[str, nn.Module]] = []
-        self._head: nn.Module | None = None
+        self._linears: list[dict[str, Projection]] = []
+        self._head: Projection | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -117,17 +159,19 @@ class Transformer(nn.Module):
         """dtype of the residual stream and attention."""
         return torch.float32 if self.weights in ("int8", "int4") else self.dtype
 
-    def build(self, weights: Weights = "float") -> Transformer:
+    def build(self, weights: Weights = "float") -> Self:
         """Create the Linear modules from the fused weights (int8 and int4 quantize them). Returns self."""
         linears = [
-            {"wqkv": make_linear(layer.wqkv, layer.bqkv, weights), "wo": make_linear(layer.wo, None, weights),
-             "w13": make_linear(layer.w13, None, weights), "w2": make_linear(layer.w2, None, weights)}
-            for layer in self.layers
+            {"wqkv": make_linear(layer.matrix("wqkv"), layer.bqkv, weights),
+             "wo": make_linear(layer.matrix("wo"), None, weights),
+             "w13": make_linear(layer.matrix("w13"), None, weights),
+             "w2": make_linear(layer.matrix("w2"), None, weights)}
+            for layer in self.layer_list()
         ]
         head = self.tok_embeddings if self.output is None else self.output
         return self.install(linears, make_linear(head, None, head_weights(weights)), weights)
 
-    def install(self, linears: list[dict[str, nn.Module]], head: nn.Module, weights: Weights) -> Transformer:
+    def install(self, linears: list[dict[str, Projection]], head: Projection, weights: Weights) -> Self:
         """Take ready Linear modules (build's, or models/packed.py's, made without float matrices)."""
         self._linears = linears
         self._head = head
@@ -136,13 +180,17 @@ class Transformer(nn.Module):
         self.fused_rows = self._fused_weights() if self.native and weights != "float" and self.FUSABLE else None
         self.rows_prefill = self.rows_prefill_default
         if weights != "float":     # the float matrices are no longer needed: drop them, keep the embedding
-            for layer in self.layers:
+            for layer in self.layer_list():
                 for name in ("wqkv", "wo", "w13", "w2"):
                     setattr(layer, name, None)
             if self.output is not None:
                 self.output = None
             self.tok_embeddings.data = self.tok_embeddings.data.float()
         return self
+
+    def layer_list(self, n_layers: int | None = None) -> list[Layer]:
+        """The first n_layers layers (all by default), typed."""
+        return [layer for layer in self.layers[:n_layers] if isinstance(layer, Layer)]
 
     @property
     def rows_prefill_default(self) -> bool:
@@ -159,7 +207,7 @@ class Transformer(nn.Module):
         """What the prompt-chunk GEMMs compute in (default: linear.dense_dtype()); the prefill
         benchmark sets bf16 and fp32 in turn to measure both in one run."""
         for lin in (*(m for d in self._linears for m in d.values()), self._head):
-            if hasattr(lin, "dense_dtype"):
+            if isinstance(lin, Int8Linear):       # the kind with a dense copy for prompt chunks
                 lin.dense_dtype = dtype
 
     # The fused rows path (one native call for every layer) has no hooks for collectives: a
@@ -167,17 +215,21 @@ class Transformer(nn.Module):
     FUSABLE = True
 
     def _fused_weights(self) -> dict[str, list[torch.Tensor]] | None:
-        lin = self._linears
-        if any(not l[name].native for l in lin for name in ("wqkv", "wo", "w13", "w2")):
-            return None
+        lin: list[dict[str, Int8Linear | Int4Linear]] = []
+        for projections in self._linears:
+            kernels = {name: _kernel(projections[name]) for name in ("wqkv", "wo", "w13", "w2")}
+            ready = {name: k for name, k in kernels.items() if k is not None}
+            if len(ready) < len(kernels):
+                return None
+            lin.append(ready)
 
         def norms(name: str) -> list[torch.Tensor]:      # empty where the family has no such norm
-            return [getattr(x, name).float().contiguous() for x in self.layers if getattr(x, name) is not None]
+            return [getattr(x, name).float().contiguous() for x in self.layer_list() if getattr(x, name) is not None]
 
         return {
             "attn_norms": norms("attention_norm"), "ffn_norms": norms("ffn_norm"),
             "qkv_q": [l["wqkv"].kernel_weights[0] for l in lin], "qkv_s": [l["wqkv"].kernel_weights[1] for l in lin],
-            "qkv_b": [] if lin[0]["wqkv"].bias is None else [l["wqkv"].bias.float().contiguous() for l in lin],
+            "qkv_b": [b.float().contiguous() for l in lin if (b := l["wqkv"].bias) is not None],
             "o_q": [l["wo"].kernel_weights[0] for l in lin], "o_s": [l["wo"].kernel_weights[1] for l in lin],
             "up_q": [l["w13"].kernel_weights[0] for l in lin], "up_s": [l["w13"].kernel_weights[1] for l in lin],
             "down_q": [l["w2"].kernel_weights[0] for l in lin], "down_s": [l["w2"].kernel_weights[1] for l in lin],
@@ -189,13 +241,16 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: PagedKVCache, *, n_layers: int | None = None,
-                head: nn.Module | None = None) -> torch.Tensor:
+                head: Projection | None = None) -> torch.Tensor:
         """Run one packed batch: write K/V of every new token, return fp32 logits [R, V].
 
         n_layers / head: run only the first n layers and this head instead (a layer-skip self-draft,
         or a pruned draft vocabulary); kv then needs only n_layers layers.
         """
-        return self._logits(self.final_hidden(batch, kv, n_layers=n_layers), head or self._head)   # [R, V] fp32
+        head = head or self._head
+        if head is None:
+            raise RuntimeError("call build() after loading weights")
+        return self._logits(self.final_hidden(batch, kv, n_layers=n_layers), head)   # [R, V] fp32
 
     def final_hidden(self, batch: ForwardBatch, kv: PagedKVCache, *, n_layers: int | None = None) -> torch.Tensor:
         """forward without the head: the logit rows' hidden states after the final norm [R, E]."""
@@ -212,7 +267,7 @@ class Transformer(nn.Module):
     def sparse_head(self) -> bool:
         """head_argmax runs here: the native rows path (no tensor parallelism) and an int8 head."""
         head = self._head
-        return self.fused_rows is not None and getattr(head, "native", False) and head.bias is None
+        return self.fused_rows is not None and isinstance(head, Int8Linear) and head.native and head.bias is None
 
     def head_argmax(self, x: torch.Tensor, bitmask: torch.Tensor, mask_rows: torch.Tensor,
                     vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,12 +275,15 @@ class Transformer(nn.Module):
         forward's logits, bit for bit, where rows whose grammar allows at most vocab / 16 ids
         compute only those logits, and rows marked -2 are skipped (kernels/csrc/head_argmax.h)."""
         head = self._head
+        if not isinstance(head, Int8Linear):
+            raise TypeError(f"head_argmax reads an int8 head, this model's is {type(head).__name__}")
         return torch.ops.interlock_cpu.head_argmax(x.contiguous(), head.qweight, head.scales_f32, bitmask,
                                                    mask_rows, vocab, max(1, vocab // 16))
 
     def _tables(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The RoPE tables [P, R]: the global one, then the sliding layers' own where the family has one."""
-        local = [] if self.rope_cos_local is None else [(self.rope_cos_local, self.rope_sin_local)]
+        cos, sin = self.rope_cos_local, self.rope_sin_local
+        local = [] if cos is None or sin is None else [(cos, sin)]
         return [(self.rope_cos, self.rope_sin), *local]
 
     def _hidden(self, batch: ForwardBatch, kv: PagedKVCache, n_layers: int | None) -> torch.Tensor:
@@ -234,7 +292,7 @@ class Transformer(nn.Module):
         x = self._embed(batch.input_ids).to(dt) * c.embed_scale            # [T, E]
         ropes = [(cos[batch.positions].to(dt), sin[batch.positions].to(dt)) for cos, sin in self._tables()]
         act = ACTIVATIONS[c.activation]
-        for index, (layer, lin) in enumerate(zip(self.layers[:n_layers], self._linears[:n_layers])):
+        for index, (layer, lin) in enumerate(zip(self.layer_list(n_layers), self._linears[:n_layers])):
             h = rms_norm(x, layer.attention_norm.to(dt), c.rms_eps, nat)
             qkv = _project(lin["wqkv"], h, batch).to(dt)
             cos, sin = ropes[int(c.local_rope(index))]
@@ -263,6 +321,7 @@ class Transformer(nn.Module):
             x[split.dense_index] = self._hidden(split.dense, kv, n_layers)
         if rows:
             c, w = self.config, self.fused_rows
+            assert w is not None, "final_hidden takes this path only with fused weights"
             n = c.n_layers if n_layers is None else n_layers
             positions = batch.positions[row_index]
             tables = self._tables()
@@ -288,7 +347,7 @@ class Transformer(nn.Module):
         """The output of a row-parallel projection (o, down): summed over ranks under TP."""
         return y
 
-    def _logits(self, x: torch.Tensor, head: nn.Module) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor, head: Projection) -> torch.Tensor:
         return head(x)
 
     def _head_norm(self, x: torch.Tensor, weight: nn.Parameter) -> torch.Tensor:
@@ -303,7 +362,7 @@ class Transformer(nn.Module):
         c = self.config
         t = qkv.shape[0]
         qk = qkv[:, : c.q_size + c.kv_size].reshape(t, c.n_heads + c.n_kv_heads, c.head_dim)
-        if layer.q_norm is not None:
+        if layer.q_norm is not None and layer.k_norm is not None:
             qk = torch.cat([self._head_norm(qk[:, : c.n_heads], layer.q_norm),
                             self._head_norm(qk[:, c.n_heads:], layer.k_norm)], dim=1)
         qk = apply_rope(qk, cos, sin)          # q and k in one go: they are adjacent      [T, H+Hkv, D]

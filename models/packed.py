@@ -28,7 +28,7 @@ from torch import nn
 from interlock.models.checkpoint import CheckpointReader, Layout
 from interlock.models.config import ModelConfig
 from interlock.kernels.int4_pack import FROM_BLOCKS, from_gguf, quantize_int4
-from interlock.models.linear import Int4Linear, Int8Linear, Weights, quantize_int8
+from interlock.models.linear import Int4Linear, Int8Linear, Projection, Weights, quantize_int8
 from interlock.models.tokenizer import cache_dir, file_key
 from interlock.models.weight_cache import config_from_json
 from interlock.protocol.errors import ModelLoadError, UnsupportedModelError
@@ -166,7 +166,7 @@ def _head(ckpt: CheckpointReader, config: ModelConfig, embed: torch.Tensor) -> t
     return q, s
 
 
-def _linear(state: dict[str, torch.Tensor], name: str) -> nn.Module:
+def _linear(state: dict[str, torch.Tensor], name: str) -> Projection:
     q, s, bias = state[f"{name}.q"], state[f"{name}.s"], state.get(f"{name}.bias")
     return Int4Linear(q, s, bias) if q.dtype == torch.uint8 else Int8Linear.from_quantized(q, s, bias)
 

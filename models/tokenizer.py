@@ -210,7 +210,8 @@ def _converted(path: Path, fields: Any) -> Any:
     """transformers' conversion of a GGUF file's tokenizer, as AutoTokenizer makes it."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name, "local_files_only": True}
+    where: dict[str, Any] = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name,
+                             "local_files_only": True}
     arch = gguf_arch(path, fields)
     if arch is None:
         return AutoTokenizer.from_pretrained(**where)

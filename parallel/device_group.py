@@ -70,19 +70,19 @@ def join_group(store: str, rank: int, world: int, name: str, timeout_s: float) -
     collectives find it by that name, as long as the caller keeps the group alive (the registry
     holds it weakly). Blocks until all `world` ranks have joined."""
     prefix = dist.PrefixStore(name, dist.FileStore(store, world))
-    options = dist.ProcessGroupGloo._Options()
+    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # private, untyped: no public way to pin gloo to loopback
     options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
     options._timeout = timedelta(seconds=timeout_s)
     backend = dist.ProcessGroupGloo(prefix, rank, world, options)
     group = dist.ProcessGroup(prefix, rank, world)
     group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
     group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
-    torch._C._distributed_c10d._register_process_group(name, group)
+    torch._C._distributed_c10d._register_process_group(name, group)  # type: ignore[arg-type]  # GroupName is a str
     return group
 
 
 def leave_group(name: str) -> None:
-    torch._C._distributed_c10d._unregister_process_group(name)
+    torch._C._distributed_c10d._unregister_process_group(name)  # type: ignore[arg-type]  # GroupName is a str
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,8 @@ class DeviceGroup:
 
     def lead(self, inputs: StepInputs, kv: PagedKVCache, n_layers: int | None) -> None:
         index, _ = self._pools.setdefault(id(kv), (len(self._pools), kv))
-        header = Forward(index, kv.k.shape[0], kv.k.shape[1], kv.block_size, inputs.rows, tuple(inputs.tables.shape),
+        header = Forward(index, kv.k.shape[0], kv.k.shape[1], kv.block_size, inputs.rows,
+                         (inputs.tables.shape[0], inputs.tables.shape[1]),
                          inputs.logit_rows.shape[0], n_layers)
         if self._recording is not None:
             self._recording.append(header)
@@ -273,7 +274,8 @@ class DeviceGroup:
     def recording(self) -> Iterator[list[Forward]]:
         """While a step is captured: the forwards it issues are kept, not sent (`announce` them at
         each replay)."""
-        self._recording = recorded = []
+        recorded: list[Forward] = []
+        self._recording = recorded
         try:
             yield recorded
         finally:

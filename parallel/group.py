@@ -202,6 +202,7 @@ class TensorParallelGroup:
                         return msg
                     raise self._fail(self._describe(msg, what))
             for s in ready:
+                assert isinstance(s, int), "a sentinel: conn and others were handled above"
                 rank = sentinels[s]
                 if self._conns[rank].poll():       # it said why before exiting
                     raise self._fail(self._describe(self._recv(self._conns[rank], what), what))

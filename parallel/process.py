@@ -83,7 +83,7 @@ def reap(procs: list[RankProcess], conns: list[Connection], grace_s: float, stop
     exit, kill those left, join every one, and close their sentinels and pipes."""
     for conn in conns if stop is not None else ():
         try:
-            conn.send_bytes(stop)
+            conn.send_bytes(stop or b"")        # stop is set: the loop runs only with one
         except OSError:
             pass                        # it is gone already
     deadline = time.monotonic() + grace_s

@@ -21,13 +21,12 @@ import time
 from dataclasses import dataclass
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from interlock.models.batch import ForwardBatch
 from interlock.models.checkpoint import CheckpointReader
 from interlock.models.config import ModelConfig
 from interlock.models.kv_cache import PagedKVCache
-from interlock.models.linear import Weights
+from interlock.models.linear import Projection, Weights
 from interlock.models.llama import Transformer
 from interlock.protocol.errors import UnsupportedModelError
 
@@ -131,7 +130,7 @@ class ShardedTransformer(Transformer):
         self.collective_s = 0.0                          # time spent in collectives (benchmarks read it)
 
     def forward(self, batch: ForwardBatch, kv: PagedKVCache, *, n_layers: int | None = None,
-                head: nn.Module | None = None) -> torch.Tensor:
+                head: Projection | None = None) -> torch.Tensor:
         if head is not None:
             raise UnsupportedModelError("a pruned draft head is not supported under tensor parallelism")
         return super().forward(batch, kv, n_layers=n_layers)
@@ -156,7 +155,7 @@ class ShardedTransformer(Transformer):
             self.collective_s += time.perf_counter() - start
         return y
 
-    def _logits(self, x: torch.Tensor, head: nn.Module) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor, head: Projection) -> torch.Tensor:
         out = head(x)
         if self.shard.world == 1:
             return out[:, : self.full_vocab]

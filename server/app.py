@@ -150,7 +150,8 @@ def chunk_encoder(chat: bool, rid: str, model: str) -> Callable[[list[Any], Usag
 
 def full_body(chat: bool, rid: str, model: str, shapers: list[ChoiceShaper], results: list[list[Delta]]) -> dict:
     """A non-streamed answer: each choice's whole text through its shaper, and the usage of all."""
-    choices, stats = [], []
+    choices: list[Any] = []         # ChatChoices from a chat request's shapers, TextChoices from a text one's
+    stats = []
     for shaper, deltas in zip(shapers, results):
         text, last = check_finished(deltas)
         shaper.piece(text, [lp for d in deltas for lp in d.logprobs or ()])

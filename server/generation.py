@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
 
 import anyio
+from starlette.types import Receive
 
 from interlock.engine import Engine
 from interlock.protocol.errors import InterlockError
@@ -127,7 +128,7 @@ class ShuttingDown(Exception):
 Waiter = Callable[[], Awaitable[None]]
 
 
-async def wait_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
+async def wait_disconnect(receive: Receive) -> None:
     """Returns when the client has gone (`receive` is the request's ASGI receive, body already read)."""
     while (await receive())["type"] != "http.disconnect":
         pass

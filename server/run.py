@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import math
 import signal
 import threading
 from collections.abc import Callable, Generator
@@ -65,7 +66,7 @@ def build_server(engine: Engine, config: ServerConfig, log_level: str = "warning
     log_config["handlers"]["access"]["stream"] = "ext://sys.stderr"
     uv = uvicorn.Config(app, host=config.host, port=config.port, lifespan="on", access_log=config.access_log,
                         log_level=log_level, log_config=log_config,
-                        timeout_graceful_shutdown=config.shutdown_timeout_s + 5.0)
+                        timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s + 5.0))
     if config.access_log:       # uvicorn set its loggers to log_level; access lines are info, asked for here
         level = logging.getLevelNamesMapping().get(log_level.upper(), logging.WARNING)
         logging.getLogger("uvicorn.access").setLevel(min(logging.INFO, level))

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from interlock.protocol.errors import InterlockError
 from interlock.protocol.sampling import RequestStats
@@ -44,7 +45,7 @@ class SSEResponse(Response):
         self.stats: list[RequestStats] = []
         self.status_code, self.background = 200, None
 
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),

@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from interlock.protocol.conditional import Law
 from interlock.protocol.errors import InterlockError
 from interlock.protocol.grammar import (BACKENDS, BackendName, Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema,
                                         Reasoning, Regex)
@@ -120,7 +121,8 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, seed: int | Non
             top_k=None if req.top_k in (None, 0, -1) else req.top_k,
             max_tokens=max_tokens or config.default_max_tokens, stop=stop, seed=seed,
             guidance_scale=req.guidance_scale, logprobs=logprobs, ignore_eos=bool(req.ignore_eos),
-            speculative=req.speculative is not False, law=req.law or "masked",
+            speculative=req.speculative is not False,
+            law=cast(Law, req.law or "masked"),                 # SamplingParams refuses other names
             max_attempts=64 if req.max_attempts is None else req.max_attempts, **extra)
     except InterlockError as exc:
         raise from_interlock(exc) from exc

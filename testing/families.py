@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:                   # transformers loads in seconds: only where a family is built
+    from transformers import PreTrainedModel
 
 VOCAB = 1088                 # the tiny preset's padded vocabulary (models/loader.py)
 THINK = ("<think>", "</think>")
@@ -76,7 +79,7 @@ def hf_config(name: str) -> Any:
 
 
 @torch.no_grad()
-def hf_model(name: str, seed: int = 0) -> torch.nn.Module:
+def hf_model(name: str, seed: int = 0) -> PreTrainedModel:
     """A transformers model of the family with reproducible random weights, in float32, eval mode."""
     import transformers
 
@@ -95,7 +98,7 @@ def hf_model(name: str, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-def save_dir(model: torch.nn.Module, path: Path, *, thinking: bool = False) -> Path:
+def save_dir(model: PreTrainedModel, path: Path, *, thinking: bool = False) -> Path:
     """The model as an HF checkpoint directory with the tiny preset's tokenizer (1024 ids); thinking:
     add <think> / </think> as special tokens and a Qwen3-style chat template with enable_thinking."""
     from interlock.models.loader import load_tokenizer
@@ -122,7 +125,7 @@ _GGUF_NORMS = {"gemma3": {"post_attention_layernorm": "post_attention_norm", "pr
                           "post_feedforward_layernorm": "post_ffw_norm"}}
 
 
-def write_gguf(model: torch.nn.Module, path: Path, *, add_bos: bool | None = None) -> Path:
+def write_gguf(model: PreTrainedModel, path: Path, *, add_bos: bool | None = None) -> Path:
     """The model's weights as an F32 GGUF file of llama.cpp's architecture for it (qwen3, gemma3, phi3),
     with its metadata and a byte-level vocabulary of VOCAB tokens. add_bos: write
     `tokenizer.ggml.add_bos_token` (as Gemma's, Llama 3's and Mistral's files do) with BOS id 1;

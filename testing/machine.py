@@ -87,7 +87,7 @@ def default_settings() -> Settings:
     """The loaded hypothesis profile's budget (max_examples, stateful_step_count), no deadline,
     and no explain phase: it re-runs the shrunk example hundreds of times (most of the time spent on
     a failure) to annotate steps that the printed operations already make plain."""
-    phases = [p for p in Settings.default.phases if p != Phase.explain]
+    phases = [p for p in Settings().phases if p != Phase.explain]       # Settings(): the loaded profile's
     return Settings(deadline=None, suppress_health_check=RELAXED, phases=phases)
 
 
@@ -99,8 +99,8 @@ def machine_for(case: GrammarCase, *, mix: TokenMix = DEFAULT_MIX, lenient_refus
     factory = getattr(case.matcher_factory, "__qualname__", "")
     digest = hashlib.sha256(f"{case.spec.key}|{case.tokenizer.key}|{factory}".encode()).hexdigest()[:12]
     name = f"GrammarMachine_{case.backend.name}_{digest}"
-    machine = type(name, (GrammarMachine,), {"case": case, "mix": mix, "lenient_refusals": lenient_refusals,
-                                                  "__module__": __name__})
+    machine: type[GrammarMachine] = type(name, (GrammarMachine,), {
+        "case": case, "mix": mix, "lenient_refusals": lenient_refusals, "__module__": __name__})
     machine.TestCase.settings = settings or default_settings()
     return machine
 

@@ -124,7 +124,9 @@ def draw_fill_masks(draw: Draw, case: GrammarCase, accepted: Sequence[TokenId], 
     replay = case.replay(accepted)
     walked: list[TokenId] = []
     for _ in range(draw(st.integers(0, 3), label="allowed drafts")):
-        token = None if replay is None else draw_token(draw, case, replay, mix)
+        if replay is None:
+            break
+        token = draw_token(draw, case, replay, mix)
         if token is None or not replay.accept([token]):
             break
         walked.append(token)

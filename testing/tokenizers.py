@@ -59,7 +59,7 @@ def byte_tokenizer(pieces: Sequence[str] = DEFAULT_PIECES, special: Sequence[str
     raw.add_special_tokens([EOS, *special])
     hf = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=EOS)
     key = "bytes-" + hashlib.sha256(json.dumps([list(pieces), list(special)]).encode()).hexdigest()[:16]
-    return Tokenizer(hf=hf, key=key, eos_token_ids=(hf.convert_tokens_to_ids(EOS),))
+    return Tokenizer(hf=hf, key=key, eos_token_ids=(hf.eos_token_id,))
 
 
 def _merges(pieces: Sequence[str], alphabet: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
