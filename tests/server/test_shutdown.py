@@ -62,9 +62,10 @@ def test_signal_with_requests_in_flight(sig):
                         events[kind].append(data if data == "[DONE]" else json.loads(data))
                         first[kind].set()
 
-        # the short one (~0.3 s of work) finishes in the 5 s drain window; the long one (~10 s) is cut at its end
+        # the short one (16 tokens: well under a second even on a loaded machine) finishes in the 5 s drain
+        # window; the long one (~10 s unloaded) is cut at its end
         threads = [threading.Thread(target=stream, args=("long", LONG)),
-                   threading.Thread(target=stream, args=("short", {"max_tokens": 100}))]
+                   threading.Thread(target=stream, args=("short", {"max_tokens": 16}))]
         for t in threads:
             t.start()
         assert all(e.wait(60) for e in first.values())
