@@ -59,20 +59,21 @@ class KVActor(Actor[object]):
         """Grow each (seq, n) by n positions (new seqs are added); the step's block tables. All or
         nothing: on KVCacheExhaustedError (a broken promise: a bug) every position reserved here is
         undone before it propagates."""
-        done: list[tuple[int, int, bool]] = []
+        added: list[SeqId] = []                 # freed on a failure, the one that failed included
+        grown: list[tuple[SeqId, int]] = []     # rewound on a failure
         try:
             for seq, n in items:
-                added = seq not in self.kv.sequences
-                if added:
+                if seq not in self.kv.sequences:
                     self.kv.add_sequence(seq)
-                self.kv.reserve(seq, n)
-                done.append((seq, n, added))
+                    added.append(seq)
+                self.kv.reserve(seq, n)         # raises with nothing allocated for seq
+                grown.append((seq, n))
         except Exception:
-            for seq, n, added in reversed(done):
-                if added:
-                    self.kv.free(seq)
-                else:
+            for seq, n in reversed(grown):
+                if seq not in added:
                     self.kv.rewind(seq, n)
+            for seq in added:
+                self.kv.free(seq)
             raise
         seqs = dict.fromkeys(seq for seq, _ in items)
         return BlockTables(self.kv.block_size, tuple((s, self.kv.block_table(s)) for s in seqs))

@@ -7,14 +7,14 @@ prologue and enqueues the whole step on the lanes (one event-loop entry). When t
 event reaches the loop (the second entry, `_step_done`) it updates each request, launches the next
 step at once, and only then delivers the finished step's outputs, which the next step's lanes hide.
 
-What the Scheduler asks of the other actors it calls, on the loop, rather than sends: the KVActor's
-`promise`, `reserve`, `rewind` and `free`, and the grammar, draft and verifier actors' `bind` / `add` /
-`release`, which take effect between steps (`StepState.between_steps`). None of them needs an inbox:
-the Scheduler is their only caller, on the same loop, and the owner's method makes the owner's
-decision (a promise the pool cannot keep is refused). So a step costs no message: messages are what
-other tasks send (the Engine's Submit, GrammarReady, Cancel, Wake and queries; docs/architecture.md,
-"Messages"), and the token event is handled in the callback that delivers it. That is sound because
-no handler here awaits: the callback can only run while the Scheduler's task waits for its inbox.
+It calls the other actors, on the loop, rather than sending to them: the KVActor's `promise`,
+`reserve`, `rewind` and `free`, and the grammar, draft and verifier actors' `bind`, `add` and
+`release`, which take effect between steps (`StepState.between_steps`). None needs an inbox: the
+Scheduler is their only caller, on the same loop, and the owner's method makes the owner's decision
+(the pool refuses a promise it cannot keep). So a step sends no message; messages are what other
+tasks send (docs/architecture.md, "Messages"), and a step's outcome is handled in the callback that
+delivers it. That is sound because no handler here awaits: the callback can only run while the
+Scheduler's task waits for its inbox, never in the middle of a handler.
 
 With prefix caching, admission starts a request's sequences on the cached blocks of their prompts and
 its prefill begins at the cached count (the chunks keep their fixed boundaries); after each step the
