@@ -14,17 +14,15 @@ step's tail) advances the chain and the draft cache.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from interlock.actors.base import Handler
 from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.actors.step import StepShape
 from interlock.actors.step_state import StepState
 from interlock.drafters.chain import ChainRequest, DraftChain
 from interlock.drafters.device_draft import DeviceDrafter, LaneAsk
-from interlock.protocol.messages import AddRequest, Count, Release, StepPlan
+from interlock.protocol.messages import Count, StepPlan
 from interlock.protocol.speculative import SpeculativeConfig
+from interlock.protocol.types import RequestId, TokenId
 from interlock.streams.timeline import Timeline
 
 
@@ -38,25 +36,14 @@ class DeviceDraftActor(DraftActor):
         self._asks: list[LaneAsk] = []
         self._heads: dict[int, int] = {}                          # lane -> forced head length (model lanes)
 
-    def handlers(self) -> Mapping[type, Handler]:
-        return {AddRequest: self.on_add, Release: self.on_release, Count: self.on_count}
-
-    async def on_add(self, msg: AddRequest) -> None:
-        self.step.between_steps(self._add, msg.request_id, msg.prompt)
-        if msg.reply is not None:
-            msg.reply.set_result(None)
-
-    async def on_release(self, msg: Release) -> None:
-        self.step.between_steps(self._remove, msg.request_id)
-
     async def on_count(self, msg: Count) -> None:
         msg.reply.set_result({**self.chain.counts(), **self.device.counts()})
 
-    def _add(self, request_id: str, prompt: tuple[int, ...]) -> None:
+    def _add(self, request_id: RequestId, prompt: tuple[TokenId, ...]) -> None:
         self.chain.add(request_id, prompt)
         self.device.add(request_id, prompt)
 
-    def _remove(self, request_id: str) -> None:
+    def _remove(self, request_id: RequestId) -> None:
         self.chain.remove(request_id)
         self.device.remove(request_id)
 

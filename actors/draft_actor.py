@@ -12,8 +12,9 @@ the chain.
 What drafts are made is decided in drafters/ (the chain and DraftRounds); this actor only places
 those decisions on the lane and the step buffers, and applies the draft-side mask rows.
 
-Adding and removing a request happen between steps (`StepState.between_steps`): a step's parts
-and the event loop never touch the drafters at the same time.
+Adding and removing a request are the Scheduler's calls (`add`, `release`), not messages; they take
+effect between steps (`StepState.between_steps`), so a step's parts and the event loop never touch
+the drafters at the same time. Every drafter keys its per-request state by request id.
 """
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ from interlock.actors.step_state import StepState
 from interlock.drafters.chain import ChainRequest, DraftChain
 from interlock.drafters.model import DraftRounds, ModelAsk, ModelDrafter
 from interlock.kernels import apply_token_bitmask_
-from interlock.protocol.messages import AddRequest, Count, Release, StepPlan
+from interlock.protocol.messages import Count, StepPlan
 from interlock.protocol.speculative import SpeculativeConfig
+from interlock.protocol.types import RequestId, TokenId
 from interlock.streams.timeline import Timeline
 
 
@@ -49,18 +51,25 @@ class DraftActor(Actor[object]):
         super().__init__("draft")
 
     def handlers(self) -> Mapping[type, Handler]:
-        return {AddRequest: self.on_add, Release: self.on_release, Count: self.on_count}
-
-    async def on_add(self, msg: AddRequest) -> None:
-        self.step.between_steps(self.chain.add, msg.request_id, msg.prompt)
-        if msg.reply is not None:
-            msg.reply.set_result(None)
-
-    async def on_release(self, msg: Release) -> None:
-        self.step.between_steps(self.chain.remove, msg.request_id)
+        return {Count: self.on_count}
 
     async def on_count(self, msg: Count) -> None:
         msg.reply.set_result(self.chain.counts())
+
+    # --- the Scheduler's calls (on the loop; they take effect between steps) ----------------------
+
+    def add(self, request_id: RequestId, prompt: tuple[TokenId, ...]) -> None:
+        """Start indexing an admitted request's prompt: every drafter has it for the next step."""
+        self.step.between_steps(self._add, request_id, prompt)
+
+    def release(self, request_id: RequestId) -> None:
+        self.step.between_steps(self._remove, request_id)
+
+    def _add(self, request_id: RequestId, prompt: tuple[TokenId, ...]) -> None:
+        self.chain.add(request_id, prompt)
+
+    def _remove(self, request_id: RequestId) -> None:
+        self.chain.remove(request_id)
 
     @property
     def rows_per_slot(self) -> int:

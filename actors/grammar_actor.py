@@ -14,8 +14,10 @@ refuses at commit fails that request (GrammarError), not the engine.
 The check, the fill and the commit each go through one batched pass over every constrained
 request (grammars/batch.py: one batch call per backend, the per-row path for switching grammars).
 
-Binding and releasing matchers happen between steps (`StepState.between_steps`): a step's parts
-and the event loop never touch the matchers at the same time.
+Binding and releasing matchers are the Scheduler's calls (`bind`, `release`), not messages: they
+carry no decision, and they take effect between steps (`StepState.between_steps`), so a step's
+parts and the event loop never touch the matchers at the same time. Matchers are keyed by request
+id, as every actor keys its per-request state: a slot is reused by the next request, an id never.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ from interlock.grammars.batch import Drafted, StepMasks
 from interlock.grammars.bitmask import allocate_bitmask
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import GrammarBackend, GrammarMatcher
-from interlock.protocol.messages import BindGrammar, Count, Release, StepPlan
-from interlock.protocol.types import SlotId, TokenId
+from interlock.protocol.messages import Count, StepPlan
+from interlock.protocol.types import RequestId, SlotId, TokenId
 from interlock.streams.timeline import Timeline
 from interlock.logs import get_logger
 
@@ -68,32 +70,31 @@ class GrammarActor(Actor[object]):
         self.timeline = timeline
         self.buffers = buffers
         self.step = step
-        self.matchers: dict[SlotId, GrammarMatcher] = {}                 # one per slot with a grammar
-        self.prefilled: dict[SlotId, dict[int, tuple[TokenId, ...]]] = {}  # row offset -> prefix it holds
+        self.matchers: dict[RequestId, GrammarMatcher] = {}              # one per admitted request with a grammar
+        # this step's draft-side rows (slot -> row offset -> the prefix it holds): step state, keyed as
+        # StepState is, and empty between steps
+        self.prefilled: dict[SlotId, dict[int, tuple[TokenId, ...]]] = {}
         self._plan: StepPlan | None = None                                 # the step the lane is in
         self.masks = StepMasks(mask_threads, batched_masks)    # check, fill and commit: one batch pass per backend
         super().__init__("grammar")
 
     def handlers(self) -> Mapping[type, Handler]:
-        return {BindGrammar: self.on_bind, Release: self.on_release, Count: self.on_count}
-
-    async def on_bind(self, msg: BindGrammar) -> None:
-        self.step.between_steps(self._bind, msg.slot, msg.compiled)
-        if msg.reply is not None:
-            msg.reply.set_result(None)
-
-    async def on_release(self, msg: Release) -> None:
-        self.step.between_steps(self._release, msg.slot)
+        return {Count: self.on_count}
 
     async def on_count(self, msg: Count) -> None:
         msg.reply.set_result(len(self.matchers))
 
-    def _bind(self, slot: SlotId, compiled: object) -> None:
-        self.matchers[slot] = self.backend.matcher(compiled)
+    # --- the Scheduler's calls (on the loop; they take effect between steps) ----------------------
 
-    def _release(self, slot: SlotId) -> None:
-        self.matchers.pop(slot, None)
-        self.prefilled.pop(slot, None)
+    def bind(self, request_id: RequestId, compiled: object) -> None:
+        """The request's matcher, from its compiled grammar: there for every step launched after."""
+        self.step.between_steps(self._bind, request_id, compiled)
+
+    def release(self, request_id: RequestId) -> None:
+        self.step.between_steps(self.matchers.pop, request_id, None)
+
+    def _bind(self, request_id: RequestId, compiled: object) -> None:
+        self.matchers[request_id] = self.backend.matcher(compiled)
 
     # --- this actor's part of a step ----------------------------------------------------------
 
@@ -103,7 +104,7 @@ class GrammarActor(Actor[object]):
         per = self.buffers.rows_per_slot
         out = []
         for s in self._plan.snapshots:
-            matcher = self.matchers.get(s.slot) if s.sample and s.constrained else None
+            matcher = self.matchers.get(s.request_id) if s.sample and s.constrained else None
             if matcher is not None and self.step[s.slot].error is None:
                 out.append((s.slot, self.step[s.slot].lane * per, matcher))
         return out
@@ -112,11 +113,12 @@ class GrammarActor(Actor[object]):
         """Prologue: the step's plan; each constrained request's forced tokens (up to its draft rows)."""
         self._plan = plan
         self.masks.reset()                      # a step that failed midway leaves nothing behind
+        self.prefilled.clear()
         b = self.step
         for state in b.slots:
             state.error, state.forced = None, ()
         for s in plan.snapshots:
-            if s.sample and s.constrained and s.slot not in self.matchers:
+            if s.sample and s.constrained and s.request_id not in self.matchers:
                 b.fail(s.slot, GrammarError(f"request {s.request_id} samples with no matcher bound"))
         for slot, _, matcher in self._constrained():
             b[slot].forced = tuple(matcher.forced_tokens()[: plan.max_drafts])

@@ -2,10 +2,19 @@
 
 Between steps it admits requests (a free slot and the KVActor's promise of every block the request
 can ever need), plans one step (decode rows first, then prompt chunks up to the token budget), has
-the KVActor reserve the positions and launches the step: `StepProgram.launch` stages the plan in
-every part's queue and enqueues the whole step on the lanes (one event-loop entry). When the step's
-token event reaches the loop (the second entry) it updates each request, launches the next step at
-once, and only then delivers the finished step's outputs, which the next step's lanes hide.
+the KVActor reserve the positions and launches the step: `StepProgram.launch` runs the step's
+prologue and enqueues the whole step on the lanes (one event-loop entry). When the step's token
+event reaches the loop (the second entry, `_step_done`) it updates each request, launches the next
+step at once, and only then delivers the finished step's outputs, which the next step's lanes hide.
+
+It calls the other actors, on the loop, rather than sending to them: the KVActor's `promise`,
+`reserve`, `rewind` and `free`, and the grammar, draft and verifier actors' `bind`, `add` and
+`release`, which take effect between steps (`StepState.between_steps`). None needs an inbox: the
+Scheduler is their only caller, on the same loop, and the owner's method makes the owner's decision
+(the pool refuses a promise it cannot keep). So a step sends no message; messages are what other
+tasks send (docs/architecture.md, "Messages"), and a step's outcome is handled in the callback that
+delivers it. That is sound because no handler here awaits: the callback can only run while the
+Scheduler's task waits for its inbox, never in the middle of a handler.
 
 With prefix caching, admission starts a request's sequences on the cached blocks of their prompts and
 its prefill begins at the cached count (the chunks keep their fixed boundaries); after each step the
@@ -21,18 +30,22 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Callable
 
 from interlock.actors.base import Actor, Handler
+from interlock.actors.draft_actor import DraftActor
+from interlock.actors.grammar_actor import GrammarActor
+from interlock.actors.kv_actor import KVActor
 from interlock.output.delivery import Output
 from interlock.actors.planner import Phase, SchedulerConfig, account, blocks_for, plan_step, reservations
 from interlock.actors.planner import Request as _Request
 from interlock.actors.step import StepProgram
+from interlock.actors.verifier_actor import VerifierActor
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import EngineClosedError, KVCacheExhaustedError
 from interlock.protocol.messages import (
-    AddRequest, BindGrammar, BlockTables, Cancel, Count, EngineMetrics, Free, GetMetrics, GrammarReady, Promise,
-    Release, Reserve, Rewind, SlotResult, StepPlan, Submit, TokenEvent, Wake,
+    Cancel, Count, EngineMetrics, GetMetrics, GrammarReady, SlotResult, StepPlan, Submit, TokenEvent, Wake,
 )
 from interlock.protocol.types import FinishReason, RequestId, SlotId
 from interlock.logs import get_logger
@@ -41,8 +54,8 @@ log = get_logger(__name__)
 
 
 class Scheduler(Actor[object]):
-    def __init__(self, config: SchedulerConfig, tokenizer: Tokenizer, kv: Actor[object], grammar: Actor[object],
-                 draft: Actor[object], verifier: Actor[object], program: StepProgram,
+    def __init__(self, config: SchedulerConfig, tokenizer: Tokenizer, kv: KVActor, grammar: GrammarActor,
+                 draft: DraftActor, verifier: VerifierActor, program: StepProgram,
                  on_done: Callable[[RequestId], None]) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -55,8 +68,7 @@ class Scheduler(Actor[object]):
         self.free_slots = list(range(config.max_batch_size - 1, -1, -1))
         self.step = 0
         self.in_flight: StepPlan | None = None
-        self._done: deque[TokenEvent] = deque(maxlen=2)   # token events the lanes handed to the loop
-        self._failure: BaseException | None = None
+        self._failure: BaseException | None = None        # what the next message handled raises
         self._launched = 0.0
         self._totals = {"steps": 0, "step_s": 0.0, "forward_s": 0.0, "exposed_grammar_s": 0.0, "output_tokens": 0,
                         "host_s": 0.0, "prompt_tokens": 0, "cached_prompt_tokens": 0}
@@ -72,22 +84,35 @@ class Scheduler(Actor[object]):
 
     def _step_failed(self, error: BaseException) -> None:
         """On the loop: a part of the step raised (not a per-request fault): the engine fails."""
-        self._failure = error
-        try:
-            self.send_nowait(Wake())
-        except Exception:  # noqa: BLE001 - a full inbox: the next message handled raises it
-            pass
+        failure = RuntimeError(f"a step failed on the lanes: {error!r}")
+        failure.__cause__ = error
+        self._fail(failure)
 
     def _step_done(self, event: TokenEvent) -> None:
-        """On the loop, called by the lane's last host function: the token event fired."""
-        self._done.append(event)
+        """On the loop (the step's tail handed it over): apply the step and launch the next one.
+
+        A callback, not a message to itself: no handler awaits (module docstring), so this never
+        runs in the middle of one. What it raises fails the Scheduler as a handler's would."""
+        if self._failure is not None or self.inbox.closed:
+            return                              # failed or stopping: no step is launched any more
+        try:
+            self._on_tokens(event)
+        except Exception as exc:  # noqa: BLE001 - re-raised by the Scheduler's task (_fail)
+            self._fail(exc)
+
+    def _fail(self, failure: BaseException) -> None:
+        """From a callback: the Scheduler's task raises `failure` at its next message (Wake: one, or
+        a full inbox, whose next message raises it as well), and the runtime fails the engine."""
+        if self._failure is not None:
+            return
+        self._failure = failure
         try:
             self.send_nowait(Wake())
-        except Exception:  # noqa: BLE001 - a full inbox: the next message handled sees _done anyway
+        except Exception:  # noqa: BLE001 - full: the next message handled raises it; closed: stopping
             pass
 
     async def on_count(self, msg: Count) -> None:
-        # steps_in_flight: releases that arrive during a step wait for its end (StepState.between_steps)
+        # steps_in_flight: releases made during a step wait for its end (StepState.between_steps)
         msg.reply.set_result({"slots_free": len(self.free_slots), "requests": len(self.requests),
                               "steps_in_flight": int(self.program.state.in_flight),
                               "output_streams": sum(r.out.stream.state == "open" for r in self.requests.values()),
@@ -95,7 +120,7 @@ class Scheduler(Actor[object]):
 
     async def on_metrics(self, msg: GetMetrics) -> None:
         actors = (self, self.kv, self.grammar, self.draft, self.verifier)
-        messages = sum(a.inbox.statistics().total_sent for a in actors) + self.program.counts["steps"]
+        messages = sum(a.inbox.statistics().total_sent for a in actors)
         msg.reply.set_result(EngineMetrics(**self._totals, messages=messages,
                                            loop_wakeups=self.program.counts["wakeups"],
                                            replayed_steps=self.program.counts["replayed"],
@@ -125,29 +150,29 @@ class Scheduler(Actor[object]):
         self.requests[spec.request_id] = req
         self.waiting.append(req)
         log.debug("request_submitted", request_id=spec.request_id, prompt_tokens=len(spec.prompt))
-        await self._advance()
+        self._advance()
 
     async def on_grammar(self, msg: GrammarReady) -> None:
         req = self.requests.get(msg.request_id)
         if req is not None and req.phase is not Phase.DRAINING:
             req.out.compile_ms = msg.compile_ms
             if msg.error is not None:
-                await self._finish(req, "error", msg.error)
+                self._finish(req, "error", msg.error)
             else:
                 req.grammar = "ready"
-                if req.slot >= 0:
-                    await self._bind(req.slot, msg.compiled)
+                if req.slot >= 0:               # admitted: its matcher is there for the next step
+                    self.grammar.bind(msg.request_id, msg.compiled)
                 else:
                     req.compiled = msg.compiled
-        await self._advance()
+        self._advance()
 
     async def on_cancel(self, msg: Cancel) -> None:
-        await self._advance()       # the stream is already cancelled; _advance releases it
+        self._advance()       # the stream is already cancelled; _advance releases it
 
     async def on_wake(self, msg: Wake) -> None:
-        await self._advance()
+        self._advance()
 
-    async def _on_tokens(self, event: TokenEvent) -> None:
+    def _on_tokens(self, event: TokenEvent) -> None:
         """Apply a finished step: KV kept/rewound, per-request counts, finishes; then launch the next."""
         start = time.perf_counter()
         plan, self.in_flight = self.in_flight, None
@@ -159,18 +184,18 @@ class Scheduler(Actor[object]):
         t["exposed_grammar_s"] += event.exposed_grammar_s
         t["output_tokens"] += sum(len(r.new_tokens) for r in event.results)
         done = account(plan, event, self.requests)
-        if done.rewinds or done.commits:                           # before any Free
-            await self.kv.send(Rewind(tuple(done.rewinds), tuple(done.commits)))
+        if done.rewinds or done.commits:                           # before any free
+            self.kv.rewind(tuple(done.rewinds), tuple(done.commits))
         for req, error in done.failed:
-            await self._finish(req, "error", error)
+            self._finish(req, "error", error)
         finished = [(req, self._emit(req, result)) for req, result in done.emits]
         for req, reason in finished:
             if req.out.invalid is not None:
-                await self._finish(req, "error", req.out.invalid)
+                self._finish(req, "error", req.out.invalid)
             elif reason is not None:
-                await self._release(req)       # free first, deliver after
+                self._release(req)       # free first, deliver after
         t["host_s"] += time.perf_counter() - start
-        await self._advance()                 # the next step runs while we deliver this one's output
+        self._advance()                 # the next step runs while we deliver this one's output
         for req, _ in finished:
             req.out.flush()
 
@@ -187,40 +212,37 @@ class Scheduler(Actor[object]):
 
     # --- the loop body -----------------------------------------------------------------------
 
-    async def _advance(self) -> None:
-        """Between steps: apply a finished step, retire cancelled requests, admit, plan and launch."""
+    def _advance(self) -> None:
+        """Between steps: retire cancelled requests, admit, plan and launch."""
         if self._failure is not None:
-            raise RuntimeError(f"a step failed on the lanes: {self._failure!r}") from self._failure
-        while self._done:
-            await self._on_tokens(self._done.popleft())
+            raise self._failure
         if self.in_flight is not None:
             return
         start = time.perf_counter()
         for req in list(self.requests.values()):
             if req.out.stream.state == "cancelled" and req.phase is not Phase.DRAINING:
-                await self._release(req)
+                self._release(req)
             elif req.out.pending:
                 req.out.flush()
             if req.phase is Phase.DRAINING and (not req.out.pending or req.out.stream.state != "open"):
                 self._forget(req)
-        await self._admit()
+        self._admit()
         snaps = plan_step(self.running, self.config)
         if not snaps:
             return
         self.step += 1
         plan = StepPlan(self.step, snaps, self.config.max_drafts)
-        tables: BlockTables = await self.kv.ask(lambda reply: Reserve(reservations(plan), reply))
-        self.in_flight = StepPlan(plan.step, plan.snapshots, plan.max_drafts, tables)
+        self.in_flight = replace(plan, kv=self.kv.reserve(reservations(plan)))
         self._launched = time.perf_counter()
         self.program.launch(self.in_flight)
         log.debug("step_planned", step=plan.step, requests=len(snaps), sampling=sum(s.sample for s in snaps))
         self._totals["host_s"] += time.perf_counter() - start
 
-    async def _admit(self) -> None:
+    def _admit(self) -> None:
         while self.waiting and self.free_slots:
             req = self.waiting[0]
             seqs = req.seq_prompts
-            cached = await self.kv.ask(lambda reply: Promise(req.blocks, reply, seqs))
+            cached = self.kv.promise(req.blocks, seqs)
             if cached is None:
                 return                        # FIFO: wait for blocks rather than starve big requests
             self.waiting.popleft()
@@ -233,22 +255,19 @@ class Scheduler(Actor[object]):
             req.slot, req.phase = self.free_slots.pop(), Phase.RUNNING
             self.running[req.slot] = req
             log.debug("request_admitted", request_id=req.spec.request_id, slot=req.slot, kv_blocks=req.blocks)
-            # Asked, not sent: the add (and bind) must be on the lanes before the next step (a sent one
-            # may wait in a busy actor's inbox, and a fully cached prompt decodes in its first step).
+            # No step is in flight here: the drafters, the penalty book and the matcher have the
+            # request before the next step (a fully cached prompt decodes in its first step).
             rid, prompt = req.spec.request_id, req.spec.prompt
-            await self.draft.ask(lambda reply: AddRequest(rid, prompt, reply))
+            self.draft.add(rid, prompt)
             if req.spec.sampling.penalized:     # repetition penalties read the whole prompt, cached or not
-                await self.verifier.ask(lambda reply: AddRequest(rid, prompt, reply))
+                self.verifier.add(rid, prompt)
             if req.compiled is not None:
-                await self._bind(req.slot, req.compiled)
+                self.grammar.bind(rid, req.compiled)
                 req.compiled = None
-
-    async def _bind(self, slot: SlotId, compiled: object) -> None:
-        await self.grammar.ask(lambda reply: BindGrammar(slot, compiled, reply))
 
     # --- the finish path ----------------------------------------------------------------------
 
-    async def _finish(self, req: _Request, reason: FinishReason, error: BaseException | None = None) -> None:
+    def _finish(self, req: _Request, reason: FinishReason, error: BaseException | None = None) -> None:
         """End a request now (an error, or a finish outside a step's outputs) and free everything."""
         log.info("request_failed" if error else "request_finished", request_id=req.spec.request_id, step=self.step,
                  reason=reason, error=repr(error) if error else None)
@@ -257,10 +276,12 @@ class Scheduler(Actor[object]):
         else:
             req.out.stream.finish()
         req.out.pending.clear()
-        await self._release(req)
+        self._release(req)
 
-    async def _release(self, req: _Request) -> None:
-        """Free everything the request holds, in every actor. Never while its step is in flight.
+    def _release(self, req: _Request) -> None:
+        """Free everything the request holds, in every actor. The matcher, the drafters' entries and
+        the verifier's are freed between steps (a step in flight may still read them); the KV blocks
+        now (a step in flight never reads the pool, and its outcome skips a released request).
 
         Deltas the consumer has not taken yet stay queued (DRAINING) and are delivered later.
         """
@@ -271,10 +292,10 @@ class Scheduler(Actor[object]):
         if req.phase is Phase.RUNNING:
             rid = req.spec.request_id
             self.running.pop(req.slot, None)
-            await self.grammar.send(Release(rid, req.slot))
-            await self.draft.send(Release(rid, req.slot))
-            await self.verifier.send(Release(rid, req.slot))
-            await self.kv.send(Free(req.seqs, req.blocks))
+            self.grammar.release(rid)
+            self.draft.release(rid)
+            self.verifier.release(rid)
+            self.kv.free(req.seqs, req.blocks)
             self.free_slots.append(req.slot)
         req.phase = Phase.DRAINING
         req.out.flush()
@@ -282,7 +303,8 @@ class Scheduler(Actor[object]):
             self._forget(req)
 
     def _forget(self, req: _Request) -> None:
-        """The request is gone: every Free for it is queued and its stream has everything."""
+        """The request is gone: everything it held is freed (or will be, between steps) and its stream
+        has everything."""
         if req.spec.request_id not in self.requests:
             return
         if req.out.stream.state == "open":

@@ -69,7 +69,7 @@ from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.llama import Transformer
 from interlock.protocol.errors import SamplingError
-from interlock.protocol.messages import AddRequest, Count, Release, RequestSnapshot, SlotResult, StepPlan
+from interlock.protocol.messages import Count, RequestSnapshot, SlotResult, StepPlan
 from interlock.protocol.sampling import TokenLogprob
 from interlock.protocol.types import RequestId, TokenId
 from interlock.streams.timeline import Timeline
@@ -113,22 +113,26 @@ class VerifierActor(Actor[object]):
         super().__init__("verifier")
 
     def handlers(self) -> Mapping[type, Handler]:
-        return {AddRequest: self.on_add, Release: self.on_release, Count: self.on_count}
-
-    async def on_add(self, msg: AddRequest) -> None:
-        """A penalized request's prompt (the Scheduler sends only those): its penalty entry."""
-        self.step.between_steps(self.penalties.add, msg.request_id, msg.prompt)
-        if msg.reply is not None:
-            msg.reply.set_result(None)
-
-    async def on_release(self, msg: Release) -> None:
-        self.step.between_steps(self.generators.pop, msg.request_id, None)
-        self.step.between_steps(self.penalties.release, msg.request_id)
-        self.step.between_steps(self.walks.release, msg.request_id)
+        return {Count: self.on_count}
 
     async def on_count(self, msg: Count) -> None:
         """(seeded generators, penalty entries, conditional walks) for leak checks."""
         msg.reply.set_result((len(self.generators), len(self.penalties), len(self.walks)))
+
+    # --- the Scheduler's calls (on the loop; they take effect between steps) ----------------------
+
+    def add(self, request_id: RequestId, prompt: tuple[TokenId, ...]) -> None:
+        """A penalized request's prompt (the Scheduler calls this for those only): its penalty entry.
+        Generators and walks start on the request's first step."""
+        self.step.between_steps(self.penalties.add, request_id, prompt)
+
+    def release(self, request_id: RequestId) -> None:
+        self.step.between_steps(self._release, request_id)
+
+    def _release(self, request_id: RequestId) -> None:
+        self.generators.pop(request_id, None)
+        self.penalties.release(request_id)
+        self.walks.release(request_id)
 
     # --- this actor's part of a step ----------------------------------------------------------
 

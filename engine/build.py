@@ -232,7 +232,7 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
     eos = loaded.tokenizer.eos_token_ids
     vocab = loaded.tokenizer.vocab_size
     # Every actor is built with what it talks to: parts of a step meet only in the lanes and
-    # the step buffers; the Scheduler alone sends to the others.
+    # the step buffers; the Scheduler alone calls the others (actors/scheduler.py).
     kv_actor = KVActor(kv)
     # A draft model drafts at most K tokens after a request's forced ones: K rounds a step.
     rounds = config.speculative.max_draft_len if config.speculative else 0

@@ -8,7 +8,7 @@ verification's own tokens, which are exactly the tokens the request commits). Th
 allocated on the first penalized request (rows x V: nothing for an engine that never sees one),
 where the logits live; a row is reset and given its prompt by `run`, which on the device runner
 enqueues the work on the model lane between steps (so it precedes every step that reads it in
-stream order) and on the host runner runs it at once. Its entries go on Release.
+stream order) and on the host runner runs it at once. Its entries go when the request is released.
 
 Both runners apply the same law with it: `penalize_lanes` and `count_tokens_`. The device runner
 stages `PenaltyInputs` for a whole bucket (actors/feature_staging.py) and counts on the device;

@@ -8,7 +8,7 @@ request's K+1 verify rows of model probabilities into the trie-adjusted law
 the step emitted, ending the attempt at the first one the grammar refuses (an AttemptRefused that
 carries every Visit, for the driver to learn from). The stop rule: a complete output has at most
 max_tokens - 1 tokens before its stop token, so at depth max_tokens - 1 only stop tokens count as
-allowed. Like the PenaltyBook, the book is used only on the model lane; its walks go on Release.
+allowed. Like the PenaltyBook, the book is used only on the model lane; its walks go when the request is released.
 """
 from __future__ import annotations
 

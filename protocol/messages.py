@@ -1,4 +1,9 @@
-"""The messages actors exchange, one frozen class per intent (see ARCHITECTURE.md, "Actors").
+"""The messages actors exchange, one frozen class per intent, and the snapshots a step is planned in.
+
+A message exists where another task hands an actor something: the Engine's requests, compiled
+grammars, cancels and queries (docs/architecture.md, "Messages", says why each one exists). The
+Scheduler drives the other actors by calling them on the loop, so a step sends none: its plan, block
+tables and outcome are frozen snapshots passed to the step program and back.
 
 Snapshots carry ids, ints and tuples; big buffers (KV storage, bitmasks, logits) stay with the
 actor that owns them and are shared read-only by reference, set up once when the runtime is wired.
@@ -51,7 +56,8 @@ class Cancel:
 
 @dataclass(frozen=True)
 class Wake:
-    """A paused output stream has room again (or anything else worth re-planning for)."""
+    """A paused output stream has room again (its consumer took a delta); or a failure on the loop
+    that the Scheduler's task must raise (Scheduler._fail)."""
 
 
 # --- one step ------------------------------------------------------------------------------
@@ -113,7 +119,7 @@ class StepPlan:
     step: int
     snapshots: tuple[RequestSnapshot, ...]
     max_drafts: int                # draft tokens a request may bring (SpeculativeConfig.step_drafts); 0: none
-    kv: BlockTables | None = None  # filled in by the Scheduler after the KVActor reserved positions
+    kv: BlockTables | None = None  # filled in by the Scheduler with what KVActor.reserve granted
 
 
 @dataclass(frozen=True)
@@ -137,81 +143,13 @@ class TokenEvent:
     forward_s: float
 
 
-# --- KVActor ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Reserve:
-    """Grow each (seq, n) by n positions; reply with the step's BlockTables. New seqs are added."""
-
-    items: tuple[tuple[SeqId, int], ...]
-    reply: Any
-
-
-@dataclass(frozen=True)
-class Rewind:
-    """A step's outcome (one message per step): drop each (seq, n)'s last n positions, then take
-    each (seq, tokens) in `commits` as seq's next committed tokens, their K/V written (with prefix
-    caching the blocks they fill become shareable by later requests)."""
-
-    items: tuple[tuple[SeqId, int], ...]
-    commits: tuple[tuple[SeqId, tuple[TokenId, ...]], ...] = ()
-
-
-@dataclass(frozen=True)
-class Free:
-    """Free the sequences and return the request's admission promise of `blocks` blocks."""
-
-    seqs: tuple[SeqId, ...]
-    blocks: int = 0
-
-
-@dataclass(frozen=True)
-class Promise:
-    """Admission: promise `blocks` blocks to a request if every promise can still be kept, and start
-    its sequences (seq, prompt) on their cached prefixes. Replies None when refused, else the cached
-    positions of each sequence (0 without prefix caching), in order."""
-
-    blocks: int
-    reply: Any
-    seqs: tuple[tuple[SeqId, tuple[TokenId, ...]], ...] = ()
-
+# --- queries (the Engine's, for metrics and leak checks) ------------------------------------
 
 @dataclass(frozen=True)
 class KVUsage:
     """Replies (free blocks (cached ones included), total blocks, sequences, cached blocks)."""
 
     reply: Any
-
-
-# --- per-request resources -------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class BindGrammar:
-    """GrammarActor: create the matcher of `slot` from a compiled grammar. Replies (None) once the
-    bind is enqueued on the grammar lane: a step launched after the reply finds the matcher."""
-
-    slot: SlotId
-    compiled: Any
-    reply: Any = None
-
-
-@dataclass(frozen=True)
-class AddRequest:
-    """DraftActor: start indexing a request (its prompt); VerifierActor: a penalized request's prompt
-    ids. Replies (None) once the add is enqueued on the model lane: a step launched after the reply
-    finds the request in every drafter and the penalty book."""
-
-    request_id: RequestId
-    prompt: tuple[TokenId, ...]
-    reply: Any = None
-
-
-@dataclass(frozen=True)
-class Release:
-    """Every owner frees what it holds for this request (slot's matcher, n-gram entries)."""
-
-    request_id: RequestId
-    slot: SlotId
 
 
 @dataclass(frozen=True)
@@ -223,7 +161,7 @@ class EngineMetrics:
     forward_s: float
     exposed_grammar_s: float      # time the model lane waited for the grammar lane (masks; 0 on CUDA)
     output_tokens: int
-    messages: int = 0             # actor messages + staged step plans, over all actors
+    messages: int = 0             # actor messages (inbox sends), all actors: per request or query, none a step
     loop_wakeups: int = 0         # event-loop entries for steps: one launch + one token event each
     host_s: float = 0.0           # Scheduler time on the event loop handling token events and launching
     replayed_steps: int = 0       # steps enqueued by replaying a captured program (a CUDA graph on CUDA)
@@ -256,7 +194,7 @@ class GetMetrics:
 
 @dataclass(frozen=True)
 class Count:
-    """Ask an actor how many per-request resources it holds (for leak checks)."""
+    """Ask an actor how many per-request resources it holds (Engine.resources: leak checks)."""
 
     reply: Any
 
