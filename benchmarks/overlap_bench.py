@@ -1,27 +1,39 @@
 """Which of a device-runner step's host work runs with the device idle, on the CPU timeline.
 
-    python -m interlock.benchmarks.overlap_bench [--model tiny] [--batch 8] [--tokens 32] [--out FILE]
+    python -m interlock.benchmarks.overlap_bench [--model tiny] [--batch 8] [--tokens 32]
+        [--speculative ngram+forced,none] [--schedules tail,split] [--switch-ms 5] [--repeats 1] [--out FILE]
 
 The device runner runs on the CPU under CUDA's rules (streams/cuda_rules.py): its device work runs
 on the model lane's thread, and with `trace=True` the timeline keeps when each launch's work ran
 (`device_trace()`) and when each host function ran (`host_trace()`). This script runs `--batch`
-greedy JSON-schema requests at once (n-gram + forced drafts, K=3) through that engine, once to warm
+greedy JSON-schema requests at once (K=3 where the drafters draft) through that engine, once to warm
 up (the buckets' captures) and once measured, and times, on the same clock, the step's host work:
 
 - on the loop, the prologue (`StepProgram._prologue`) and in it the grammar's draft check
   (`GrammarActor.check`);
-- host functions: the mask fill (`GrammarActor.fill`), the tail (`StepProgram._tail`) and in it
-  the grammar's commit (`GrammarActor.commit`).
+- host functions: the mask fill (`GrammarActor.fill`) and in it the last step's commits left to it
+  (`GrammarActor._settle`: "settle"), the tail (`StepProgram._tail`) and in it the results
+  (`verifier.finish`), the drafters' commit (`draft.commit`) and the grammar's (`GrammarActor.commit`).
 
 Each interval's *exposed* part is what of it overlaps no device work of the model lane: host work
 the device waited out (on a GPU, GPU idle). Per step, in ms: each part's mean time and mean exposed
-time, and the engine's own exposed-grammar metric (the model lane's wait for the grammar lane).
+time, the engine's own exposed-grammar metric (the model lane's wait for the grammar lane), and
+`fill_start`: from the step's enqueue to its fill's start (the grammar lane's first op: the host
+thread's wake-up and its wait for the GIL, which `sys.setswitchinterval` bounds; `--switch-ms`
+runs each configuration at each interval given).
+
+One invocation runs every combination of `--speculative` (drafters; "none": plain decoding),
+`--schedules` ("tail": every matcher commit in the tail, the schedule before the split; "split":
+the engine's, `GrammarActor.defer_commits`) and `--switch-ms`, `--repeats` times interleaved, so
+that a loaded machine's drift falls on all of them alike.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +51,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}},
                                            "age": {"type": "integer"}}, "required": ["name", "tags", "age"]}
 Interval = tuple[float, float]
+SCHEDULES = ("tail", "split")
 
 
 def exposed_s(span: Interval, busy: list[Interval]) -> float:
@@ -71,17 +84,42 @@ def timed(spans: list[Interval], fn: Callable[..., object]) -> Callable[..., obj
     return wrapper
 
 
-async def run(model: str, batch: int, tokens: int) -> dict[str, object]:
-    loaded = load_model(model, weights="float")
-    config = EngineConfig(speculative=SpeculativeConfig.parse("ngram+forced", max_draft_len=3), runner="device",
-                          device="cpu", max_batch_size=batch, trace_host_functions=True)
+def fill_starts(launches: list[float], fills: list[Interval]) -> list[float]:
+    """Per step, from its enqueue to its fill's start: each fill paired with the last launch before it."""
+    out, i = [], -1
+    for start, _ in sorted(fills):
+        while i + 1 < len(launches) and launches[i + 1] <= start:
+            i += 1
+        if i >= 0:
+            out.append(start - launches[i])
+    return out
+
+
+async def run(loaded: object, batch: int, tokens: int, speculative: str, schedule: str) -> dict[str, object]:
+    """One engine: a warm-up round, then one measured round of `batch` requests at once."""
+    spec = SpeculativeConfig.parse(speculative, max_draft_len=3)
+    config = EngineConfig(speculative=spec, runner="device", device="cpu", max_batch_size=batch,
+                          trace_host_functions=True)
     sampling = SamplingParams(temperature=0.0, max_tokens=tokens)
-    spans: dict[str, list[Interval]] = {"prologue": [], "check": [], "commit": []}
-    async with Engine(loaded, config) as engine:
+    spans: dict[str, list[Interval]] = {n: [] for n in ("prologue", "check", "settle", "finish", "draft_commit",
+                                                         "commit")}
+    launches: list[float] = []
+    async with Engine(loaded, config) as engine:                # type: ignore[arg-type]
         program = engine._rt.program                       # the parts are instrumented before any step
+        grammar = program.grammar
+        grammar.defer_commits = schedule == "split"         # type: ignore[attr-defined]
         program._prologue = timed(spans["prologue"], program._prologue)
-        program.grammar.check = timed(spans["check"], program.grammar.check)
-        program.grammar.commit = timed(spans["commit"], program.grammar.commit)
+        grammar.check = timed(spans["check"], grammar.check)
+        grammar._settle = timed(spans["settle"], grammar._settle)     # type: ignore[attr-defined]
+        grammar.commit = timed(spans["commit"], grammar.commit)
+        program.draft.commit = timed(spans["draft_commit"], program.draft.commit)
+        program.verifier.finish = timed(spans["finish"], program.verifier.finish)
+        enqueue = program._enqueue_step
+
+        def enqueue_step(shape: object) -> None:
+            launches.append(time.perf_counter())
+            enqueue(shape)
+        program._enqueue_step = enqueue_step                # type: ignore[method-assign]
 
         async def one_round() -> None:
             async with anyio.create_task_group() as tg:
@@ -94,6 +132,7 @@ async def run(model: str, batch: int, tokens: int) -> dict[str, object]:
         start = time.perf_counter()
         for s in spans.values():
             s.clear()
+        launches.clear()
         await one_round()
         end = time.perf_counter()
         after = await engine.metrics()
@@ -106,12 +145,28 @@ async def run(model: str, batch: int, tokens: int) -> dict[str, object]:
     parts = {name: {"ms_per_step": 1e3 * sum(b - a for a, b in s) / steps,
                     "exposed_ms_per_step": 1e3 * sum(exposed_s(x, busy) for x in s) / steps, "calls": len(s)}
              for name, s in spans.items()}
-    return {"model": model, "batch": batch, "max_tokens": tokens, "steps": steps,
-            "step_ms": 1e3 * (after.step_s - before.step_s) / steps,
+    waits = fill_starts(launches, spans["fill"])
+    return {"speculative": speculative, "schedule": schedule, "switch_ms": 1e3 * sys.getswitchinterval(),
+            "steps": steps, "step_ms": 1e3 * (after.step_s - before.step_s) / steps,
             "device_busy_ms_per_step": 1e3 * sum(b - a for a, b in busy) / steps,
             "exposed_grammar_metric_ms_per_step": 1e3 * (after.exposed_grammar_s - before.exposed_grammar_s) / steps,
             "replayed_steps": after.replayed_steps - before.replayed_steps, "parts": parts,
-            "cpu": platform.processor() or platform.machine()}
+            "fill_start_ms": {"mean": 1e3 * sum(waits) / max(1, len(waits)), "max": 1e3 * max(waits, default=0.0)}}
+
+
+async def run_all(model: str, batch: int, tokens: int, speculative: list[str], schedules: list[str],
+                  switch_ms: list[float], repeats: int) -> list[dict[str, object]]:
+    loaded = load_model(model, weights="float")
+    default = sys.getswitchinterval()
+    runs = []
+    try:
+        for _ in range(repeats):
+            for spec, schedule, ms in itertools.product(speculative, schedules, switch_ms):
+                sys.setswitchinterval(ms / 1e3)
+                runs.append(await run(loaded, batch, tokens, spec, schedule))
+    finally:
+        sys.setswitchinterval(default)
+    return runs
 
 
 def main() -> None:
@@ -119,20 +174,28 @@ def main() -> None:
     p.add_argument("--model", default="tiny")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--tokens", type=int, default=32)
-    p.add_argument("--label", default="", help="what this run is (before / after a change), kept in the JSON")
+    p.add_argument("--speculative", default="ngram+forced", help="comma-separated drafter sets ('none': plain)")
+    p.add_argument("--schedules", default="split", help=f"comma-separated, of {', '.join(SCHEDULES)}")
+    p.add_argument("--switch-ms", default="5", help="comma-separated sys.setswitchinterval values, ms")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--label", default="", help="what this run is, kept in the JSON")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    result = anyio.run(run, args.model, args.batch, args.tokens)
-    result["label"] = args.label
-    cpu = _cpu_name()
-    if cpu:
-        result["cpu"] = cpu
-    rows = [(name, f"{v['ms_per_step']:.3f}", f"{v['exposed_ms_per_step']:.3f}", v["calls"])
-            for name, v in result["parts"].items()]  # type: ignore[union-attr]
-    print_table(f"host work per step, device runner on the CPU timeline ({result['steps']} steps, "
-                f"{result['step_ms']:.1f} ms/step, exposed-grammar metric "
-                f"{result['exposed_grammar_metric_ms_per_step']:.3f} ms/step)",
-                ["part", "ms/step", "exposed ms/step", "calls"], rows)
+    schedules = args.schedules.split(",")
+    if not set(schedules) <= set(SCHEDULES):
+        p.error(f"--schedules takes {', '.join(SCHEDULES)}")
+    runs = anyio.run(run_all, args.model, args.batch, args.tokens, args.speculative.split(","), schedules,
+                     [float(x) for x in args.switch_ms.split(",")], args.repeats)
+    for r in runs:
+        rows = [(name, f"{v['ms_per_step']:.3f}", f"{v['exposed_ms_per_step']:.3f}", v["calls"])
+                for name, v in r["parts"].items()]  # type: ignore[union-attr]
+        print_table(f"{r['speculative']}, {r['schedule']} schedule, switch interval {r['switch_ms']:g} ms: "
+                    f"{r['steps']} steps, {r['step_ms']:.1f} ms/step, fill start "
+                    f"{r['fill_start_ms']['mean']:.3f} ms (max {r['fill_start_ms']['max']:.3f}), "  # type: ignore[index]
+                    f"exposed-grammar metric {r['exposed_grammar_metric_ms_per_step']:.3f} ms/step",
+                    ["part", "ms/step", "exposed ms/step", "calls"], rows)
+    result = {"model": args.model, "batch": args.batch, "max_tokens": args.tokens, "label": args.label,
+              "cpu": _cpu_name() or platform.processor() or platform.machine(), "runs": runs}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     print_json_last(result)
