@@ -18,9 +18,17 @@ up (the buckets' captures) and once measured, and times, on the same clock, the 
 Each interval's *exposed* part is what of it overlaps no device work of the model lane: host work
 the device waited out (on a GPU, GPU idle). Per step, in ms: each part's mean time and mean exposed
 time, the engine's own exposed-grammar metric (the model lane's wait for the grammar lane), and
-`fill_start`: from the step's enqueue to its fill's start (the grammar lane's first op: the host
-thread's wake-up and its wait for the GIL, which `sys.setswitchinterval` bounds; `--switch-ms`
-runs each configuration at each interval given).
+`fill_start` / `masks_ready`: from the step's enqueue to its fill's start / end (the fill is the
+grammar lane's first op; its start waits for the host thread, which may still be finishing the last
+step's tail, and for the GIL, which the loop holds while it delivers and plans; a thread waiting for
+the GIL gets it within `sys.setswitchinterval`, and `--switch-ms` runs each configuration at each
+interval given). On a GPU the masks are hidden when they are ready before the forward ends.
+`loop_hold`: from the step's enqueue to the loop's next selector call, where it releases the GIL:
+how long the event loop's Python (the rest of the launch, the last step's delivery) can hold the
+GIL the fill's host function needs, on a GPU too. Its wall time here also counts the loop's own
+waits for the GIL (the CPU timeline's model lane runs device work's Python on a thread; a GPU has
+none) and for a core; `loop_hold_cpu` counts the loop thread's CPU time alone (`time.thread_time`):
+the Python it runs before it lets go, which a GPU run has too.
 
 One invocation runs every combination of `--speculative` (drafters; "none": plain decoding),
 `--schedules` ("tail": every matcher commit in the tail, the schedule before the split; "split":
@@ -30,6 +38,7 @@ that a loaded machine's drift falls on all of them alike.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import platform
@@ -40,7 +49,7 @@ from pathlib import Path
 
 import anyio
 
-from interlock.benchmarks.common import print_json_last, print_table
+from interlock.benchmarks.common import median, print_json_last, print_table
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import load_model
 from interlock.protocol.grammar import JsonSchema
@@ -84,14 +93,14 @@ def timed(spans: list[Interval], fn: Callable[..., object]) -> Callable[..., obj
     return wrapper
 
 
-def fill_starts(launches: list[float], fills: list[Interval]) -> list[float]:
-    """Per step, from its enqueue to its fill's start: each fill paired with the last launch before it."""
+def since_launch(launches: list[float], fills: list[Interval]) -> list[Interval]:
+    """Per fill, (start, end) from its step's enqueue: the last of the sorted `launches` before it starts."""
     out, i = [], -1
-    for start, _ in sorted(fills):
+    for start, end in sorted(fills):
         while i + 1 < len(launches) and launches[i + 1] <= start:
             i += 1
         if i >= 0:
-            out.append(start - launches[i])
+            out.append((start - launches[i], end - launches[i]))
     return out
 
 
@@ -118,8 +127,20 @@ async def run(loaded: object, batch: int, tokens: int, speculative: str, schedul
 
         def enqueue_step(shape: object) -> None:
             launches.append(time.perf_counter())
+            launch_cpu.append(time.thread_time())           # the loop thread's own CPU time
             enqueue(shape)
         program._enqueue_step = enqueue_step                # type: ignore[method-assign]
+        selects: list[float] = []
+        select_cpu: list[float] = []
+        launch_cpu: list[float] = []
+        selector = asyncio.get_running_loop()._selector      # type: ignore[attr-defined]
+        select = selector.select
+
+        def timed_select(timeout: float | None = None) -> object:
+            selects.append(time.perf_counter())             # the loop lets go of the GIL here
+            select_cpu.append(time.thread_time())
+            return select(timeout)
+        selector.select = timed_select
 
         async def one_round() -> None:
             async with anyio.create_task_group() as tg:
@@ -132,11 +153,13 @@ async def run(loaded: object, batch: int, tokens: int, speculative: str, schedul
         start = time.perf_counter()
         for s in spans.values():
             s.clear()
-        launches.clear()
+        for marks in (launches, launch_cpu, selects, select_cpu):
+            marks.clear()
         await one_round()
         end = time.perf_counter()
         after = await engine.metrics()
         timeline = engine._rt.timeline
+        selector.select = select
         hosts = [c for c in timeline.host_trace() if start <= c.start <= end]
         busy = union([(c.start, c.end) for c in timeline.device_trace() if c.lane == "model" and c.end >= start])
     for name, qualname in (("fill", "GrammarActor.fill"), ("tail", "StepProgram._tail")):
@@ -145,13 +168,33 @@ async def run(loaded: object, batch: int, tokens: int, speculative: str, schedul
     parts = {name: {"ms_per_step": 1e3 * sum(b - a for a, b in s) / steps,
                     "exposed_ms_per_step": 1e3 * sum(exposed_s(x, busy) for x in s) / steps, "calls": len(s)}
              for name, s in spans.items()}
-    waits = fill_starts(launches, spans["fill"])
+    waits = since_launch(launches, spans["fill"])
+    starts, ends = [a for a, _ in waits], [b for _, b in waits]
     return {"speculative": speculative, "schedule": schedule, "switch_ms": 1e3 * sys.getswitchinterval(),
             "steps": steps, "step_ms": 1e3 * (after.step_s - before.step_s) / steps,
             "device_busy_ms_per_step": 1e3 * sum(b - a for a, b in busy) / steps,
             "exposed_grammar_metric_ms_per_step": 1e3 * (after.exposed_grammar_s - before.exposed_grammar_s) / steps,
             "replayed_steps": after.replayed_steps - before.replayed_steps, "parts": parts,
-            "fill_start_ms": {"mean": 1e3 * sum(waits) / max(1, len(waits)), "max": 1e3 * max(waits, default=0.0)}}
+            "fill_start_ms": _mean_max(starts), "masks_ready_ms": _mean_max(ends),
+            "loop_hold_ms": _mean_max(next_after(launches, selects)),
+            "loop_hold_cpu_ms": _mean_max(next_after(launch_cpu, select_cpu))}
+
+
+def next_after(launches: list[float], marks: list[float]) -> list[float]:
+    """Per launch, the time to the first of the sorted `marks` at or after it (none past the last mark)."""
+    out, i = [], 0
+    for t in sorted(launches):
+        while i < len(marks) and marks[i] < t:
+            i += 1
+        if i < len(marks):
+            out.append(marks[i] - t)
+    return out
+
+
+def _mean_max(values: list[float]) -> dict[str, float]:
+    """Mean, median and max, in ms, of values in s."""
+    return {"mean": 1e3 * sum(values) / max(1, len(values)), "p50": 1e3 * median(values),
+            "max": 1e3 * max(values, default=0.0)}
 
 
 async def run_all(model: str, batch: int, tokens: int, speculative: list[str], schedules: list[str],
@@ -189,16 +232,21 @@ def main() -> None:
     for r in runs:
         rows = [(name, f"{v['ms_per_step']:.3f}", f"{v['exposed_ms_per_step']:.3f}", v["calls"])
                 for name, v in r["parts"].items()]  # type: ignore[union-attr]
-        print_table(f"{r['speculative']}, {r['schedule']} schedule, switch interval {r['switch_ms']:g} ms: "
-                    f"{r['steps']} steps, {r['step_ms']:.1f} ms/step, fill start "
-                    f"{r['fill_start_ms']['mean']:.3f} ms (max {r['fill_start_ms']['max']:.3f}), "  # type: ignore[index]
-                    f"exposed-grammar metric {r['exposed_grammar_metric_ms_per_step']:.3f} ms/step",
+        print_table(f"{_name(r)}: {r['steps']} steps, {r['step_ms']:.1f} ms/step, exposed-grammar metric "
+                    f"{r['exposed_grammar_metric_ms_per_step']:.3f} ms/step",
                     ["part", "ms/step", "exposed ms/step", "calls"], rows)
+    clocks = ("fill_start_ms", "masks_ready_ms", "loop_hold_ms", "loop_hold_cpu_ms")
+    print_table("from each step's enqueue, ms (median / max)", ["run", *clocks],
+                [(_name(r), *(f"{r[c]['p50']:.3f} / {r[c]['max']:.3f}" for c in clocks)) for r in runs])  # type: ignore[index]
     result = {"model": args.model, "batch": args.batch, "max_tokens": args.tokens, "label": args.label,
               "cpu": _cpu_name() or platform.processor() or platform.machine(), "runs": runs}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     print_json_last(result)
+
+
+def _name(r: dict[str, object]) -> str:
+    return f"{r['speculative']}, {r['schedule']}, switch {r['switch_ms']:g} ms"
 
 
 def _cpu_name() -> str:
