@@ -5,7 +5,8 @@ tokens (jump-forward drafts) of every sampling, constrained request, and the che
 drafts at the first one the grammar refuses; then, as host functions of the step's program, with a
 draft model and draft-side masking the mask row after each draft prefix (one per draft
 iteration), the K+1 verify rows (after the last token and after each draft), and, once the token
-event has fired, advancing each matcher by the committed tokens. A request's rows are
+event has fired, advancing each matcher by the committed tokens (or leaving that to the next step,
+below). A request's rows are
 lane * (K+1) + j (`SlotState.lane`: its place among the step's sampling requests), so a step's
 masks are its leading rows. Matchers are only ever advanced by committed tokens: filling rows
 advances speculatively and rolls back, so a rejection needs no rollback. A token the matcher
@@ -14,14 +15,29 @@ refuses at commit fails that request (GrammarError), not the engine.
 The check, the fill and the commit each go through one batched pass over every constrained
 request (grammars/batch.py: one batch call per backend, the per-row path for switching grammars).
 
+Where the commit runs. The tail runs with the model lane idle (on a GPU: the GPU idle), and the
+next step's forward needs only its input tokens from it, not the matchers, unless the next
+prologue reads a matcher: the forced tokens (drafts, so forward rows) where "forced" drafts, and
+the host runner's draft check (actors/step.py). So the tail advances only those requests'
+matchers; every other request's commit is kept pending (`_pending`) and applied by the first part
+of the next step that reads its matcher, which is the grammar lane's first host function (the fill,
+or a draft model's first mask row), under the next forward (benchmarks/overlap_bench.py measures
+it). The matcher is never read before its commit: every reader takes matchers from
+`_constrained`, which applies the pending commits of what it returns. A deferred commit that the
+matcher refuses fails its request in the next step's outcome instead of this one's (the tokens it
+refused have been delivered by then); a request that ends with the step is released with its last
+commit unapplied (nothing reads that matcher again; the end-of-request check reads the output).
+A release drops the request's pending commit.
+
 Binding and releasing matchers are the Scheduler's calls (`bind`, `release`), not messages: they
 carry no decision, and they take effect between steps (`StepState.between_steps`), so a step's
-parts and the event loop never touch the matchers at the same time. Matchers are keyed by request
-id, as every actor keys its per-request state: a slot is reused by the next request, an id never.
+parts and the event loop never touch the matchers at the same time. Matchers (and their pending
+commits) are keyed by request id, as every actor keys its per-request state: a slot is reused by
+the next request, an id never.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +49,7 @@ from interlock.grammars.batch import Drafted, StepMasks
 from interlock.grammars.bitmask import allocate_bitmask
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import GrammarBackend, GrammarMatcher
-from interlock.protocol.messages import Count, StepPlan
+from interlock.protocol.messages import Count, RequestSnapshot, StepPlan
 from interlock.protocol.types import RequestId, SlotId, TokenId
 from interlock.streams.timeline import Timeline
 from interlock.logs import get_logger
@@ -63,10 +79,22 @@ class MaskBuffers:
                    torch.zeros(max_batch * per, dtype=torch.bool))
 
 
+@dataclass(frozen=True)
+class PendingCommit:
+    """A request's committed tokens its matcher has not accepted yet (module docstring)."""
+
+    matcher: GrammarMatcher         # the matcher they are for
+    tokens: tuple[TokenId, ...]
+    request_id: RequestId
+
+
 class GrammarActor(Actor[object]):
     def __init__(self, backend: GrammarBackend | BackendRouter, timeline: Timeline, buffers: MaskBuffers,
-                 step: StepState, mask_threads: int | None = None, batched_masks: bool = True) -> None:
+                 step: StepState, mask_threads: int | None = None, batched_masks: bool = True,
+                 forced_drafts: bool = True) -> None:
         self.backend = backend
+        self.forced_drafts = forced_drafts      # the drafters take forced tokens: the prologue reads matchers
+        self.defer_commits = True               # False: every commit in the tail (what overlap_bench compares)
         self.timeline = timeline
         self.buffers = buffers
         self.step = step
@@ -76,6 +104,7 @@ class GrammarActor(Actor[object]):
         self.prefilled: dict[SlotId, dict[int, tuple[TokenId, ...]]] = {}
         self._plan: StepPlan | None = None                                 # the step the lane is in
         self.masks = StepMasks(mask_threads, batched_masks)    # check, fill and commit: one batch pass per backend
+        self._pending: dict[RequestId, PendingCommit] = {}      # commits left to the next step (module docstring)
         super().__init__("grammar")
 
     def handlers(self) -> Mapping[type, Handler]:
@@ -91,26 +120,67 @@ class GrammarActor(Actor[object]):
         self.step.between_steps(self._bind, request_id, compiled)
 
     def release(self, request_id: RequestId) -> None:
-        self.step.between_steps(self.matchers.pop, request_id, None)
+        self.step.between_steps(self._release, request_id)
 
     def _bind(self, request_id: RequestId, compiled: object) -> None:
+        self._pending.pop(request_id, None)
         self.matchers[request_id] = self.backend.matcher(compiled)
+
+    def _release(self, request_id: RequestId) -> None:
+        self.matchers.pop(request_id, None)
+        self._pending.pop(request_id, None)
 
     # --- this actor's part of a step ----------------------------------------------------------
 
-    def _constrained(self) -> list[tuple[SlotId, int, GrammarMatcher]]:
-        """(slot, first mask row, matcher) of each sampling, constrained request still in the step."""
+    def _constrained(self, reads: Callable[[RequestSnapshot], bool] | None = None
+                     ) -> list[tuple[SlotId, int, GrammarMatcher]]:
+        """(slot, first mask row, matcher) of each sampling, constrained request still in the step
+        (and `reads` it, when given), each matcher advanced by its pending commit first."""
         assert self._plan is not None
         per = self.buffers.rows_per_slot
-        out = []
+        out, ids = [], []
         for s in self._plan.snapshots:
             matcher = self.matchers.get(s.request_id) if s.sample and s.constrained else None
-            if matcher is not None and self.step[s.slot].error is None:
+            if matcher is not None and self.step[s.slot].error is None and (reads is None or reads(s)):
                 out.append((s.slot, self.step[s.slot].lane * per, matcher))
+                ids.append((s.slot, s.request_id))
+        if self._pending:
+            refused = self._settle(ids)
+            out = [c for c in out if c[0] not in refused]
         return out
 
+    def _settle(self, requests: list[tuple[SlotId, RequestId]]) -> set[SlotId]:
+        """Apply the pending commits of these (slot, request); the slots whose matcher refused them (failed)."""
+        due = [(slot, p) for slot, rid in requests if (p := self._pending.pop(rid, None)) is not None
+               and self.matchers.get(rid) is p.matcher]
+        if not due:
+            return set()
+        verdicts = self.masks.accept([p.matcher for _, p in due], [p.tokens for _, p in due])
+        refused = set()
+        for (slot, p), accepted in zip(due, verdicts):
+            if not accepted:
+                self._refused(slot, p)
+                refused.add(slot)
+        return refused
+
+    def _refused(self, slot: SlotId, p: PendingCommit) -> None:
+        """Fail `slot`'s request in this step: its matcher refused tokens sampled under its own mask."""
+        log.error("grammar_refused_committed_tokens", request_id=p.request_id,
+                  step=self._plan.step if self._plan else None, tokens=list(p.tokens))
+        self.step.fail(slot, GrammarError(f"the grammar refused tokens sampled under its own mask: {p.tokens}"))
+
+    def _wants_forced(self, s: RequestSnapshot) -> bool:
+        """Are this request's forced tokens drafted (the only reason to compute them)?"""
+        return self.forced_drafts and s.sampling.speculative
+
+    def _commits_now(self, s: RequestSnapshot, checks: bool) -> bool:
+        """Does the tail advance this request's matcher: does the next prologue read it (module
+        docstring)? For its forced tokens, or for the draft check (`checks`) of its drafts."""
+        return not self.defer_commits or self._wants_forced(s) or (checks and s.sampling.speculative)
+
     def begin(self, plan: StepPlan) -> None:
-        """Prologue: the step's plan; each constrained request's forced tokens (up to its draft rows)."""
+        """Prologue: the step's plan; each constrained request's forced tokens where they are drafted
+        (up to its draft rows)."""
         self._plan = plan
         self.masks.reset()                      # a step that failed midway leaves nothing behind
         self.prefilled.clear()
@@ -120,7 +190,7 @@ class GrammarActor(Actor[object]):
         for s in plan.snapshots:
             if s.sample and s.constrained and s.request_id not in self.matchers:
                 b.fail(s.slot, GrammarError(f"request {s.request_id} samples with no matcher bound"))
-        for slot, _, matcher in self._constrained():
+        for slot, _, matcher in self._constrained(self._wants_forced):
             b[slot].forced = tuple(matcher.forced_tokens()[: plan.max_drafts])
 
     def fill_draft_rows(self) -> None:
@@ -168,16 +238,22 @@ class GrammarActor(Actor[object]):
             self.buffers.rows[lane] = n
         self.prefilled.clear()
 
-    def commit(self) -> None:
-        """After the token event: advance each matcher by its request's committed tokens."""
-        b = self.step
-        done = [(slot, matcher, b[slot].result) for slot, _, matcher in self._constrained()
-                if b[slot].result is not None]
-        verdicts = self.masks.commit([m for _, m, _ in done], [r.new_tokens for _, _, r in done])
-        for (slot, _, result), accepted in zip(done, verdicts):
-            if accepted:
+    def commit(self, prologue_checks: bool = False) -> None:
+        """After the token event: advance the matchers the next prologue reads by their requests'
+        committed tokens (`prologue_checks`: it runs the draft check); keep the others' pending."""
+        assert self._plan is not None
+        b, snapshots = self.step, {s.slot: s for s in self._plan.snapshots}
+        now: list[tuple[SlotId, PendingCommit]] = []
+        for slot, _, matcher in self._constrained():
+            r = b[slot].result
+            if r is None:
                 continue
-            error = GrammarError(f"the grammar refused tokens sampled under its own mask: {result.new_tokens}")
-            log.error("grammar_refused_committed_tokens", request_id=result.request_id,
-                      step=self._plan.step if self._plan else None, tokens=list(result.new_tokens))
-            b.fail(slot, error)
+            p = PendingCommit(matcher, tuple(r.new_tokens), r.request_id)
+            if self._commits_now(snapshots[slot], prologue_checks):
+                now.append((slot, p))
+            else:
+                self._pending[r.request_id] = p
+        verdicts = self.masks.commit([p.matcher for _, p in now], [p.tokens for _, p in now])
+        for (slot, p), accepted in zip(now, verdicts):
+            if not accepted:
+                self._refused(slot, p)

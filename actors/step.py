@@ -12,15 +12,20 @@ work the design exists to hide. So the step's inputs are ready before its progra
 
     program (K = draft length; a draft model adds the part in brackets, see below)
       grammar lane                               model lane
-      fill: K+1 mask rows -> mask_ready          forward (device work: reads the staged inputs)
+      fill: the last step's pending commits,     forward (device work: reads the staged inputs)
+      K+1 mask rows -> mask_ready
                                                  wait mask_ready; verify (device work)
                                                  -> tokens_ready
       wait tokens_ready; tail: verifier.finish,
-      draft.commit, grammar.commit, publish
+      draft.commit, grammar.commit (the matchers
+      the next prologue reads), publish
 
 The forward depends on no host function of its program, and the verification on the fill (a test
 over a recorded program's dependencies pins both). The tail is one host function: on CUDA each
-costs a callback's latency, and they would run one after another anyway.
+costs a callback's latency, and they would run one after another anyway. The tail runs with the
+model lane idle, so it keeps only what the next step needs before its forward: the results (its
+input tokens), the drafters (its lookup drafts) and the matchers its prologue reads (forced tokens,
+the draft check); the other matchers are advanced by the next fill (actors/grammar_actor.py).
 
 The check saves the host runner's forward the rows after a refused draft. The device runner's
 forward has fixed rows (`VerifyPart.fixed_rows`: a padded bucket, or K draft rows per request), so
@@ -108,7 +113,7 @@ class GrammarPart(Protocol):
     def fill_draft_rows(self) -> None: ...
     def check(self) -> None: ...
     def fill(self) -> None: ...
-    def commit(self) -> None: ...
+    def commit(self, prologue_checks: bool = False) -> None: ...
 
 
 class DraftPart(Protocol):
@@ -216,9 +221,15 @@ class StepProgram:
             return
         if not b.draft_rounds:      # device draft rounds: the drafts come from inside the program
             self.draft.finish()
-            if self.k and not self.verifier.fixed_rows:     # else the fill cuts them (module docstring)
+            if self._checks_in_prologue:
                 self.grammar.check()
         self.verifier.stage()
+
+    @property
+    def _checks_in_prologue(self) -> bool:
+        """The prologue cuts lookup drafts by the grammar: the host runner's (a fixed-rows forward
+        leaves the cut to the fill; a draft model's drafts are checked in the program)."""
+        return bool(self.k) and not self.verifier.fixed_rows and not self.draft_model
 
     def _enqueue_step(self, shape: StepShape | None) -> None:
         key = (self.k, self.draft_model, shape)
@@ -366,11 +377,13 @@ class StepProgram:
         self.verifier.stage()
 
     def _tail(self) -> None:
-        """The step's last host function: results settled, drafters and matchers advanced by the
-        committed tokens, the outcome handed to the event loop (one wake-up)."""
+        """The step's last host function: results settled, drafters and the matchers the next
+        prologue reads advanced by the committed tokens (the other matchers' commits run in the next
+        step's fill, under its forward: actors/grammar_actor.py), the outcome handed to the event
+        loop (one wake-up)."""
         self.verifier.finish()
         self.draft.commit()
-        self.grammar.commit()
+        self.grammar.commit(self._checks_in_prologue)
         plan = self._plan
         b = self.state
         results = []

@@ -269,7 +269,7 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
                            free_rows=buffers.free)
     grammar = GrammarActor(router, timeline, buffers, step, mask_threads=config.grammar.mask_threads,
                            batched_masks=runner == "device" if config.grammar.batched_masks is None
-                           else config.grammar.batched_masks)
+                           else config.grammar.batched_masks, forced_drafts=draft.chain.use_forced)
     program = StepProgram(timeline, step, grammar, draft, verifier, max_draft_len=rounds,
                           draft_model=isinstance(drafter, ModelDrafter), capture=config.capture_steps,
                           step_timeout_s=config.step_timeout_s, watchdog_poll_s=config.watchdog_poll_s,

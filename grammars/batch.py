@@ -79,13 +79,17 @@ class StepMasks:
         return self._by_group(requests, lambda g, part: g.fill(part, bitmask, free))
 
     def commit(self, matchers: Sequence[GrammarMatcher], tokens: Sequence[Sequence[TokenId]]) -> list[bool]:
-        """Each matcher accepts its tokens, all or none (as `accept`); False where it refuses."""
-        requests = [Drafted(m, tuple(t), 0) for m, t in zip(matchers, tokens)]
+        """`accept`, ending the step: its rows are forgotten."""
         try:
-            return self._by_group(requests, lambda g, part: g.accept([r.matcher for r in part],
-                                                                     [r.drafts for r in part]))
+            return self.accept(matchers, tokens)
         finally:
             self.reset()
+
+    def accept(self, matchers: Sequence[GrammarMatcher], tokens: Sequence[Sequence[TokenId]]) -> list[bool]:
+        """Each matcher accepts its tokens, all or none (as `GrammarMatcher.accept`); False where it
+        refuses. The step's rows are kept (a commit left to the next step runs among its rows)."""
+        requests = [Drafted(m, tuple(t), 0) for m, t in zip(matchers, tokens)]
+        return self._by_group(requests, lambda g, part: g.accept([r.matcher for r in part], [r.drafts for r in part]))
 
     def reset(self) -> None:
         """Forget this step's rows (the commit ends a step; a step that failed before it, the next

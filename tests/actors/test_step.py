@@ -33,7 +33,7 @@ class Part:
     def stage(self) -> None: self._note("stage")
     def check(self) -> None: self._note("check")
     def fill(self) -> None: self._note("fill")
-    def commit(self) -> None: self._note("commit")
+    def commit(self, prologue_checks: bool = False) -> None: self._note("commit")
     def fill_draft_rows(self) -> None: self._note("draft_rows")
     def draft_forward(self) -> None: self._note("draft_forward")
     def draft_sample(self) -> None: self._note("draft_sample")

@@ -155,8 +155,11 @@ class _Refusing:
         return getattr(self.inner, name)
 
 
-async def test_a_token_the_grammar_refuses_fails_only_its_request(tiny) -> None:
-    mode = MODES["ngram+forced"]
+@pytest.mark.parametrize("mode", ["ngram+forced", "none"])
+async def test_a_token_the_grammar_refuses_fails_only_its_request(tiny, mode: str) -> None:
+    """ngram+forced: the tail's commit refuses (the next prologue reads the matcher for its forced
+    tokens); none: the commit left to the next step's fill refuses (actors/grammar_actor.py)."""
+    mode = MODES[mode]
     expected = await solo(tiny, mode)
     async with Engine(tiny, EngineConfig(speculative=mode, max_batch_size=2)) as engine:
         router = engine.grammars.router         # what the GrammarActor makes matchers with
