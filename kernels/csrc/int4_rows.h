@@ -32,6 +32,7 @@ constexpr int64_t kI4Vec = 32;                  // int16 per vector
 constexpr int64_t kI4Wide = 8 * kI4Vec;         // int16 per super-block: 2 vectors per chunk
 constexpr int kI4TileRows = 4, kI4TileOuts = 3;
 constexpr int64_t kI4RowBlock = 64;             // rows whose widened activations stay in L2 while the panels pass
+constexpr int64_t kI4KSlice = 8;                // super-blocks of K a group of rows takes at a time
 
 // 64-byte aligned int16 storage that keeps its capacity between calls.
 struct I4Buffer {
@@ -262,6 +263,7 @@ inline void i4_tile_finish(const I4Rows& a, const float* offp, const __m512 (&ac
 struct I4Scratch {
   I4Buffer w;
   std::vector<float> d, da, off;
+  std::vector<float> acc;              // [kI4RowBlock][kI4TileOuts][16]: each group's accumulators between K slices
 };
 
 // Up to 4 rows against outputs n0 .. n0 + NR: each super-block widened into L1 and read once.
@@ -312,29 +314,43 @@ inline void i4_panel(const I4Rows& a, const I4Wide& x, const uint8_t* w, const c
     }
     offset += i4_super_bytes(W);
   }
+  // K in slices of kI4KSlice super-blocks, each slice through every group of rows, the groups'
+  // accumulators kept in between: a slice's panel and a group's activations stay in L1.
   const int64_t full = a.K / kI4Super;
-  const auto rows = [&](auto tag, int64_t m) {
+  const auto rows = [&](auto tag, int64_t m, int64_t g0, int64_t g1) {
     constexpr int MR = decltype(tag)::value;
-    for (int64_t g = 0; g < a.G; ++g) i4_tile_scales<MR, NR>(x, d + g * NR, m, g, da + g * 4 * NR);
+    float* keep = s.acc.data() + (m - m0) * NR * 16;
+    for (int64_t g = g0; g < g1; ++g) i4_tile_scales<MR, NR>(x, d + g * NR, m, g, da + g * 4 * NR);
     __m512 acc[MR][NR];
-    i4_tile_zero(acc);
-    for (int64_t g = 0; g < full; ++g) {       // whole super-blocks, then a shorter last one
+    if (g0 == 0) {
+      i4_tile_zero(acc);
+    } else {
+      std::memcpy(acc, keep, sizeof(acc));
+    }
+    for (int64_t g = g0; g < std::min(g1, full); ++g) {   // whole super-blocks, then a shorter last one
       const int16_t* rows[MR];
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) rows[r] = x.rows(m + r, g);
       i4_tile_step<MR, NR, 8>(rows, panel + g * NR * kI4Wide, da + g * 4 * NR, acc);
     }
-    if (full < a.G)
+    if (full < g1)
       i4_tile<MR, NR>(x, panel + full * NR * kI4Wide, da + full * 4 * NR, m, full, (a.K % kI4Super) / kI4Chunk, acc);
-    i4_tile_finish(a, offp, acc, y, m, n0, N);
+    if (g1 == a.G) {
+      i4_tile_finish(a, offp, acc, y, m, n0, N);
+    } else {
+      std::memcpy(keep, acc, sizeof(acc));
+    }
   };
-  int64_t m = m0;
-  for (; m + kI4TileRows <= m1; m += kI4TileRows) rows(std::integral_constant<int, kI4TileRows>{}, m);
-  switch (m1 - m) {
-    case 3: rows(std::integral_constant<int, 3>{}, m); break;
-    case 2: rows(std::integral_constant<int, 2>{}, m); break;
-    case 1: rows(std::integral_constant<int, 1>{}, m); break;
-    default: break;
+  for (int64_t g0 = 0; g0 < a.G; g0 += kI4KSlice) {
+    const int64_t g1 = std::min(a.G, g0 + kI4KSlice);
+    int64_t m = m0;
+    for (; m + kI4TileRows <= m1; m += kI4TileRows) rows(std::integral_constant<int, kI4TileRows>{}, m, g0, g1);
+    switch (m1 - m) {
+      case 3: rows(std::integral_constant<int, 3>{}, m, g0, g1); break;
+      case 2: rows(std::integral_constant<int, 2>{}, m, g0, g1); break;
+      case 1: rows(std::integral_constant<int, 1>{}, m, g0, g1); break;
+      default: break;
+    }
   }
 }
 
@@ -373,6 +389,7 @@ inline void i4_linear_rows(const I4Rows& a, const uint8_t* w, const c10::Half* o
     s.w.get(a.G * kI4TileOuts * kI4Wide);
     s.d.resize(a.G * kI4TileOuts);
     s.da.resize(a.G * 4 * kI4TileOuts);
+    s.acc.resize(kI4RowBlock * kI4TileOuts * 16);
     for (int64_t m0 = 0; m0 < M; m0 += kI4RowBlock) {
       const int64_t m1 = std::min(M, m0 + kI4RowBlock);
       for (int64_t b = b0; b < b1; ++b) {
