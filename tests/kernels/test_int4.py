@@ -17,9 +17,10 @@ needs_native = pytest.mark.skipif(not native.available(), reason="native kernels
 
 # Every tail a row can end on (K % 256 = 0, 64, 128, 192) and row counts on each blocking path: one
 # row; 2-4 rows (widened super-block by super-block, csrc/int4_rows.h); more (panels, tiles of 4
-# rows and their 1-3-row tails, blocks of 64 rows); output counts that leave a block of 3 short.
+# rows and their 1-3-row tails, blocks of 64 rows, K in slices of 8 super-blocks); output counts that
+# leave a block of 3 short.
 SHAPES = ((1, 64, 576), (1, 13, 640), (2, 9, 1536), (4, 40, 192), (3, 7, 64), (17, 33, 576), (5, 24, 256),
-          (40, 8, 128), (4, 5, 2048), (8, 10, 320), (64, 7, 448), (70, 11, 704), (2, 1, 64))
+          (40, 8, 128), (4, 5, 2048), (8, 10, 320), (64, 7, 448), (70, 11, 704), (2, 1, 64), (6, 5, 4416))
 
 
 def int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
