@@ -5,14 +5,15 @@ against another checkout's (DIR holds it as `interlock/`), by row count, at Llam
     python -m interlock.benchmarks.int4_rows --baseline /tmp/base --rounds 3
 
 Each side runs in a child process of its own (the kernels register one torch.ops namespace per
-process), importing `interlock` from its own path (this file, run by its path, is the child in both); the sides alternate round by round (this checkout
-first in even rounds), so that load from other processes on a shared machine hits both alike. A
-child times int4_linear(x [M, K], W [N, K]) for each shape and M (median of --repeats calls after a
-warm-up, --threads torch threads; at 1 thread in CPU seconds, which a shared machine's other processes
-do not stretch, else in wall seconds) and hashes every output: the two sides' hashes must agree, since
-both compute the portable kernel's bits (kernels/csrc/int4_linear.h). The table gives each side's
-median over rounds in ms, new / old, and each side's M-row time over its 1-row time (what a verify
-step's projections cost against a decode step's).
+process), importing `interlock` from its own path (this file, run by its path, is the child in
+both); the sides alternate round by round (this checkout first in even rounds), so that load from
+other processes on a shared machine hits both alike. A child times int4_linear(x [M, K], W [N, K])
+for each shape and M (median of --repeats calls after a warm-up, --threads torch threads; at 1
+thread in CPU seconds, which a shared machine's other processes do not stretch, else in wall
+seconds) and hashes every output: the two sides' hashes must agree, since both compute the portable
+kernel's bits (kernels/csrc/int4_linear.h). The table gives each side's median over rounds in ms,
+new / old, and each side's M-row time over its 1-row time (what a verify step's projections cost
+against a decode step's).
 """
 from __future__ import annotations
 
