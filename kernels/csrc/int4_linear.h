@@ -30,11 +30,12 @@
 //   offsets: sum over blocks of o_b * ((A_g / 2^e_b) * xsum_b) (xsum_b: the block's int8 activations
 //     summed), in 16 fp32 lanes, lane j taking blocks j, j + 16, ... by fma in K order;
 //   y = halving tree(main) + halving tree(offsets).
-// Per chunk and row that is 3 SIMD ops on VNNI (maddubs, mullo, dpwssd) where per-block fp32 scales
-// took 4 (dpbusd, convert, multiply, fma): at 4 rows (a verify step) the loop is compute-bound, and
-// the offsets (one fma per chunk inside the loop) cost one fma per 16 blocks in their own pass. Every
-// SIMD kernel computes these same operations, so all give the portable kernel's bits, and a row's
-// result depends on that row alone (batch invariant).
+// Per chunk and row that is 3 SIMD ops on VNNI (maddubs, a permute of the multipliers, dpwssd) where
+// per-block fp32 scales took 4 (dpbusd, convert, multiply, fma), and the offsets (one fma per chunk
+// inside the loop) cost one fma per 16 blocks in their own pass. Two or more rows on VNNI take
+// int4_rows.h instead: weights and activations widened to int16 once, 2 dpwssd per chunk and row.
+// Every SIMD kernel computes these same integers and fp32 operations, so all give the portable
+// kernel's bits, and a row's result depends on that row alone (batch invariant).
 #include <ATen/Parallel.h>
 
 #include <c10/util/Half.h>
@@ -43,6 +44,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "int8_avx2.h"     // halving_sum_avx2: the 16-lane tree both kernels end with
@@ -84,7 +86,81 @@ struct I4Rows {
 
 // Per super-block A = amax / 127; per block e (above) and values round(x * ((127 / amax) * 2^e)) to
 // nearest even (within +-127). A zero super-block: scale 0, values 0. A NaN makes the scale NaN and
-// the values 0, so the row's outputs are NaN.
+// the values 0, so the row's outputs are NaN. One super-block of W values v: its scale, and per block
+// its 2^(7 - e) and (A / 2^e) * xsum.
+inline void i4_quantize_super(const float* v, int64_t W, int8_t* q, float& scale_out, int16_t* pow2, float* bsum) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < W; ++i) {
+    const float a = std::fabs(v[i]);
+    if (a > amax || std::isnan(a)) amax = a;
+    if (std::isnan(amax)) break;
+  }
+  const float scale = std::isnan(amax) ? amax : amax / 127.f;
+  const float inv = amax > 0.f && !std::isnan(amax) ? 127.f / amax : 0.f;
+  scale_out = scale;
+  for (int64_t b = 0; b < W / kI4Block; ++b) {
+    const float* vb = v + b * kI4Block;
+    int8_t* qb = q + b * kI4Block;
+    float bmax = 0.f;
+    for (int64_t i = 0; i < kI4Block; ++i) bmax = std::max(bmax, std::fabs(vb[i]));
+    int e = 0;
+    while (e < 7 && bmax * static_cast<float>(2 << e) <= amax) ++e;     // 2^(e+1) * bmax still fits
+    const float ib = inv * static_cast<float>(1 << e);
+    int32_t sum = 0;
+    for (int64_t i = 0; i < kI4Block; ++i) {
+      qb[i] = static_cast<int8_t>(std::nearbyint(vb[i] * ib));
+      sum += qb[i];
+    }
+    pow2[b] = static_cast<int16_t>(1 << (7 - e));
+    bsum[b] = scale / static_cast<float>(1 << e) * static_cast<float>(sum);
+  }
+}
+
+#if defined(INTERLOCK_AVX512)
+// i4_quantize_super in 16 lanes, with its bits: maxima do not depend on their order, the products
+// are the same fp32 multiplies, cvtps rounds to nearest even as nearbyint does (the default mode),
+// and integer sums are exact. A super-block with a NaN or an infinity takes the scalar code.
+inline void i4_quantize_super_simd(const float* v, int64_t W, int8_t* q, float& scale_out, int16_t* pow2,
+                                   float* bsum) {
+  const int64_t blocks = W / kI4Block;
+  float bmax[8];
+  __m512 peak = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m512 m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(v + b * kI4Block)),
+                                   _mm512_abs_ps(_mm512_loadu_ps(v + b * kI4Block + 16)));
+    bmax[b] = _mm512_reduce_max_ps(m);
+    peak = _mm512_max_ps(peak, m);          // max_ps drops a NaN in its first operand: checked below
+  }
+  const float amax = _mm512_reduce_max_ps(peak);
+  bool finite = std::isfinite(amax);
+  for (int64_t b = 0; b < blocks && finite; ++b) finite = std::isfinite(bmax[b]);
+  __mmask16 odd = 0;
+  for (int64_t i = 0; i < W && finite; i += 16) {
+    const __m512 x = _mm512_loadu_ps(v + i);
+    odd |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  }
+  if (!finite || odd) {
+    i4_quantize_super(v, W, q, scale_out, pow2, bsum);
+    return;
+  }
+  const float scale = amax / 127.f;
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  scale_out = scale;
+  for (int64_t b = 0; b < blocks; ++b) {
+    int e = 0;
+    while (e < 7 && bmax[b] * static_cast<float>(2 << e) <= amax) ++e;
+    const __m512 ib = _mm512_set1_ps(inv * static_cast<float>(1 << e));
+    const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + b * kI4Block), ib));
+    const __m512i hi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + b * kI4Block + 16), ib));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kI4Block), _mm512_cvtepi32_epi8(lo));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kI4Block + 16), _mm512_cvtepi32_epi8(hi));
+    const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(lo, hi));
+    pow2[b] = static_cast<int16_t>(1 << (7 - e));
+    bsum[b] = scale / static_cast<float>(1 << e) * static_cast<float>(sum);
+  }
+}
+#endif
+
 inline void i4_quantize(const float* x, int64_t M, int64_t K, I4Rows& out) {
   out.K = K;
   out.G = (K + kI4Super - 1) / kI4Super;
@@ -96,35 +172,14 @@ inline void i4_quantize(const float* x, int64_t M, int64_t K, I4Rows& out) {
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
       for (int64_t g = 0; g < out.G; ++g) {
-        const int64_t k0 = g * kI4Super, W = i4_super_weights(K, g);
-        const float* v = x + m * K + k0;
-        int8_t* q = out.q.data() + m * K + k0;
-        float amax = 0.f;
-        for (int64_t i = 0; i < W; ++i) {
-          const float a = std::fabs(v[i]);
-          if (a > amax || std::isnan(a)) amax = a;
-          if (std::isnan(amax)) break;
-        }
-        const float scale = std::isnan(amax) ? amax : amax / 127.f;
-        const float inv = amax > 0.f && !std::isnan(amax) ? 127.f / amax : 0.f;
-        out.scale[m * out.G + g] = scale;
-        for (int64_t b = 0; b < W / kI4Block; ++b) {
-          const float* vb = v + b * kI4Block;
-          int8_t* qb = q + b * kI4Block;
-          float bmax = 0.f;
-          for (int64_t i = 0; i < kI4Block; ++i) bmax = std::max(bmax, std::fabs(vb[i]));
-          int e = 0;
-          while (e < 7 && bmax * static_cast<float>(2 << e) <= amax) ++e;     // 2^(e+1) * bmax still fits
-          const float ib = inv * static_cast<float>(1 << e);
-          int32_t sum = 0;
-          for (int64_t i = 0; i < kI4Block; ++i) {
-            qb[i] = static_cast<int8_t>(std::nearbyint(vb[i] * ib));
-            sum += qb[i];
-          }
-          const int64_t at = m * out.B + k0 / kI4Block + b;
-          out.pow2[at] = static_cast<int16_t>(1 << (7 - e));
-          out.bsum[at] = scale / static_cast<float>(1 << e) * static_cast<float>(sum);
-        }
+        const int64_t k0 = g * kI4Super, at = m * out.B + k0 / kI4Block;
+#if defined(INTERLOCK_AVX512)
+        i4_quantize_super_simd(
+#else
+        i4_quantize_super(
+#endif
+            x + m * K + k0, i4_super_weights(K, g), out.q.data() + m * K + k0, out.scale[m * out.G + g],
+            out.pow2.data() + at, out.bsum.data() + at);
       }
   });
 }
@@ -417,14 +472,26 @@ inline void i4_out_blocks(const I4Rows& a, const uint8_t* w, const c10::Half* of
   });
 }
 
+}  // namespace interlock_cpu
+
+#include "int4_rows.h"      // two or more rows on VNNI: the same arithmetic from widened int16 factors
+
+namespace interlock_cpu {
+
 // y[M, N] = x[M, K] . W^T for records w ([N, i4_row_bytes(K)]) and offsets off ([N, K / 32] fp16).
 inline void int4_linear_raw(const float* x, const uint8_t* w, const c10::Half* off, float* y, int64_t M, int64_t K,
                             int64_t N) {
   thread_local I4Rows scratch;
   i4_quantize(x, M, K, scratch);
-  // A row alone (decode) takes 4 outputs at a time; several rows take 2 outputs x up to 4 rows, so
-  // each activation chunk loaded feeds 2 dots and each unpacked weight chunk up to 4. The grouping
-  // moves no bits.
+#if defined(INTERLOCK_VNNI)
+  if (M >= 2) {                          // int4_rows.h: the same bits, the factors widened once
+    i4_linear_rows(scratch, w, off, y, M, N);
+    return;
+  }
+#endif
+  // A row alone (decode) takes 4 outputs at a time; elsewhere several rows take 2 outputs x up to 4
+  // rows, so each activation chunk loaded feeds 2 dots and each unpacked weight chunk up to 4. The
+  // grouping moves no bits.
   switch (M) {
     case 1: i4_out_blocks<4, 1>(scratch, w, off, y, M, N); break;
     case 2: i4_out_blocks<2, 2>(scratch, w, off, y, M, N); break;

@@ -15,9 +15,12 @@ from interlock.kernels.int4_pack import dequantize_int4, quantize_int4
 
 needs_native = pytest.mark.skipif(not native.available(), reason="native kernels did not build")
 
-# Every tail a row can end on (K % 256 = 0, 64, 128, 192) and row counts on each blocking path.
+# Every tail a row can end on (K % 256 = 0, 64, 128, 192) and row counts on each blocking path: one
+# row; 2-4 rows (widened super-block by super-block, csrc/int4_rows.h); more (panels, tiles of 4
+# rows and their 1-3-row tails, blocks of 64 rows, K in slices of 8 super-blocks); output counts that
+# leave a block of 3 short.
 SHAPES = ((1, 64, 576), (1, 13, 640), (2, 9, 1536), (4, 40, 192), (3, 7, 64), (17, 33, 576), (5, 24, 256),
-          (40, 8, 128), (4, 5, 2048))
+          (40, 8, 128), (4, 5, 2048), (8, 10, 320), (64, 7, 448), (70, 11, 704), (2, 1, 64), (6, 5, 4416))
 
 
 def int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,6 +39,11 @@ def cases(gen: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, torch.
     x = torch.randn(2, 128, generator=gen)
     x[1, 3] = float("nan")                                # a NaN: its row's outputs are NaN, the other row's not
     out.append((x, *int4(torch.randn(5, 128, generator=gen))))
+    x = torch.randn(5, 320, generator=gen)
+    x[1, 7] = float("inf")                                # an infinity: its row is NaN too
+    x[2] *= 1e-39                                         # subnormal activations
+    x[3, 256:] = 0.0                                      # a zero last super-block
+    out.append((x, *int4(torch.randn(4, 320, generator=gen))))
     return out
 
 
@@ -60,9 +68,12 @@ def test_each_row_is_computed_from_itself_alone(gen) -> None:
 
 @needs_native
 def test_a_nan_activation_poisons_its_own_row_only(gen) -> None:
-    x, records, offsets = cases(gen)[-1]
+    x, records, offsets = cases(gen)[-2]
     y = native.int4_linear(x, records, offsets)
     assert y[1].isnan().all() and not y[0].isnan().any()
+    x, records, offsets = cases(gen)[-1]                  # the same on the several-row kernel, for an infinity
+    y = native.int4_linear(x, records, offsets)
+    assert y[1].isnan().all() and not y[[0, 2, 3, 4]].isnan().any()
 
 
 def test_quantized_weights_stay_within_half_a_step_of_the_floats(gen) -> None:
