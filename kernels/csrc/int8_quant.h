@@ -15,8 +15,8 @@ namespace interlock_cpu {
 
 constexpr int64_t kQBlock = 32;      // activations per quantization scale
 constexpr int64_t kChunk = 64;       // weights per VNNI dot (two quantization blocks)
-constexpr int64_t kLanes = 16;       // int32 / fp32 lanes per chunk (four weights each)
-constexpr int64_t kOutBlock = 4;     // output rows per task unit
+constexpr int64_t kLanes = 16;       // int32 lanes of a chunk's VNNI dot (four weights each)
+constexpr int64_t kOutBlock = 4;     // output rows per task unit (and per VNNI reduction, int8_linear.h)
 // Weights stream from L3 or memory (the model is larger than L2): prefetch this far ahead of each
 // row's read, into L1, in the AMX machine's one-row kernel (int8_amx.h). Measured there for all of
 // SmolLM2's weights at 2 threads (with the fp32-activation kernel before these): 512 B 9.6 ms,
@@ -27,17 +27,19 @@ constexpr int64_t kPrefetch = 4096;
 // a plain read's rate; an L2 prefetch 8 KB ahead at 97-100% (2 KB: 76%, 4 KB: 95%, 16 KB: as 8 KB).
 constexpr int64_t kPrefetchL2 = 8192;
 
-// The activation rows in the form the dot wants, per row and 64-wide chunk c (K padded with zeros
-// to whole chunks): 64 int8 values, 16 fp32 lane scales (lanes 0-7 the scale of block 2c, 8-15
-// of block 2c + 1) and 16 int32 lane corrections (-128 * the sum of the lane's four values).
+// The activation rows in the form the dots want, per row m: its int8 values in 64-wide chunks c (K
+// padded with zeros to whole chunks); one fp32 scale per block of 32, padded with zero scales to
+// whole pairs of chunks (4 blocks: the unit of int8_linear.h's lanes); and, for the VNNI kernels, 16
+// int32 lane corrections per chunk (-128 * the sum of the lane's four values).
 struct QuantRows {
-  int64_t chunks = 0;
+  int64_t chunks = 0, pairs = 0;
   std::vector<int8_t> q;
-  std::vector<float> lane_scale;
+  std::vector<float> block_scale;
   std::vector<int32_t> lane_fix;
 
   const int8_t* qs(int64_t m, int64_t c) const { return q.data() + (m * chunks + c) * kChunk; }
-  const float* scales(int64_t m, int64_t c) const { return lane_scale.data() + (m * chunks + c) * kLanes; }
+  // Row m's block scales: block b's at [b], 4 * pairs of them.
+  const float* scales(int64_t m) const { return block_scale.data() + m * 4 * pairs; }
   const int32_t* fix(int64_t m, int64_t c) const { return lane_fix.data() + (m * chunks + c) * kLanes; }
 };
 
@@ -116,27 +118,25 @@ inline void quantize_block_avx2(const float* v, int8_t* q, float* scale_out) {
 inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out, bool with_fix) {
   const int64_t chunks = (K + kChunk - 1) / kChunk, blocks = K / kQBlock;
   out.chunks = chunks;
+  out.pairs = (chunks + 1) / 2;
   out.q.resize(M * chunks * kChunk);            // every byte is written below: no clearing
-  out.lane_scale.resize(M * chunks * kLanes);
+  out.block_scale.resize(M * 4 * out.pairs);
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {    // a prompt chunk's rows, across threads
     for (int64_t m = m0; m < m1; ++m) {
+      float* s = out.block_scale.data() + m * 4 * out.pairs;
       for (int64_t b = 0; b < blocks; ++b) {
         int8_t* q = out.q.data() + m * chunks * kChunk + b * kQBlock;
-        float s;
 #if defined(INTERLOCK_VNNI)
-        quantize_block_avx512(x + m * K + b * kQBlock, q, &s);
+        quantize_block_avx512(x + m * K + b * kQBlock, q, s + b);
 #elif defined(INTERLOCK_AVX2)
-        quantize_block_avx2(x + m * K + b * kQBlock, q, &s);
+        quantize_block_avx2(x + m * K + b * kQBlock, q, s + b);
 #else
-        quantize_block(x + m * K + b * kQBlock, q, &s);
+        quantize_block(x + m * K + b * kQBlock, q, s + b);
 #endif
-        float* lanes = out.lane_scale.data() + (m * chunks + b / 2) * kLanes + (b % 2) * (kLanes / 2);
-        std::fill(lanes, lanes + kLanes / 2, s);
       }
-      if (blocks % 2 == 1) {                      // K % 64 == 32: the last chunk's second half is zero
+      std::fill(s + blocks, s + 4 * out.pairs, 0.f);
+      if (blocks % 2 == 1)                        // K % 64 == 32: the last chunk's second half is zero
         std::fill_n(out.q.data() + (m * chunks + chunks - 1) * kChunk + kQBlock, kQBlock, int8_t{0});
-        std::fill_n(out.lane_scale.data() + (m * chunks + chunks - 1) * kLanes + kLanes / 2, kLanes / 2, 0.f);
-      }
     }
   });
   if (!with_fix) return;
