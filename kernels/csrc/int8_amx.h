@@ -80,7 +80,7 @@ inline void load_tile_config() {
 // 64 B], scales [pass][chunk pair][16] (lane 4m + 2g + h: the scale of block 2(2p + g) + h).
 struct AmxRows {
   int64_t passes = 0, chunks = 0, pairs = 0;
-  std::vector<int8_t> tiles;
+  Lines<int8_t> tiles;
   std::vector<float> scales;
 
   const int8_t* tile(int64_t p, int64_t c) const { return tiles.data() + (p * chunks + c) * 1024; }
@@ -95,7 +95,7 @@ inline void amx_rows(const QuantRows& a, int64_t M, AmxRows& out) {
     out.passes = passes;
     out.chunks = a.chunks;
     out.pairs = (a.chunks + 1) / 2;
-    out.tiles.assign(out.passes * out.chunks * 1024, 0);
+    out.tiles.assign(out.passes * out.chunks * 1024);
     out.scales.assign(out.passes * out.pairs * 16, 0.f);
   }
   for (int64_t m = 0; m < M; ++m) {
@@ -205,7 +205,7 @@ inline void load_group_tile_config() {
 // The activations as B tiles [group][block][8 x 64 B] and scales [group][block][16] (0 past M).
 struct AmxGroups {
   int64_t groups = 0, blocks = 0;
-  std::vector<int8_t> tiles;
+  Lines<int8_t> tiles;
   std::vector<float> scales;
 
   const int8_t* tile(int64_t g, int64_t b) const { return tiles.data() + (g * blocks + b) * 512; }

@@ -17,9 +17,9 @@ constexpr int64_t kQBlock = 32;      // activations per quantization scale
 constexpr int64_t kChunk = 64;       // weights per VNNI dot (two quantization blocks)
 constexpr int64_t kLanes = 16;       // int32 lanes of a chunk's VNNI dot (four weights each)
 constexpr int64_t kFewRows = 3;      // activation rows that take the VNNI kernels' lane sums (int8_linear.h)
-constexpr int64_t kOutBlock = 4;     // output rows per task unit (and per VNNI reduction, int8_linear.h)
+constexpr int64_t kOutBlock = 4;     // output rows per task unit (AVX2, portable)
 // Weights stream from L3 or memory (the model is larger than L2): prefetch this far ahead of each
-// row's read, into L1, in the AMX machine's one-row kernel (int8_amx.h). Measured there for all of
+// row's read, into L1, in the AMX machine's one-row kernel (int8_linear.h, few_rows_vnni). Measured there for all of
 // SmolLM2's weights at 2 threads (with the fp32-activation kernel before these): 512 B 9.6 ms,
 // 1 KB 8.5 ms, 2 KB 6.7 ms, 4 KB 4.3 ms, 8 KB 4.6 ms, 16 KB 6.0 ms.
 constexpr int64_t kPrefetch = 4096;
@@ -27,6 +27,25 @@ constexpr int64_t kPrefetch = 4096;
 // SmolLM2's decode GEMVs in sequence) an L1 prefetch 4 KB ahead streamed the weights at ~60% of
 // a plain read's rate; an L2 prefetch 8 KB ahead at 97-100% (2 KB: 76%, 4 KB: 95%, 16 KB: as 8 KB).
 constexpr int64_t kPrefetchL2 = 8192;
+
+// n values of T on 64-byte boundaries, so that a 64-byte load or a tile row is one cache line (a
+// vector's heap memory is 16-byte aligned: AMX's tile pass read its B tiles 1.2x slower so, and the
+// many-row tile kernel 1.05x). resize keeps the values; assign zeroes them.
+template <class T>
+class Lines {
+ public:
+  void resize(int64_t n) { lines_.resize(count(n)); }
+  void assign(int64_t n) { lines_.assign(count(n), Line{}); }
+  T* data() { return reinterpret_cast<T*>(lines_.data()); }
+  const T* data() const { return reinterpret_cast<const T*>(lines_.data()); }
+
+ private:
+  struct alignas(64) Line {
+    unsigned char bytes[64];
+  };
+  static size_t count(int64_t n) { return static_cast<size_t>((n * static_cast<int64_t>(sizeof(T)) + 63) / 64); }
+  std::vector<Line> lines_;
+};
 
 // The activation rows in the form the dots want, per row m: its int8 values in 64-wide chunks c (K
 // padded with zeros to whole chunks); one fp32 scale per block of 32, padded with zero scales to
@@ -36,9 +55,11 @@ constexpr int64_t kPrefetchL2 = 8192;
 // (int8_linear.h, pair_lane).
 struct QuantRows {
   int64_t chunks = 0, pairs = 0;
-  std::vector<int8_t> q;
-  std::vector<float> block_scale, pair_scale;
-  std::vector<int32_t> block_fix, pair_fix;
+  Lines<int8_t> q;
+  std::vector<float> block_scale;
+  Lines<float> pair_scale;
+  std::vector<int32_t> block_fix;
+  Lines<int32_t> pair_fix;
 
   const int8_t* qs(int64_t m, int64_t c) const { return q.data() + (m * chunks + c) * kChunk; }
   // Row m's block scales and corrections: block b's at [b], 4 * pairs of them.
