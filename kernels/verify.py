@@ -15,6 +15,8 @@ grammar-conditional law, engine/conditional.py). Nothing here makes a host sync 
 .item(), no data-dependent shapes) with the default "capturable" mask backend (the Triton kernel
 on CUDA, tensor ops elsewhere): every output is a tensor the caller copies to the host after the
 step; the host runner asks for "torch" (xgrammar's CPU kernel, and no call when nothing is masked).
+Greedy steps may come with their masked argmax already found (`verify_greedy`: the host runner's
+fused native pass, which neither masks nor copies the logits); the law that follows is the same.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Literal
 import torch
 
 from interlock.kernels.bitmask import apply_token_bitmask_
-from interlock.kernels.rejection import rejection_sample, rejection_sample_greedy
+from interlock.kernels.rejection import greedy_accept, rejection_sample, rejection_sample_greedy
 from interlock.kernels.sampling import probs_from_logits
 from interlock.protocol.sampling import SamplingParams
 
@@ -97,6 +99,17 @@ def verify_step(logits: torch.Tensor, v: VerifyInputs, m: MaskInputs, tokenizer_
             probs = target(probs)
         q = None if draft_probs is None else _widen(draft_probs, vocab)
         result = rejection_sample(probs, v.drafts, q, valid, v.uniforms)
+    return VerifyOutputs(result.tokens, result.num_accepted, valid, peaks)
+
+
+def verify_greedy(best: torch.Tensor, peaks: torch.Tensor, v: VerifyInputs, m: MaskInputs) -> VerifyOutputs:
+    """Greedy verification from each verify row's masked argmax best [B, K+1] int64 (lowest id on
+    ties) and its peak [B, K+1] float32 (VerifyOutputs.peaks), found by another backend than
+    verify_step's masking: the host runner's fused native masked argmax or sparse head
+    (actors/verifier_actor.py's lean path). The same law as verify_step's greedy mode: the same moot
+    drafts, the same rule (kernels/rejection.py's greedy_accept); `m`'s rows_filled alone is read."""
+    valid = valid_drafts(v, m)
+    result = greedy_accept(best, v.drafts, valid)
     return VerifyOutputs(result.tokens, result.num_accepted, valid, peaks)
 
 
