@@ -276,9 +276,13 @@ class VerifierActor(Actor[object]):
                                               torch.tensor(self._mask_rows(snaps, widths), dtype=torch.long),
                                               self.tokenizer_vocab)
         k = max(widths) - 1
-        v, m = self._inputs(snaps, work.drafts, k)
+        filled = self.buffers.rows.tolist()
+        # one tensor call for the law's inputs (each call costs microseconds on this hot path)
+        ints = torch.tensor([(len(d), s.constrained, filled[self.step[s.slot].lane], *d, *[0] * (k - len(d)))
+                             for s, d in zip(snaps, work.drafts)], dtype=torch.long)          # [B, 3 + K]
         best, peaks = _padded(ids, widths, k + 1), _padded(peaks, widths, k + 1)      # [B, K+1] each
-        self._settle_all(snaps, verify_greedy(best, peaks, v, m), {})
+        out = verify_greedy(best, peaks, ints[:, 3:], ints[:, 0], ints[:, 1].bool(), ints[:, 2])
+        self._settle_all(snaps, out, {})
 
     def _settle_all(self, snaps: list[RequestSnapshot], out: VerifyOutputs,
                     laws: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[int, SlotResult]]:

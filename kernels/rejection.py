@@ -107,11 +107,12 @@ def greedy_accept(best: torch.Tensor, draft_tokens: torch.Tensor, num_drafts: to
     it (torch's argmax above, a fused masked argmax or sparse head on the host: kernels/verify.py's
     `verify_greedy`): accept d_j while best_j == d_j (j < n), then emit best at the first mismatch,
     or the bonus best_n. An accepted draft equals best where it stands, so the emitted tokens are
-    best up to num_accepted, then -1."""
+    best up to num_accepted, then -1. Few tensor calls (the host's lean path runs this on every
+    step, where each costs microseconds): dtypes are left to promotion."""
     k = best.shape[1] - 1
     pos = torch.arange(k + 1, device=best.device)  # [K+1]
-    ok = (best[:, :k] == draft_tokens.long()) & (pos[:k] < num_drafts.long().unsqueeze(1))  # [B, K]
-    n_acc = _leading_true(ok)  # [B]
+    ok = (best[:, :k] == draft_tokens) & (pos[:k] < num_drafts.unsqueeze(1))  # [B, K]
+    n_acc = ok.cumprod(1).sum(1)  # [B] int64: the leading True entries
     return RejectionResult(n_acc, torch.where(pos <= n_acc.unsqueeze(1), best, -1))
 
 

@@ -102,14 +102,16 @@ def verify_step(logits: torch.Tensor, v: VerifyInputs, m: MaskInputs, tokenizer_
     return VerifyOutputs(result.tokens, result.num_accepted, valid, peaks)
 
 
-def verify_greedy(best: torch.Tensor, peaks: torch.Tensor, v: VerifyInputs, m: MaskInputs) -> VerifyOutputs:
+def verify_greedy(best: torch.Tensor, peaks: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
+                  constrained: torch.Tensor, rows_filled: torch.Tensor) -> VerifyOutputs:
     """Greedy verification from each verify row's masked argmax best [B, K+1] int64 (lowest id on
     ties) and its peak [B, K+1] float32 (VerifyOutputs.peaks), found by another backend than
     verify_step's masking: the host runner's fused native masked argmax or sparse head
-    (actors/verifier_actor.py's lean path). The same law as verify_step's greedy mode: the same moot
-    drafts, the same rule (kernels/rejection.py's greedy_accept); `m`'s rows_filled alone is read."""
-    valid = valid_drafts(v, m)
-    result = greedy_accept(best, v.drafts, valid)
+    (actors/verifier_actor.py's lean path). The same law as verify_step's greedy mode, on the only
+    inputs it reads (VerifyInputs' drafts, num_drafts and constrained, MaskInputs' rows_filled):
+    the same moot drafts (`verified_drafts`), the same rule (kernels/rejection.py's greedy_accept)."""
+    valid = verified_drafts(num_drafts, constrained, rows_filled)
+    result = greedy_accept(best, drafts, valid)
     return VerifyOutputs(result.tokens, result.num_accepted, valid, peaks)
 
 
@@ -143,10 +145,14 @@ def _widen(q: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def valid_drafts(v: VerifyInputs, m: MaskInputs) -> torch.Tensor:
-    """[B] int64: the drafts that are verified: a constrained request's past the grammar's filled
-    rows (after a refused draft) are moot."""
-    filled = m.rows_filled.long()
-    return torch.where(v.constrained, torch.minimum(v.num_drafts, (filled - 1).clamp(min=0)), v.num_drafts)
+    """[B] int64: the drafts that are verified (`verified_drafts`)."""
+    return verified_drafts(v.num_drafts, v.constrained, m.rows_filled)
+
+
+def verified_drafts(num_drafts: torch.Tensor, constrained: torch.Tensor, rows_filled: torch.Tensor) -> torch.Tensor:
+    """[B] int64 of num_drafts [B] int64: a constrained request's drafts past the grammar's filled
+    rows rows_filled [B] (after a refused draft) are moot."""
+    return torch.where(constrained, torch.minimum(num_drafts, (rows_filled - 1).clamp(min=0)), num_drafts)
 
 
 def allowed_ids(v: VerifyInputs, m: MaskInputs, lanes: torch.Tensor, tokenizer_vocab: int,

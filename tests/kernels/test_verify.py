@@ -88,7 +88,7 @@ def test_verify_greedy_from_a_found_argmax_is_the_slow_loop() -> None:
         gen = torch.Generator().manual_seed(seed)
         logits, v, m = inputs(gen, greedy=True)
         x = torch.stack([masked(logits, v, m, b) for b in range(B)])       # [B, K+1, V]
-        out = verify_greedy(x.argmax(-1), x.amax(-1), v, m)
+        out = verify_greedy(x.argmax(-1), x.amax(-1), v.drafts, v.num_drafts, v.constrained, m.rows_filled)
         tokens, accepted, peaks = slow(logits, v, m, "greedy")
         step = verify_step(logits.clone(), v, m, TOK_V, "greedy")
         assert out.accepted.tolist() == accepted, seed
