@@ -25,11 +25,10 @@ allowed fails its request) without masking, copying or re-reading the logits. On
 native int8 head (`sparse_head`), such a step's forward stops before the head, and after the mask
 event `head_argmax` computes, for a row whose grammar allows few ids (JSON structure, an enum, the
 row after a forced token), only those logits, the same bits the dense head gives them; rows that
-allow many take the dense head together, rows past a refused draft none. Its acceptance (the
-leading drafts equal to the allowed argmax) stays a short loop over the requests: the same rule
-through kernels/verify.py's tensor functions measured twice this path's host time (about 0.4 ms
-more a step at B=8, K=4: some 80 small tensor calls), and tests/engine/test_exactness_modes.py
-holds it to the general path's decisions.
+allow many take the dense head together, rows past a refused draft none. The native pass is a
+backend of kernels/verify.py's law, not a second one: its ids and peaks, laid out [B, K+1], go to
+`verify_greedy`, which decides the moot drafts and the acceptance as verify_step's greedy mode
+does (tests/engine/test_exactness_modes.py holds the two paths to the same tokens and stats).
 
 The grammar-conditional law (SamplingParams.law "conditional", one attempt per internal request
 that carries a TrieView): such a request's rows are not masked. Its target is the model's law on
@@ -63,7 +62,8 @@ from interlock.kernels import native, token_logprobs
 from interlock.kernels.cfg import cfg_combine
 from interlock.kernels.sampling import request_generator
 from interlock.kernels.verify import (
-    MaskInputs, Target, VerifyInputs, VerifyOutputs, allowed_ids, sampling_mode, valid_drafts, verify_step,
+    MaskInputs, Target, VerifyInputs, VerifyOutputs, allowed_ids, sampling_mode, valid_drafts, verify_greedy,
+    verify_step,
 )
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
@@ -269,7 +269,8 @@ class VerifierActor(Actor[object]):
         return logits
 
     def _verify_greedy(self, work: _StepWork, snaps: list[RequestSnapshot]) -> None:
-        """Greedy verification from each row's allowed argmax alone (module docstring)."""
+        """Greedy verification from each row's allowed argmax (module docstring): the native pass
+        finds it over the packed rows, kernels/verify.py's `verify_greedy` decides from it."""
         widths = [len(d) + 1 for d in work.drafts]
         if work.hidden is not None:       # rows the verification below never reads are skipped (-2)
             mask_rows = torch.tensor(self._mask_rows(snaps, widths, unread=-2), dtype=torch.long)
@@ -278,19 +279,14 @@ class VerifierActor(Actor[object]):
             ids, peaks = native.masked_argmax(work.logits.contiguous(), self.buffers.bitmask,
                                               torch.tensor(self._mask_rows(snaps, widths), dtype=torch.long),
                                               self.tokenizer_vocab)
-        ids, peaks = ids.tolist(), peaks.tolist()
-        offset = 0
-        for s, drafts in zip(snaps, work.drafts):
-            n = len(drafts)
-            valid = self._valid_drafts(s, n)
-            best = ids[offset: offset + n + 1]
-            n_acc = 0
-            while n_acc < valid and best[n_acc] == drafts[n_acc]:
-                n_acc += 1
-            result = self._settle(s, [*drafts[:n_acc], best[n_acc]], peaks[offset: offset + n + 1], valid, n_acc)
-            offset += n + 1
-            if result is not None:
-                self.penalties.commit((result,))
+        k = max(widths) - 1
+        filled = self.buffers.rows.tolist()
+        # one tensor call for the law's inputs (each call costs microseconds on this hot path)
+        ints = torch.tensor([(len(d), s.constrained, filled[self.step[s.slot].lane], *d, *[0] * (k - len(d)))
+                             for s, d in zip(snaps, work.drafts)], dtype=torch.long)          # [B, 3 + K]
+        best, peaks = _padded(ids, widths, k + 1), _padded(peaks, widths, k + 1)      # [B, K+1] each
+        out = verify_greedy(best, peaks, ints[:, 3:], ints[:, 0], ints[:, 1].bool(), ints[:, 2])
+        self._settle_all(snaps, out, {})
 
     def _settle_all(self, snaps: list[RequestSnapshot], out: VerifyOutputs,
                     laws: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[int, SlotResult]]:
@@ -358,10 +354,6 @@ class VerifierActor(Actor[object]):
             results.append(replace(r, logprobs=tuple(entries)))
             i += used
         return results
-
-    def _valid_drafts(self, s: RequestSnapshot, n: int) -> int:
-        """Of a request's n drafts, those its grammar let through: past the first refused one they are moot."""
-        return min(n, int(self.buffers.rows[self.step[s.slot].lane]) - 1) if s.constrained else n
 
     def _mask_rows(self, snaps: list[RequestSnapshot], widths: list[int], unread: int = -1) -> list[int]:
         """The bitmask row each logits row reads (widths[i] rows for snaps[i]: row j of a constrained
@@ -453,3 +445,12 @@ class VerifierActor(Actor[object]):
             uniforms[row, :k] = draws[:k]
             uniforms[row, k] = draws[per - 1]
         return uniforms
+
+
+def _padded(packed: torch.Tensor, widths: list[int], width: int) -> torch.Tensor:
+    """Packed rows [sum(widths)] (request b's widths[b] after the ones before it) laid out
+    [B, width], the padding 0 (verification never reads past a request's own rows)."""
+    if all(w == width for w in widths):
+        return packed.view(len(widths), width)
+    at = torch.tensor([b * width + j for b, w in enumerate(widths) for j in range(w)])
+    return packed.new_zeros(len(widths) * width).index_copy_(0, at, packed).view(len(widths), width)

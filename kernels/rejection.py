@@ -99,11 +99,21 @@ def rejection_sample_greedy(
         from interlock.kernels.rejection_triton import rejection_sample_greedy_triton  # needs triton + CUDA
 
         return rejection_sample_greedy_triton(target_logits, draft_tokens, num_drafts)
-    best = target_logits.argmax(-1)  # [B, K+1]
-    ok = best[:, :-1] == draft_tokens.long()  # [B, K]
-    n_acc = _leading_true(ok & _valid(num_drafts, k_plus_1 - 1))  # [B]
-    new = best.gather(1, n_acc.unsqueeze(1)).squeeze(1)  # [B]
-    return RejectionResult(n_acc, _assemble(draft_tokens.long(), n_acc, new))
+    return greedy_accept(target_logits.argmax(-1), draft_tokens, num_drafts)
+
+
+def greedy_accept(best: torch.Tensor, draft_tokens: torch.Tensor, num_drafts: torch.Tensor) -> RejectionResult:
+    """The greedy rule on each position's target argmax best [B, K+1] int64, however a backend found
+    it (torch's argmax above, a fused masked argmax or sparse head on the host: kernels/verify.py's
+    `verify_greedy`): accept d_j while best_j == d_j (j < n), then emit best at the first mismatch,
+    or the bonus best_n. An accepted draft equals best where it stands, so the emitted tokens are
+    best up to num_accepted, then -1. Few tensor calls (the host's lean path runs this on every
+    step, where each costs microseconds): dtypes are left to promotion."""
+    k = best.shape[1] - 1
+    pos = torch.arange(k + 1, device=best.device)  # [K+1]
+    ok = (best[:, :k] == draft_tokens) & (pos[:k] < num_drafts.unsqueeze(1))  # [B, K]
+    n_acc = ok.cumprod(1).sum(1)  # [B] int64: the leading True entries
+    return RejectionResult(n_acc, torch.where(pos <= n_acc.unsqueeze(1), best, -1))
 
 
 def _rejection_torch(p: torch.Tensor, d: torch.Tensor, q: torch.Tensor | None, n: torch.Tensor,

@@ -15,6 +15,8 @@ grammar-conditional law, engine/conditional.py). Nothing here makes a host sync 
 .item(), no data-dependent shapes) with the default "capturable" mask backend (the Triton kernel
 on CUDA, tensor ops elsewhere): every output is a tensor the caller copies to the host after the
 step; the host runner asks for "torch" (xgrammar's CPU kernel, and no call when nothing is masked).
+Greedy steps may come with their masked argmax already found (`verify_greedy`: the host runner's
+fused native pass, which neither masks nor copies the logits); the law that follows is the same.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Literal
 import torch
 
 from interlock.kernels.bitmask import apply_token_bitmask_
-from interlock.kernels.rejection import rejection_sample, rejection_sample_greedy
+from interlock.kernels.rejection import greedy_accept, rejection_sample, rejection_sample_greedy
 from interlock.kernels.sampling import probs_from_logits
 from interlock.protocol.sampling import SamplingParams
 
@@ -100,6 +102,19 @@ def verify_step(logits: torch.Tensor, v: VerifyInputs, m: MaskInputs, tokenizer_
     return VerifyOutputs(result.tokens, result.num_accepted, valid, peaks)
 
 
+def verify_greedy(best: torch.Tensor, peaks: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
+                  constrained: torch.Tensor, rows_filled: torch.Tensor) -> VerifyOutputs:
+    """Greedy verification from each verify row's masked argmax best [B, K+1] int64 (lowest id on
+    ties) and its peak [B, K+1] float32 (VerifyOutputs.peaks), found by another backend than
+    verify_step's masking: the host runner's fused native masked argmax or sparse head
+    (actors/verifier_actor.py's lean path). The same law as verify_step's greedy mode, on the only
+    inputs it reads (VerifyInputs' drafts, num_drafts and constrained, MaskInputs' rows_filled):
+    the same moot drafts (`verified_drafts`), the same rule (kernels/rejection.py's greedy_accept)."""
+    valid = verified_drafts(num_drafts, constrained, rows_filled)
+    result = greedy_accept(best, drafts, valid)
+    return VerifyOutputs(result.tokens, result.num_accepted, valid, peaks)
+
+
 def mask_rows_(x: torch.Tensor, v: VerifyInputs, m: MaskInputs, tokenizer_vocab: int,
                backend: Literal["capturable", "torch"] = "capturable") -> None:
     """The verify rows x [B (K+1), V] float32, in place: padded ids -inf, then each row's grammar
@@ -130,10 +145,14 @@ def _widen(q: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def valid_drafts(v: VerifyInputs, m: MaskInputs) -> torch.Tensor:
-    """[B] int64: the drafts that are verified: a constrained request's past the grammar's filled
-    rows (after a refused draft) are moot."""
-    filled = m.rows_filled.long()
-    return torch.where(v.constrained, torch.minimum(v.num_drafts, (filled - 1).clamp(min=0)), v.num_drafts)
+    """[B] int64: the drafts that are verified (`verified_drafts`)."""
+    return verified_drafts(v.num_drafts, v.constrained, m.rows_filled)
+
+
+def verified_drafts(num_drafts: torch.Tensor, constrained: torch.Tensor, rows_filled: torch.Tensor) -> torch.Tensor:
+    """[B] int64 of num_drafts [B] int64: a constrained request's drafts past the grammar's filled
+    rows rows_filled [B] (after a refused draft) are moot."""
+    return torch.where(constrained, torch.minimum(num_drafts, (rows_filled - 1).clamp(min=0)), num_drafts)
 
 
 def allowed_ids(v: VerifyInputs, m: MaskInputs, lanes: torch.Tensor, tokenizer_vocab: int,

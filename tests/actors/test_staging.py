@@ -4,21 +4,14 @@ for the verify rows only, and the prologue's staging issues no tensor op but the
 from __future__ import annotations
 
 import anyio
-import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from interlock.actors.device_verifier import DeviceVerifier
 from interlock.actors.staging import StepStaging, TableMirror
 from interlock.engine import Engine, EngineConfig
-from interlock.models.loader import load_model
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
-
-
-@pytest.fixture(scope="module")
-def tiny_float():
-    return load_model("tiny", weights="float")
 
 
 def test_table_updates_cover_what_changed_only() -> None:

@@ -5,13 +5,11 @@ from bench_data import JSONSCHEMABENCH
 from bench_scripts import run_main, usage_error
 
 from interlock.benchmarks import ab
-from interlock.models.loader import load_model
 
 JME = str(JSONSCHEMABENCH / "JME.jsonl")
 
 
-def test_alternates_the_sides_on_the_same_rows(tmp_path, monkeypatch, capsys) -> None:
-    tiny = load_model("tiny")
+def test_alternates_the_sides_on_the_same_rows(tiny, tmp_path, monkeypatch, capsys) -> None:
     loaded: list[str | None] = []
     monkeypatch.setattr(ab, "load_model", lambda name, kv_dtype=None: loaded.append(kv_dtype) or tiny)
     out = tmp_path / "ab.json"

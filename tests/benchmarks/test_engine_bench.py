@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from interlock.benchmarks.engine_bench import BenchConfig, report, run_bench
-from interlock.models.loader import load_model
 
 ROWS = [
     {"id": "small", "schema": {"type": "object", "properties": {"a": {"enum": [1, 22]}, "b": {"type": "boolean"}},
@@ -16,11 +14,6 @@ ROWS = [
      "tests": []},
     {"id": "bad", "schema": {"type": "object", "properties": {"x": {"type": "no-such-type"}}}, "tests": []},
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny")
 
 
 async def test_bench_counts_finish_reasons_and_invalid_stop(tiny, tmp_path, capsys) -> None:

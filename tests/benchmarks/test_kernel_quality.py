@@ -8,8 +8,8 @@ from interlock.models.linear import Int8Linear
 from interlock.models.loader import load_model
 
 
-def test_teacher_forced_rows_are_the_decode_steps() -> None:
-    model = load_model("tiny").model
+def test_teacher_forced_rows_are_the_decode_steps(tiny) -> None:
+    model = tiny.model
     prompt = list(range(30, 50))
     continuation = greedy(model, prompt, 20)          # more than one row chunk (16)
     lp = log_probs(model, prompt, continuation)
@@ -20,7 +20,7 @@ def test_teacher_forced_rows_are_the_decode_steps() -> None:
 
 
 def test_torch_int8_moves_every_projection_off_the_native_kernel() -> None:
-    model = torch_int8(load_model("tiny").model)
+    model = torch_int8(load_model("tiny").model)        # its own: torch_int8 changes the model
     assert model.fused_rows is None
     linears = [m for m in model.modules() if isinstance(m, Int8Linear)]
     assert linears and not any(m.native for m in linears)

@@ -10,12 +10,11 @@ import pytest
 from interlock.benchmarks.common import percentile, print_json_last
 from interlock.benchmarks.model_speed import Run, agree_prefix, parse_args, run_ours, summarize
 from interlock.testing.greedy import greedy_generate
-from interlock.models.loader import load_model
 
 
 @pytest.mark.parametrize("weights", ["int8", "float"])
-def test_timed_loop_decodes_the_greedy_tokens(weights: str) -> None:
-    tiny = load_model("tiny", weights=weights)
+def test_timed_loop_decodes_the_greedy_tokens(request, weights: str) -> None:
+    tiny = request.getfixturevalue("tiny" if weights == "int8" else "tiny_float")
     prompt = tiny.tokenizer.encode_prompt([{"role": "user", "content": "Name three colours, please."}])
     run = run_ours(tiny.model, prompt, 6)
     assert list(run.tokens) == greedy_generate(tiny.model, prompt, 6)
@@ -79,14 +78,13 @@ def test_oversubscribed_counts_our_threads(monkeypatch: pytest.MonkeyPatch) -> N
     assert not common.oversubscribed(64)
 
 
-def test_step_costs_run_on_the_tiny_model() -> None:
+def test_step_costs_run_on_the_tiny_model(tiny, tiny_float) -> None:
     from interlock.benchmarks import step_costs
 
-    tiny = load_model("tiny", weights="int8")
     c = step_costs.measure(tiny.model, context=40, repeats=2)
     assert c.kv_dtype == tiny.config.cache_dtype
     assert step_costs.measure(tiny.model, context=40, repeats=1, kv_dtype="float32").kv_dtype == "float32"
     assert c.context == 40 and c.floor_ms > 0 and c.decode_ms > 0 and c.verify4_ms > 0 and c.prefill_tok_s > 0
     assert c.decode_over_floor == pytest.approx(c.decode_ms / c.floor_ms)
     with pytest.raises(ValueError, match="int8"):
-        step_costs.weight_floor_s(load_model("tiny", weights="float").model, 1)
+        step_costs.weight_floor_s(tiny_float.model, 1)

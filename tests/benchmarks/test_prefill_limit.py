@@ -20,8 +20,8 @@ def test_ops_fall_in_their_groups() -> None:
     assert prefill_limit.group_of("aten::index_select") == "other"
 
 
-def test_gemm_ops_count_every_projection_of_every_layer() -> None:
-    lm = load_model("tiny")
+def test_gemm_ops_count_every_projection_of_every_layer(tiny) -> None:
+    lm = tiny
     c = lm.config
     by_hand = sum(2 * 8 * k * n for k, n in [(c.hidden_size, c.n_heads * c.head_dim),            # q
                                              (c.hidden_size, 2 * c.n_kv_heads * c.head_dim),     # k, v
@@ -44,7 +44,7 @@ def run(monkeypatch: pytest.MonkeyPatch, lm, out, path: str) -> dict:
 def test_a_dense_run_reports_shares_that_add_up_and_a_gemm_rate(monkeypatch: pytest.MonkeyPatch, tmp_path,
                                                                  capsys) -> None:
     out = tmp_path / "limit.json"
-    result = run(monkeypatch, load_model("tiny"), out, "dense")
+    result = run(monkeypatch, load_model("tiny"), out, "dense")     # its own: the run sets rows_prefill
     assert result["peak_gops"] == 10.512 and [r["context"] for r in result["rows"]] == [0, 24]
     assert result["rows_prefill"] is False
     for row in result["rows"]:
@@ -56,7 +56,7 @@ def test_a_dense_run_reports_shares_that_add_up_and_a_gemm_rate(monkeypatch: pyt
 
 def test_a_rows_run_groups_the_native_layers_and_reports_no_gemm_rate(monkeypatch: pytest.MonkeyPatch,
                                                                       tmp_path) -> None:
-    lm = load_model("tiny")
+    lm = load_model("tiny")                                         # its own: the run sets rows_prefill
     if lm.model.fused_rows is None:
         pytest.skip("the native kernels did not build: no rows path")
     result = run(monkeypatch, lm, tmp_path / "limit.json", "rows")

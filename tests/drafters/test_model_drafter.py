@@ -6,12 +6,6 @@ import pytest
 import torch
 
 from interlock.drafters.model import DraftLM, ModelDrafter
-from interlock.models.loader import load_model
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny")
 
 
 def fresh_logits(lm: DraftLM, tokens: list[int]) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Engine fixtures: models are loaded once per session; each test runs its own engine inside
-`async with` (an engine's task group must be entered and left by the same task)."""
+"""Engine fixtures (the models are tests/conftest.py's, one per session); each test runs its own
+engine inside `async with` (an engine's task group must be entered and left by the same task)."""
 from __future__ import annotations
 
 import os
@@ -9,9 +9,6 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))     # for `import helpers` (importlib import mode)
-
-from interlock.models.loader import LoadedModel, load_model
-
 
 
 @pytest.fixture(autouse=True)
@@ -34,16 +31,6 @@ def _gpu_check_step_timeout(monkeypatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def tiny() -> LoadedModel:
-    return load_model("tiny")
-
-
-@pytest.fixture(scope="session")
-def smollm() -> LoadedModel:
-    return load_model("smollm2-135m-instruct")
-
-
-@pytest.fixture(scope="session")
 def alone(tiny) -> dict[int, tuple[int, ...]]:
     """Output of each tiny-preset test case run alone (batch 1), computed once."""
     import anyio
@@ -51,9 +38,3 @@ def alone(tiny) -> dict[int, tuple[int, ...]]:
     from helpers import alone_outputs
 
     return anyio.run(alone_outputs, tiny, 20)
-
-
-@pytest.fixture(scope="session")
-def tiny_float() -> LoadedModel:
-    """The tiny preset with float weights: what the device runner computes with (in float32 on the CPU)."""
-    return load_model("tiny", weights="float")

@@ -112,9 +112,14 @@ async def test_forced_tokens_take_rows_beyond_the_draft_length(tiny, extra: int)
 
 
 @pytest.mark.skipif(not native.available(), reason="no C++ compiler: the lean greedy path needs the native kernels")
-async def test_the_lean_greedy_path_decides_what_the_general_one_does(tiny, monkeypatch) -> None:
-    # Greedy rows with only a grammar take one native argmax pass (actors/verifier_actor.py); the
-    # general path masks the logits and runs rejection_sample_greedy. Same tokens, same stats.
+@pytest.mark.parametrize("model,sparse", [("tiny", True), ("tiny_float", False)])
+async def test_the_lean_greedy_path_decides_what_the_general_one_does(request, model: str, sparse: bool,
+                                                                      monkeypatch) -> None:
+    # Greedy rows with only a grammar take one native argmax pass (actors/verifier_actor.py): the
+    # sparse head over the hidden rows (int8 head) or masked_argmax over the logits (float head);
+    # the general path masks the logits and runs rejection_sample_greedy. Same tokens, same stats.
+    tiny = request.getfixturevalue(model)
+    assert tiny.model.sparse_head == sparse
     spec = SpeculativeConfig.parse("ngram+forced", max_draft_len=3)
     lean = await _run(tiny, spec, GRAMMARS + [None])
     init = VerifierActor.__init__

@@ -1,17 +1,13 @@
-"""Shared fixtures for the grammar tests: tokenizers and backends, built once per session."""
+"""Shared fixtures for the grammar tests: backends (and the real tokenizer), built once per session;
+the tiny tokenizer is tests/conftest.py's."""
 from __future__ import annotations
-
 
 import pytest
 
 from interlock.grammars import make_backend
 from interlock.models.loader import TINY_PADDED_VOCAB, load_tokenizer
+
 BACKENDS = ("xgrammar", "llguidance")
-
-
-@pytest.fixture(scope="session")
-def tiny_tokenizer():
-    return load_tokenizer("tiny")
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from interlock.kernels import apply_token_bitmask_, probs_from_logits, rejection_sample
-from interlock.kernels.verify import MaskInputs, VerifyInputs, verify_step
+from interlock.kernels.verify import MaskInputs, VerifyInputs, verify_greedy, verify_step
 
 B, K, V, TOK_V = 5, 3, 70, 64
 
@@ -31,16 +31,22 @@ def inputs(gen: torch.Generator, greedy: bool, filtered: bool = False):
     return logits, v, m
 
 
+def masked(logits, v: VerifyInputs, m: MaskInputs, b: int) -> torch.Tensor:
+    """Request b's verify rows [K+1, V], each masked by the rules one by one."""
+    x = logits[b * (K + 1): (b + 1) * (K + 1)].clone()
+    x[:, TOK_V:] = float("-inf")
+    for j in range(K + 1):
+        row = b * (K + 1) + j
+        if bool(v.constrained[b]) and j < int(m.rows_filled[b]) and not bool(m.free[row]):
+            apply_token_bitmask_(x[j: j + 1], m.bitmask[row: row + 1], backend="reference")
+    return x
+
+
 def slow(logits, v: VerifyInputs, m: MaskInputs, mode: str):
     tokens, accepted, peaks = [], [], []
     for b in range(B):
-        x = logits[b * (K + 1): (b + 1) * (K + 1)].clone()   # [K+1, V]
-        x[:, TOK_V:] = float("-inf")
+        x = masked(logits, v, m, b)                         # [K+1, V]
         filled = int(m.rows_filled[b])
-        for j in range(K + 1):
-            row = b * (K + 1) + j
-            if bool(v.constrained[b]) and j < filled and not bool(m.free[row]):
-                apply_token_bitmask_(x[j: j + 1], m.bitmask[row: row + 1], backend="reference")
         n = int(v.num_drafts[b])
         valid = min(n, filled - 1) if bool(v.constrained[b]) else n
         d = v.drafts[b]
@@ -72,4 +78,20 @@ def test_verify_step_is_the_slow_loop(mode: str) -> None:
         tokens, accepted, peaks = slow(logits, v, m, mode)
         assert out.accepted.tolist() == accepted, seed
         assert [out.tokens[b, : accepted[b] + 1].tolist() for b in range(B)] == tokens, seed
+        assert torch.equal(out.peaks, peaks), seed
+
+
+def test_verify_greedy_from_a_found_argmax_is_the_slow_loop() -> None:
+    # The host's native pass hands verify_greedy each row's masked argmax and peak: from those
+    # alone it decides what verify_step's greedy mode decides from the logits.
+    for seed in range(20):
+        gen = torch.Generator().manual_seed(seed)
+        logits, v, m = inputs(gen, greedy=True)
+        x = torch.stack([masked(logits, v, m, b) for b in range(B)])       # [B, K+1, V]
+        out = verify_greedy(x.argmax(-1), x.amax(-1), v.drafts, v.num_drafts, v.constrained, m.rows_filled)
+        tokens, accepted, peaks = slow(logits, v, m, "greedy")
+        step = verify_step(logits.clone(), v, m, TOK_V, "greedy")
+        assert out.accepted.tolist() == accepted, seed
+        assert [out.tokens[b, : accepted[b] + 1].tolist() for b in range(B)] == tokens, seed
+        assert torch.equal(out.tokens, step.tokens) and torch.equal(out.valid_drafts, step.valid_drafts), seed
         assert torch.equal(out.peaks, peaks), seed

@@ -26,8 +26,8 @@ def run_alone(lm: LoadedModel, tokens: list[int], extra: list[int]) -> torch.Ten
 
 @pytest.mark.parametrize("weights", ["float", "int8"])
 def test_packed_batch_equals_each_sequence_alone(weights: str, tiny_float: LoadedModel,
-                                                 tiny_int8: LoadedModel) -> None:
-    lm = tiny_float if weights == "float" else tiny_int8
+                                                 tiny: LoadedModel) -> None:
+    lm = tiny_float if weights == "float" else tiny
     kv = PagedKVCache(lm.config, num_blocks=64, block_size=4)
     # Step 1: all three prompts prefilled in one packed batch (block tables interleave).
     chunks = []
@@ -52,11 +52,11 @@ def test_packed_batch_equals_each_sequence_alone(weights: str, tiny_float: Loade
 
 
 @pytest.mark.parametrize("kv_dtype", ["float16", "float32", "bfloat16"])
-def test_int8_rows_are_bitwise_batch_invariant(kv_dtype: str, tiny_int8: LoadedModel) -> None:
+def test_int8_rows_are_bitwise_batch_invariant(kv_dtype: str, tiny: LoadedModel) -> None:
     """A token's logits do not depend on what else is in its forward: the basis of exact speculation."""
     from interlock.models.loader import load_model
 
-    lm = tiny_int8 if kv_dtype == tiny_int8.config.cache_dtype else load_model("tiny", kv_dtype=kv_dtype)
+    lm = tiny if kv_dtype == tiny.config.cache_dtype else load_model("tiny", kv_dtype=kv_dtype)
     assert lm.config.cache_dtype == kv_dtype
     prompt, extra = PROMPTS[0], [5, 6, 7, 8]
     one_by_one = run_alone(lm, prompt, extra)
@@ -74,8 +74,8 @@ def test_int8_rows_are_bitwise_batch_invariant(kv_dtype: str, tiny_int8: LoadedM
 
 @pytest.mark.parametrize("weights", ["float", "int8"])
 def test_rewind_of_rejected_positions_is_as_if_never_written(weights: str, tiny_float: LoadedModel,
-                                                             tiny_int8: LoadedModel) -> None:
-    lm = tiny_float if weights == "float" else tiny_int8
+                                                             tiny: LoadedModel) -> None:
+    lm = tiny_float if weights == "float" else tiny
     prompt, k, accepted = PROMPTS[0], 5, 2
     kv = PagedKVCache(lm.config, num_blocks=32, block_size=4)
     kv.add_sequence(0)
@@ -121,11 +121,11 @@ def test_half_precision_float_weights_track_fp32(dtype: str, tiny_float: LoadedM
     assert (cos > 0.99).all(), cos
 
 
-def test_fused_rows_track_the_torch_layer_loop(tiny_int8: LoadedModel) -> None:
+def test_fused_rows_track_the_torch_layer_loop(tiny: LoadedModel) -> None:
     """The native one-call path for decode / verify rows computes what the torch layer loop computes."""
     from interlock.kernels import native
 
-    lm = tiny_int8
+    lm = tiny
     assert (lm.model.fused_rows is not None) == native.available()      # the tiny int8 model takes it
     saved, prefill = lm.model.fused_rows, lm.model.rows_prefill
     lm.model.rows_prefill = False          # both prefill the prompt the same way: compare the rows
@@ -139,7 +139,7 @@ def test_fused_rows_track_the_torch_layer_loop(tiny_int8: LoadedModel) -> None:
 
 
 @pytest.mark.parametrize("cuts", [(), (12,), (4, 36), (1, 2, 3)])
-def test_rows_prefill_is_bitwise_the_same_for_any_chunking(tiny_int8: LoadedModel, cuts: tuple[int, ...]) -> None:
+def test_rows_prefill_is_bitwise_the_same_for_any_chunking(tiny: LoadedModel, cuts: tuple[int, ...]) -> None:
     """Prompt chunks through the rows path (what lets a prefix-cache hit start at any block): the
     K/V and the next steps' logits do not depend on where the prompt was cut. 40 tokens: above
     the dense path's threshold, so without rows_prefill the one-chunk prefill would take it."""
@@ -147,7 +147,7 @@ def test_rows_prefill_is_bitwise_the_same_for_any_chunking(tiny_int8: LoadedMode
 
     if not native.available():
         pytest.skip("no C++ compiler: no rows path")
-    lm = tiny_int8
+    lm = tiny
     prompt, extra = list(range(100, 140)), [5, 6, 7]
 
     def run(cut_at: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

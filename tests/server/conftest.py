@@ -13,18 +13,7 @@ pytest.importorskip("openai", reason="the server tests need the [dev] extra")
 
 sys.path.insert(0, str(Path(__file__).parent))     # for `import live` (importlib import mode)
 
-from interlock.models.loader import LoadedModel, load_model
 from live import PLAIN, SPEC, LiveServer
-
-
-@pytest.fixture(scope="session")
-def tiny() -> LoadedModel:
-    return load_model("tiny")
-
-
-@pytest.fixture(scope="session")
-def smollm() -> LoadedModel:
-    return load_model("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from interlock.grammars import make_backend
-from interlock.models.loader import TINY_PADDED_VOCAB, load_tokenizer
+from interlock.models.loader import TINY_PADDED_VOCAB
 from interlock.testing import byte_tokenizer
 
 BACKENDS = ("xgrammar", "llguidance")
@@ -22,11 +22,6 @@ def byte_backends(byte_tok):
 
 
 @pytest.fixture(scope="session")
-def tiny_tok():
-    return load_tokenizer("tiny")
-
-
-@pytest.fixture(scope="session")
-def tiny_backends(tiny_tok):
+def tiny_backends(tiny_tokenizer):
     """name -> backend over the tiny tokenizer (1024 ids) with the tiny model's padded V = 1088."""
-    return {n: make_backend(n, tiny_tok, TINY_PADDED_VOCAB) for n in BACKENDS}
+    return {n: make_backend(n, tiny_tokenizer, TINY_PADDED_VOCAB) for n in BACKENDS}

@@ -100,8 +100,8 @@ def test_real_matchers_pass_on_the_byte_tokenizer(spec, backend, byte_backends, 
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
-def test_real_matchers_pass_on_the_tiny_tokenizer(backend, tiny_backends, tiny_tok):
-    machine = matcher_machine(JsonSchema(SCHEMA, whitespace="flexible"), tiny_backends[backend], tiny_tok,
+def test_real_matchers_pass_on_the_tiny_tokenizer(backend, tiny_backends, tiny_tokenizer):
+    machine = matcher_machine(JsonSchema(SCHEMA, whitespace="flexible"), tiny_backends[backend], tiny_tokenizer,
                               settings=SMALL)
     machine.TestCase().runTest()
 
