@@ -35,13 +35,18 @@ async def alone_outputs(tiny, n: int) -> dict[int, tuple[int, ...]]:
     return out
 
 
-async def complete_all(engine: Engine, cases, timeout_s: float = 120) -> list:
-    """Every (prompt, grammar, sampling) case at once in one engine; Completions in case order."""
+async def complete_all(engine: Engine, cases, *, timeout_s: float = 120, concurrency: int | None = None) -> list:
+    """Every case side by side in one engine, at most `concurrency` in flight (None: all at once),
+    started in case order; their Completions in case order. A case is (prompt, grammar, sampling),
+    or (prompt, grammar, sampling, negative_prompt) under classifier-free guidance."""
     out: list = [None] * len(cases)
+    limit = anyio.Semaphore(concurrency or max(1, len(cases)))
 
     async def one(i: int) -> None:
-        prompt, grammar, sampling = cases[i]
-        out[i] = await engine.complete(prompt, grammar=grammar, sampling=sampling)
+        prompt, grammar, sampling, *negative = cases[i]
+        async with limit:
+            out[i] = await engine.complete(prompt, grammar=grammar, sampling=sampling,
+                                           negative_prompt=negative[0] if negative else None)
 
     with anyio.fail_after(timeout_s):
         async with anyio.create_task_group() as tg:
@@ -86,24 +91,12 @@ async def seeded_alone_and_batched(tiny, speculative: SpeculativeConfig | None, 
         alone = [(await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=p)).token_ids
                  for p in SEEDED[:seeded]]
     async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=batch, **config)) as engine:  # type: ignore[arg-type]
-        batched: dict[int, tuple[int, ...]] = {}
-
-        async def one(i: int) -> None:
-            c = await engine.complete("Once upon a time", grammar=JsonSchema(SCHEMA), sampling=SEEDED[i])
-            batched[i] = c.token_ids
-
-        async def other(i: int) -> None:
-            await engine.complete(f"Noise {i}", sampling=SamplingParams(temperature=1.0, max_tokens=5 + 3 * i))
-
-        with anyio.fail_after(timeout_s):
-            async with anyio.create_task_group() as tg:
-                for i in range(seeded):
-                    tg.start_soon(one, i)
-                for i in range(noise):
-                    tg.start_soon(other, i)
+        cases = [("Once upon a time", JsonSchema(SCHEMA), SEEDED[i]) for i in range(seeded)]
+        cases += [(f"Noise {i}", None, SamplingParams(temperature=1.0, max_tokens=5 + 3 * i)) for i in range(noise)]
+        batched = await complete_all(engine, cases, timeout_s=timeout_s)
         await wait_idle(engine)
         await assert_all_free(engine)
-    return alone, [batched[i] for i in range(seeded)]
+    return alone, [c.token_ids for c in batched[:seeded]]
 
 
 def draft_spec(kind: str, tiny, k: int, **kw) -> SpeculativeConfig | None:

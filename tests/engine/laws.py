@@ -12,26 +12,15 @@ from interlock.kernels import apply_token_bitmask_, probs_from_logits
 from interlock.models.batch import SeqChunk, build_batch
 from interlock.models.kv_cache import PagedKVCache
 
+from helpers import complete_all
+
 
 async def draw(engine, prompt: str, grammar, samplings: list, workers: int = 16
                ) -> tuple[list[tuple[int, ...]], int, int]:
     """(each request's tokens, drafts proposed, drafts accepted) of one request per sampling,
     `workers` at a time."""
-    samples: list[tuple[int, ...]] = []
-    drafted = accepted = 0
-
-    async def worker(w: int) -> None:
-        nonlocal drafted, accepted
-        for i in range(w, len(samplings), workers):
-            c = await engine.complete(prompt, grammar=grammar, sampling=samplings[i])
-            samples.append(c.token_ids)
-            drafted, accepted = drafted + c.stats.drafted, accepted + c.stats.accepted
-
-    with anyio.fail_after(1800):
-        async with anyio.create_task_group() as tg:
-            for w in range(workers):
-                tg.start_soon(worker, w)
-    return samples, drafted, accepted
+    done = await complete_all(engine, [(prompt, grammar, s) for s in samplings], timeout_s=1800, concurrency=workers)
+    return [c.token_ids for c in done], sum(c.stats.drafted for c in done), sum(c.stats.accepted for c in done)
 
 
 def logits_after(tiny, prompt: list[int], nexts: list[int]) -> torch.Tensor:

@@ -20,7 +20,7 @@ from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import Completion, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import GRAMMARS, PROMPTS, SCHEMA, aenumerate, assert_all_free, wait_idle
+from helpers import GRAMMARS, PROMPTS, SCHEMA, aenumerate, assert_all_free, complete_all, wait_idle
 
 K = 3
 NGRAM = SpeculativeConfig(("ngram", "forced"), max_draft_len=K)
@@ -40,19 +40,10 @@ def cases(n: int, scale: float | None, **sampling) -> list[Request]:
 async def run(tiny, speculative: SpeculativeConfig | None, requests: list[Request], **config) -> list[Completion]:
     """Every request side by side on one engine; completions in request order; checks nothing leaked."""
     async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8, **config)) as engine:
-        out: dict[int, Completion] = {}
-
-        async def one(i: int) -> None:
-            prompt, grammar, sampling, negative = requests[i]
-            out[i] = await engine.complete(prompt, grammar=grammar, sampling=sampling, negative_prompt=negative)
-
-        with anyio.fail_after(120):
-            async with anyio.create_task_group() as tg:
-                for i in range(len(requests)):
-                    tg.start_soon(one, i)
+        out = await complete_all(engine, requests)
         await wait_idle(engine)
         await assert_all_free(engine)
-    return [out[i] for i in range(len(requests))]
+    return out
 
 
 def ids(completions: list[Completion]) -> list[tuple[int, ...]]:

@@ -21,7 +21,7 @@ from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
 from laws import first_two_law
-from helpers import assert_all_free
+from helpers import assert_all_free, complete_all
 
 PROMPT = "Once upon a time"
 GRAMMAR = Regex(r"[a-z]{3,9}( [a-z]{2,5}){0,3}")
@@ -33,20 +33,9 @@ ALPHA = 1e-3
 
 
 async def _samples(engine: Engine) -> list[Completion]:
-    out: list[Completion] = []
-    sampling = [SamplingParams(temperature=TEMPERATURE, top_k=TOP_K, guidance_scale=SCALE, seed=i, max_tokens=2)
-                for i in range(DRAWS)]
-
-    async def worker(w: int) -> None:
-        for i in range(w, DRAWS, 8):
-            c = await engine.complete(PROMPT, grammar=GRAMMAR, sampling=sampling[i])
-            out.append(c)
-
-    with anyio.fail_after(300):
-        async with anyio.create_task_group() as tg:
-            for w in range(8):
-                tg.start_soon(worker, w)
-    return out
+    return await complete_all(engine, [(PROMPT, GRAMMAR, SamplingParams(
+        temperature=TEMPERATURE, top_k=TOP_K, guidance_scale=SCALE, seed=i, max_tokens=2)) for i in range(DRAWS)],
+        timeout_s=300, concurrency=8)
 
 
 async def test_stochastic_cfg_with_speculation_samples_the_guided_masked_law(tiny) -> None:

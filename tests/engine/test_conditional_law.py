@@ -20,7 +20,7 @@ from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
-from helpers import assert_all_free, wait_idle
+from helpers import assert_all_free, complete_all, wait_idle
 from laws import complete_laws
 
 ALPHA = 1e-3
@@ -38,18 +38,8 @@ CASES = {
 
 async def _draw(engine: Engine, grammar, law: str, draws: int = DRAWS) -> list:
     """Completions of `draws` seeded requests, 16 at a time."""
-    out: list = [None] * draws
-
-    async def worker(w: int) -> None:
-        for i in range(w, draws, 16):
-            out[i] = await engine.complete(PROMPT, grammar=grammar, sampling=SamplingParams(
-                temperature=TEMPERATURE, seed=i, max_tokens=8, law=law))
-
-    with anyio.fail_after(600):
-        async with anyio.create_task_group() as tg:
-            for w in range(16):
-                tg.start_soon(worker, w)
-    return out
+    return await complete_all(engine, [(PROMPT, grammar, SamplingParams(
+        temperature=TEMPERATURE, seed=i, max_tokens=8, law=law)) for i in range(draws)], timeout_s=600, concurrency=16)
 
 
 def _pvalue(samples: list[tuple[int, ...]], law: dict) -> float:

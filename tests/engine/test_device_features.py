@@ -31,7 +31,7 @@ from interlock.protocol.sampling import Completion, SamplingParams, TokenLogprob
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.testing.greedy import greedy_reference
 
-from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, wait_idle
+from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all, wait_idle
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                    reason="needs a CUDA device"))]
@@ -59,17 +59,8 @@ def device_config(device: str, mode: str | SpeculativeConfig = "ngram+forced", *
 
 async def run(model, config: EngineConfig, cases: list[Case]) -> tuple[list[Completion], object]:
     """Every case side by side in one engine: completions in case order, and the engine's metrics."""
-    out: list = [None] * len(cases)
     async with Engine(model, config) as engine:
-
-        async def one(i: int) -> None:
-            prompt, grammar, sampling, negative = cases[i]
-            out[i] = await engine.complete(prompt, grammar=grammar, sampling=sampling, negative_prompt=negative)
-
-        with anyio.fail_after(300):
-            async with anyio.create_task_group() as tg:
-                for i in range(len(cases)):
-                    tg.start_soon(one, i)
+        out = await complete_all(engine, cases, timeout_s=300)
         await wait_idle(engine)
         await assert_all_free(engine)
         metrics = await engine.metrics()

@@ -93,9 +93,7 @@ async def test_steady_decode_replays_captured_steps_at_batch_1_and_8(tiny_float,
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     for batch in (1, 8):
         async with Engine(tiny_float, device_config(device, max_batch_size=8)) as engine:
-            async with anyio.create_task_group() as tg:
-                for i in range(batch):
-                    tg.start_soon(lambda i=i: engine.complete(f"Once upon a time {i}", sampling=greedy))
+            await complete_all(engine, [(f"Once upon a time {i}", None, greedy) for i in range(batch)], timeout_s=300)
             metrics = await engine.metrics()
         assert metrics.captured_programs >= 1, metrics
         # prompt chunks and each bucket's first step run eagerly; the steady decode replays

@@ -6,7 +6,6 @@ preset's tests cover each mode alone at length); the soak runs every mode on 10 
 (`pytest -m soak tests/engine/test_exactness.py`)."""
 from __future__ import annotations
 
-import anyio
 import jsonschema
 import pytest
 from bench_data import JSONSCHEMABENCH as DATASETS
@@ -17,6 +16,8 @@ from interlock.protocol.grammar import GrammarConfig, JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
+from helpers import complete_all
+
 MODES = ["none", "ngram", "forced", "ngram+forced", "ngram+forced+adaptive", "suffix+forced", "self-draft+forced"]
 
 
@@ -25,16 +26,8 @@ async def run_rows(loaded, rows, mode: str, backend: str, max_tokens: int) -> li
                           grammar=GrammarConfig(backend=backend), max_batch_size=len(rows))
     sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     async with Engine(loaded, config) as engine:
-        results = [None] * len(rows)
-
-        async def one(i: int) -> None:
-            results[i] = await engine.complete(build_messages(rows[i]), grammar=JsonSchema(rows[i].schema),
-                                               sampling=sampling)
-
-        with anyio.fail_after(600):
-            async with anyio.create_task_group() as tg:
-                for i in range(len(rows)):
-                    tg.start_soon(one, i)
+        results = await complete_all(engine, [(build_messages(r), JsonSchema(r.schema), sampling) for r in rows],
+                                     timeout_s=600)
         resources = await engine.resources()
     assert resources["kv_free_blocks"] == resources["kv_total_blocks"] and resources["matchers"] == 0
     return results

@@ -7,7 +7,6 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import anyio
 import pytest
 import torch
 
@@ -19,7 +18,7 @@ from interlock.protocol.grammar import Choice, GrammarConfig
 from interlock.protocol.sampling import Completion, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import GRAMMARS, PROMPTS, assert_all_free, wait_idle
+from helpers import GRAMMARS, PROMPTS, assert_all_free, complete_all, wait_idle
 
 
 class Always:
@@ -51,17 +50,10 @@ def _modes() -> dict[str, SpeculativeConfig]:
 async def _run(loaded, speculative: SpeculativeConfig | None, grammars, *, backend: str = "auto",
                max_tokens: int = 24, prompts=PROMPTS) -> list[Completion]:
     config = EngineConfig(speculative=speculative, grammar=GrammarConfig(backend=backend), max_batch_size=4)
-    out: dict[int, Completion] = {}
+    cases = [(prompts[i % len(prompts)], grammars[i % len(grammars)], SamplingParams(max_tokens=max_tokens))
+             for i in range(len(prompts) * len(grammars))]
     async with Engine(loaded, config) as engine:
-
-        async def one(i: int) -> None:
-            out[i] = await engine.complete(prompts[i % len(prompts)], grammar=grammars[i % len(grammars)],
-                                           sampling=SamplingParams(max_tokens=max_tokens))
-
-        with anyio.fail_after(120):
-            async with anyio.create_task_group() as tg:
-                for i in range(len(prompts) * len(grammars)):
-                    tg.start_soon(one, i)
+        out = await complete_all(engine, cases)
         await wait_idle(engine)
         await assert_all_free(engine)
     return [out[i] for i in range(len(out))]

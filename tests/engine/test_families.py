@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from helpers import SCHEMA, assert_all_free, wait_idle
+from helpers import SCHEMA, assert_all_free, complete_all, wait_idle
 
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel, load_model
@@ -49,19 +49,11 @@ async def outputs(lm: LoadedModel, speculative: SpeculativeConfig | None, prompt
     out = []
     async with Engine(lm, config) as engine:
         for _ in range(waves):
-            got: dict[int, tuple[int, ...]] = {}
-
-            async def one(i: int) -> None:
-                done = await engine.complete(prompts[i], grammar=JsonSchema(SCHEMA), sampling=sampling)
-                if done.finish_reason == "stop":
-                    json.loads(done.text)                      # a finished output is the grammar's
-                got[i] = done.token_ids
-
-            with anyio.fail_after(300):
-                async with anyio.create_task_group() as tg:
-                    for i in range(len(prompts)):
-                        tg.start_soon(one, i)
-            out.append([got[i] for i in range(len(prompts))])
+            done = await complete_all(engine, [(p, JsonSchema(SCHEMA), sampling) for p in prompts], timeout_s=300)
+            for c in done:
+                if c.finish_reason == "stop":
+                    json.loads(c.text)                         # a finished output is the grammar's
+            out.append([c.token_ids for c in done])
         await wait_idle(engine)
         await assert_all_free(engine)
         if cached is not None:

@@ -16,7 +16,7 @@ from interlock.protocol.sampling import Completion, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
-from helpers import SCHEMA, assert_all_free, wait_idle
+from helpers import SCHEMA, assert_all_free, complete_all, wait_idle
 from laws import first_two_law, logits_after
 
 PENALTIES = dict(presence_penalty=0.5, frequency_penalty=1.5, repetition_penalty=1.3)
@@ -51,20 +51,13 @@ def _reference(tiny, prompt: str, max_tokens: int) -> list[int]:
 
 async def _outputs(tiny, speculative: SpeculativeConfig | None, sampling: SamplingParams
                    ) -> list[Completion]:
+    cases = [(PROMPTS[i % len(PROMPTS)], GRAMMARS[i % len(GRAMMARS)], sampling)
+             for i in range(len(PROMPTS) * len(GRAMMARS))]
     async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=4)) as engine:
-        out: dict[int, Completion] = {}
-
-        async def one(i: int) -> None:
-            out[i] = await engine.complete(PROMPTS[i % len(PROMPTS)], grammar=GRAMMARS[i % len(GRAMMARS)],
-                                           sampling=sampling)
-
-        with anyio.fail_after(120):
-            async with anyio.create_task_group() as tg:
-                for i in range(len(PROMPTS) * len(GRAMMARS)):
-                    tg.start_soon(one, i)
+        out = await complete_all(engine, cases)
         await wait_idle(engine)
         await assert_all_free(engine)
-    return [out[i] for i in range(len(out))]
+    return out
 
 
 async def test_plain_greedy_penalized_output_equals_the_direct_reference(tiny) -> None:
@@ -112,17 +105,8 @@ DRAWS, ALPHA = 1000, 1e-3
 async def test_stochastic_speculation_with_penalties_samples_the_penalized_masked_law(tiny) -> None:
     speculative = SpeculativeConfig(("draft",), max_draft_len=2, draft_lm=DraftLM.full(tiny.model))
     async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8)) as engine:
-        completions: list[Completion] = []
-
-        async def worker(w: int) -> None:
-            for i in range(w, DRAWS, 8):
-                completions.append(await engine.complete(STAT_PROMPT, grammar=STAT_GRAMMAR, sampling=SamplingParams(
-                    temperature=1.0, top_k=3, seed=i, max_tokens=2, **STRONG)))
-
-        with anyio.fail_after(300):
-            async with anyio.create_task_group() as tg:
-                for w in range(8):
-                    tg.start_soon(worker, w)
+        completions = await complete_all(engine, [(STAT_PROMPT, STAT_GRAMMAR, SamplingParams(
+            temperature=1.0, top_k=3, seed=i, max_tokens=2, **STRONG)) for i in range(DRAWS)], timeout_s=300, concurrency=8)
         await assert_all_free(engine)
         law = await anyio.to_thread.run_sync(lambda: first_two_law(tiny, engine, STAT_PROMPT, STAT_GRAMMAR,
                                                                    top_k=3, penalties=STRONG))

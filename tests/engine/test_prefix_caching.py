@@ -20,7 +20,7 @@ from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import GRAMMARS, SCHEMA, aenumerate, assert_all_free, wait_idle
+from helpers import GRAMMARS, SCHEMA, aenumerate, assert_all_free, complete_all, wait_idle
 
 BLOCK, CHUNK = 4, 8
 HEAD = "You extract one record from the text below and answer with JSON only. Text: "
@@ -51,18 +51,7 @@ async def run_waves(tiny, speculative, requests: list[Case], waves: int = 2, **k
     out: list[list[tuple[int, ...]]] = []
     async with Engine(tiny, config) as engine:
         for _ in range(waves):
-            got: dict[int, tuple[int, ...]] = {}
-
-            async def one(i: int) -> None:
-                prompt, grammar, sampling, negative = requests[i]
-                got[i] = (await engine.complete(prompt, grammar=grammar, sampling=sampling,
-                                                negative_prompt=negative)).token_ids
-
-            with anyio.fail_after(300):
-                async with anyio.create_task_group() as tg:
-                    for i in range(len(requests)):
-                        tg.start_soon(one, i)
-            out.append([got[i] for i in range(len(requests))])
+            out.append([c.token_ids for c in await complete_all(engine, requests, timeout_s=300)])
         await wait_idle(engine)
         await assert_all_free(engine)
         metrics = await engine.metrics()

@@ -12,7 +12,7 @@ from interlock.protocol.errors import InvalidParameterError
 from interlock.protocol.sampling import Completion, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import GRAMMARS, PROMPTS, assert_all_free
+from helpers import GRAMMARS, PROMPTS, assert_all_free, complete_all
 
 SPECS = {
     "ngram+forced": SpeculativeConfig(("ngram", "forced", "suffix"), max_draft_len=3),
@@ -22,20 +22,12 @@ SPECS = {
 
 async def mixed(tiny, speculative: SpeculativeConfig, n: int = 8) -> list[tuple[Completion, Completion]]:
     """Each case twice in one batch: once drafting, once with speculative=False."""
-    out: dict[tuple[int, bool], Completion] = {}
+    cases = [(PROMPTS[i % len(PROMPTS)], GRAMMARS[i % len(GRAMMARS)],
+              SamplingParams(max_tokens=16 + i % 5, speculative=spec)) for i in range(n) for spec in (True, False)]
     async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=2 * n)) as engine:
-        async def one(i: int, spec: bool) -> None:
-            sampling = SamplingParams(max_tokens=16 + i % 5, speculative=spec)
-            out[i, spec] = await engine.complete(PROMPTS[i % len(PROMPTS)], grammar=GRAMMARS[i % len(GRAMMARS)],
-                                                 sampling=sampling)
-
-        with anyio.fail_after(120):
-            async with anyio.create_task_group() as tg:
-                for i in range(n):
-                    tg.start_soon(one, i, True)
-                    tg.start_soon(one, i, False)
+        out = await complete_all(engine, cases)
         await assert_all_free(engine)
-    return [(out[i, True], out[i, False]) for i in range(n)]
+    return list(zip(out[::2], out[1::2]))
 
 
 @pytest.mark.parametrize("mode", list(SPECS))

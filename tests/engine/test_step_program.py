@@ -13,7 +13,7 @@ from interlock.protocol.grammar import JsonSchema, Regex
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import SCHEMA, assert_all_free, wait_idle
+from helpers import SCHEMA, assert_all_free, complete_all, wait_idle
 
 K = 3
 MODES = {
@@ -30,19 +30,11 @@ SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=20)
 async def outputs(tiny, speculative, capture: bool, grammar, sampling) -> tuple[list[tuple[int, ...]], object]:
     prompts = ["Once upon a time", "JSON please", "abc abc abc abc"]
     async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=4, capture_steps=capture)) as engine:
-        out: dict[int, tuple[int, ...]] = {}
-
-        async def one(i: int) -> None:
-            out[i] = (await engine.complete(prompts[i], grammar=grammar, sampling=sampling)).token_ids
-
-        with anyio.fail_after(120):
-            async with anyio.create_task_group() as tg:
-                for i in range(len(prompts)):
-                    tg.start_soon(one, i)
+        out = await complete_all(engine, [(p, grammar, sampling) for p in prompts])
         await wait_idle(engine)
         await assert_all_free(engine)
         metrics = await engine.metrics()
-    return [out[i] for i in range(len(prompts))], metrics
+    return [c.token_ids for c in out], metrics
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])

@@ -27,7 +27,7 @@ from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
 from laws import logits_after
-from helpers import assert_all_free
+from helpers import assert_all_free, complete_all
 
 PROMPT = "abc abc abc abc"
 TOP_K, TEMPERATURE = 3, 1.0
@@ -74,18 +74,9 @@ def _spec_and_law(tiny, backend_name: str = "llguidance", native: bool = False) 
 
 
 async def _samples(engine: Engine, spec, draws: int) -> list[Completion]:
-    out: list[Completion] = []
-
-    async def worker(w: int) -> None:
-        for i in range(w, draws, 8):
-            sampling = SamplingParams(temperature=TEMPERATURE, top_k=TOP_K, seed=i, max_tokens=2)
-            out.append(await engine.complete(PROMPT, grammar=spec, sampling=sampling))
-
-    with anyio.fail_after(3000):
-        async with anyio.create_task_group() as tg:
-            for w in range(8):
-                tg.start_soon(worker, w)
-    return out
+    return await complete_all(engine, [(PROMPT, spec, SamplingParams(temperature=TEMPERATURE, top_k=TOP_K, seed=i,
+                                                                     max_tokens=2)) for i in range(draws)],
+                              timeout_s=3000, concurrency=8)
 
 
 async def _check(tiny, draws: int, backend: str, native: bool = False) -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import threading
 
-import anyio
 import pytest
 import torch
 
 from interlock.engine import Engine, EngineConfig, lane_threads
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
+
+from helpers import complete_all
 
 
 def in_a_thread_at(n: int, fn):
@@ -48,14 +49,9 @@ async def test_greedy_output_is_the_same_at_one_and_two_lane_threads(tiny) -> No
     for threads in (1, 2):
         for spec in (None, SpeculativeConfig(("ngram", "forced"), max_draft_len=3)):
             async with Engine(tiny, EngineConfig(speculative=spec, max_batch_size=4, threads=threads)) as engine:
-                done = [await engine.complete(p, sampling=sampling) for p in prompts[:1]]
-                async with anyio.create_task_group() as tg:        # and the four together
-                    results: dict[int, tuple[int, ...]] = {}
-                    for i, p in enumerate(prompts):
-                        async def one(i=i, p=p) -> None:
-                            results[i] = (await engine.complete(p, sampling=sampling)).token_ids
-                        tg.start_soon(one)
-                outs[threads, spec is not None] = (done[0].token_ids, tuple(results[i] for i in range(4)))
+                done = await engine.complete(prompts[0], sampling=sampling)
+                together = await complete_all(engine, [(p, None, sampling) for p in prompts])     # and the four
+                outs[threads, spec is not None] = (done.token_ids, tuple(c.token_ids for c in together))
     assert len(set(outs.values())) == 1, outs
     alone, batched = outs[1, False]
     assert alone == batched[0]
