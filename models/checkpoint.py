@@ -17,14 +17,11 @@ from any `TensorSource`. So the eager loader (llama.py `load_checkpoint`) and th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from interlock.models.config import ModelConfig
-
-if TYPE_CHECKING:                   # llama.py imports this module
-    from interlock.models.llama import Transformer
 
 LAYER_PIECES = ("attention_norm", "q", "k", "v", "q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "o",
                 "post_attention_norm", "ffn_norm", "gate", "up", "down", "post_ffn_norm")
@@ -132,7 +129,7 @@ class CheckpointReader:
 
 
 @torch.inference_mode()
-def fill(model: Transformer, ckpt: CheckpointReader) -> None:
+def fill(model: Any, ckpt: CheckpointReader) -> None:
     """Copy every piece into a Transformer's fused weights (llama.py), in its dtype.
     Raises KeyError naming the first missing tensor."""
     dtype = model.dtype
@@ -155,7 +152,7 @@ def fill(model: Transformer, ckpt: CheckpointReader) -> None:
                 getattr(layer, name).data = take(name, i)
 
 
-def state_of(model: Transformer) -> dict[str, torch.Tensor]:
+def state_of(model: Any) -> dict[str, torch.Tensor]:
     """A float Transformer's weights as the checkpoint tensors `Layout(model.config)` reads back
     (norm_shift 0: the norms as the forward multiplies by them)."""
     c = model.config
