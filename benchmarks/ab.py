@@ -7,6 +7,7 @@ workload's defaults; nothing else differs between the sides:
     --speculative MODE  --draft-len K  --prefill auto|rows|dense  --prefix-caching on|off
     --kv-cache-dtype auto|float32|float16|bfloat16  --threads N  --backend B  --max-long-draft N
     --masks batched|rows  (GrammarConfig.batched_masks: the step's grammar work in one pass, or per request)
+    --concurrency N  (requests in flight, the engine's batch; default the script's --concurrency)
 
 For example: prompt lookup against suffix drafts, long suffix drafts off and on, the two prompt paths:
 
@@ -14,6 +15,8 @@ For example: prompt lookup against suffix drafts, long suffix drafts off and on,
     python -m interlock.benchmarks.ab --repeats 3 --side "--speculative suffix+forced --max-long-draft 0" \\
         --side "--speculative suffix+forced"
     python -m interlock.benchmarks.ab --repeat-schema JME_26 --side "--prefill dense" --side "--prefill rows"
+    python -m interlock.benchmarks.ab --side "--masks rows --concurrency 1" --side "--masks batched --concurrency 1" \\
+        --side "--masks rows --concurrency 8" --side "--masks batched --concurrency 8"
 
 `interlock bench --speculative A,B --rounds N` alternates speculative modes the same way; this script
 alternates any engine option. The sides run in the order given, then reversed, for --rounds rounds
@@ -34,7 +37,7 @@ from pathlib import Path
 import anyio
 import torch
 
-from interlock.benchmarks.common import load_average, median, print_json_last, print_table
+from interlock.benchmarks.common import cpu_name, load_average, median, print_json_last, print_table
 from interlock.benchmarks.engine_bench import (BenchConfig, add_workload_args, round_order, run_bench, same_tokens,
                                                workload)
 from interlock.logs import configure_logging
@@ -59,6 +62,7 @@ def side_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS)
     p.add_argument("--max-long-draft", type=int, help="SuffixConfig.max_long_draft (0: K caps every suffix draft)")
     p.add_argument("--masks", choices=["batched", "rows"], help="GrammarConfig.batched_masks")
+    p.add_argument("--concurrency", type=int, help="requests in flight (the engine's batch)")
     return p
 
 
@@ -71,8 +75,11 @@ def parse_side(flags: str, base: BenchConfig) -> tuple[BenchConfig, str]:
         raise ValueError(f"{flags!r}: {exc}") from None
     if unknown:
         raise ValueError(f"{flags!r}: not a side's flag: {' '.join(unknown)}")
+    if ns.concurrency is not None and ns.concurrency < 1:
+        raise ValueError(f"{flags!r}: --concurrency must be >= 1")
     fields = {k: v for k, v in {"speculative": ns.speculative, "draft_len": ns.draft_len, "prefill": ns.prefill,
-                                "threads": ns.threads, "backend": ns.backend}.items() if v is not None}
+                                "threads": ns.threads, "backend": ns.backend,
+                                "concurrency": ns.concurrency}.items() if v is not None}
     if ns.prefix_caching is not None:
         fields["prefix_caching"] = ns.prefix_caching == "on"
     if ns.masks is not None:
@@ -118,8 +125,9 @@ def main() -> None:
     for r in range(args.rounds):
         for flags in round_order(args.side, r):
             cfg, kv = sides[flags]
-            runs[flags].append(anyio.run(run_bench, models[kv], cfg, False))
-    rows = [{"side": flags, "tokens_per_s": round(median([x["tokens_per_s"] for x in runs[flags]]), 2),
+            runs[flags].append(anyio.run(run_bench, models[kv], cfg, False) | {"load_average_after": load_average()})
+    rows = [{"side": flags, "concurrency": sides[flags][0].concurrency,
+             "tokens_per_s": round(median([x["tokens_per_s"] for x in runs[flags]]), 2),
              "runs": [x["tokens_per_s"] for x in runs[flags]],
              "ttft_p50_s": round(median([x["ttft_p50_s"] for x in runs[flags]]), 4),
              "acceptance": runs[flags][0]["mean_acceptance_length"], "engine_steps": runs[flags][0]["engine_steps"],
@@ -128,16 +136,16 @@ def main() -> None:
              "valid": runs[flags][0]["valid"]} for flags in args.side]
     for row in rows:
         row["ratio"] = round(row["tokens_per_s"] / max(rows[0]["tokens_per_s"], 1e-9), 3)
-    result = {"sides": rows, "dataset": args.dataset.stem, "limit": args.limit, "concurrency": args.concurrency,
-              "repeat_schema": args.repeat_schema,
+    result = {"sides": rows, "cpu": cpu_name(), "dataset": args.dataset.stem, "limit": args.limit,
+              "concurrency": args.concurrency, "repeat_schema": args.repeat_schema,
               "repeats": args.repeats, "max_tokens": args.max_tokens, "rounds": args.rounds,
               "same_outputs": same_tokens(runs), "load_average_before": load_before,
               "load_average_after": load_average(), "results": runs}
     out = Path(args.out) if args.out else RESULTS / f"ab-{date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result))
-    keys = ["side", "tokens_per_s", "ratio", "acceptance", "ttft_p50_s", "engine_steps", "host_ms_per_step",
-            "exposed_grammar_frac", "valid"]
+    keys = ["side", "concurrency", "tokens_per_s", "ratio", "acceptance", "ttft_p50_s", "engine_steps",
+            "host_ms_per_step", "exposed_grammar_frac", "valid"]
     print_table(f"{what}, alternating, median of {args.rounds}; same outputs: {result['same_outputs']}",
                 keys, [[row[k] for k in keys] for row in rows])
     print_json_last({k: v for k, v in result.items() if k != "results"} | {"saved": str(out)})

@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmark scripts: robust summaries, a rich table, the JSON last line.
+"""Helpers shared by the benchmark scripts: robust summaries, the machine (load, CPU), a rich table, the
+JSON last line.
 
 Every script prints a human table first and, as its very last line, one JSON object, so that a
 caller (CI, the `bench` CLI, another script) can parse the result with `json.loads(lines[-1])`.
@@ -8,10 +9,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -61,6 +64,20 @@ def load_average() -> tuple[float, float, float] | None:
         return os.getloadavg()
     except (AttributeError, OSError):
         return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name and the SIMD that matters here (AMX, AVX512-VNNI, AVX2), as the OS reports them."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                 platform.machine())
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    simd = [name for name, flag in (("AMX", "amx_tile"), ("AVX512-VNNI", "avx512_vnni"), ("AVX2", "avx2"))
+            if flag in flags]
+    return f"{model} ({', '.join(simd) or 'no AVX2'}; {os.cpu_count()} CPUs)"
 
 
 def oversubscribed(threads: int) -> bool:

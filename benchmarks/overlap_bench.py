@@ -41,7 +41,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -49,7 +48,7 @@ from pathlib import Path
 
 import anyio
 
-from interlock.benchmarks.common import median, print_json_last, print_table
+from interlock.benchmarks.common import cpu_name, median, print_json_last, print_table
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import load_model
 from interlock.protocol.grammar import JsonSchema
@@ -239,7 +238,7 @@ def main() -> None:
     print_table("from each step's enqueue, ms (median / max)", ["run", *clocks],
                 [(_name(r), *(f"{r[c]['p50']:.3f} / {r[c]['max']:.3f}" for c in clocks)) for r in runs])  # type: ignore[index]
     result = {"model": args.model, "batch": args.batch, "max_tokens": args.tokens, "label": args.label,
-              "cpu": _cpu_name() or platform.processor() or platform.machine(), "runs": runs}
+              "cpu": cpu_name(), "runs": runs}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     print_json_last(result)
@@ -247,17 +246,6 @@ def main() -> None:
 
 def _name(r: dict[str, object]) -> str:
     return f"{r['speculative']}, {r['schedule']}, switch {r['switch_ms']:g} ms"
-
-
-def _cpu_name() -> str:
-    """The CPU's model name (Linux), for the result file."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from interlock.benchmarks.common import load_average, median, oversubscribed, print_json_last, print_table
+from interlock.benchmarks.common import cpu_name, load_average, median, oversubscribed, print_json_last, print_table
 from interlock.benchmarks.shape_gguf import FILE_TYPES, SHAPES, Shape, file_name, head_and_layer_bytes, write_gguf
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -95,20 +95,6 @@ QUIET = 0.9                       # a repeat whose core share is at least this h
 
 
 # --- the machine -------------------------------------------------------------------------------
-
-def cpu_name() -> str:
-    """The CPU's model name and the SIMD that matters here (AMX, AVX512-VNNI, AVX2), as the OS reports them."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                 platform.machine())
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
-    simd = [name for name, flag in (("AMX", "amx_tile"), ("AVX512-VNNI", "avx512_vnni"), ("AVX2", "avx2"))
-            if flag in flags]
-    return f"{model} ({', '.join(simd) or 'no AVX2'}; {os.cpu_count()} CPUs)"
-
 
 def mem_available() -> int | None:
     """MemAvailable of /proc/meminfo in bytes, where Linux reports it."""
