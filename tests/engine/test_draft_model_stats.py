@@ -26,7 +26,8 @@ from helpers import assert_all_free, wait_idle
 from laws import draw, target_law
 
 ALPHA = 1e-3
-DRAWS, SOAK_DRAWS = 320, 4000
+# 160 draws keep the trusting verifier's p below 1e-140; the soak draws SOAK_DRAWS
+DRAWS, SOAK_DRAWS = 160, 4000
 WORDS = Regex(r"(alpha|beta|gamma|delta)( one| two| three){0,2}")    # few outcomes: the law stays small
 PROMPT = "alpha one beta two"
 CASES = {"sample": {"temperature": 2.0}, "top_k": {"temperature": 2.0, "top_k": 4}}
