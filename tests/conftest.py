@@ -43,9 +43,21 @@ def smollm() -> LoadedModel:
 _OWN_PROCESSES = ("server/test_ray_", "parallel/test_launch.py", "parallel/test_group.py", "parallel/test_device_tp.py")
 
 
+# tryfirst: the marks must be on the items before xdist's worker turns them into group names in its own
+# collection_modifyitems; trylast: check that it did (pyproject.toml pins the pytest it works with).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    import pytest
-
     for item in items:
         if any(part in item.nodeid for part in _OWN_PROCESSES):
             item.add_marker(pytest.mark.xdist_group("own-processes"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session) -> None:
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    ungrouped = [i.nodeid for i in session.items
+                 if any(p in i.nodeid for p in _OWN_PROCESSES) and not i.nodeid.endswith("@own-processes")]
+    if ungrouped:
+        raise pytest.UsageError(f"--dist loadgroup did not group {ungrouped[0]} (and {len(ungrouped) - 1} more): "
+                                "this pytest / pytest-xdist pair ignores xdist_group (pytest-xdist#1386)")
