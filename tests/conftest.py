@@ -43,12 +43,16 @@ def smollm() -> LoadedModel:
 _OWN_PROCESSES = ("server/test_ray_", "parallel/test_launch.py", "parallel/test_group.py", "parallel/test_device_tp.py")
 
 
+def _owns_processes(nodeid: str) -> bool:
+    return any(part in nodeid for part in _OWN_PROCESSES)
+
+
 # tryfirst: the marks must be on the items before xdist's worker turns them into group names in its own
 # collection_modifyitems; trylast: check that it did (pyproject.toml pins the pytest it works with).
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
-        if any(part in item.nodeid for part in _OWN_PROCESSES):
+        if _owns_processes(item.nodeid):
             item.add_marker(pytest.mark.xdist_group("own-processes"))
 
 
@@ -57,7 +61,7 @@ def pytest_collection_finish(session) -> None:
     if not getattr(session.config.option, "loadgroup", False):
         return
     ungrouped = [i.nodeid for i in session.items
-                 if any(p in i.nodeid for p in _OWN_PROCESSES) and not i.nodeid.endswith("@own-processes")]
+                 if _owns_processes(i.nodeid) and not i.nodeid.endswith("@own-processes")]
     if ungrouped:
         raise pytest.UsageError(f"--dist loadgroup did not group {ungrouped[0]} (and {len(ungrouped) - 1} more): "
                                 "this pytest / pytest-xdist pair ignores xdist_group (pytest-xdist#1386)")
