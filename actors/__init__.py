@@ -16,7 +16,7 @@ reply.py     `Reply[T]` one-shot reply slots and `PendingReplies`, which fails t
 grammar_layer.py / compile_cache.py
              the thin async compile front the engine and the GrammarActor use: backends built on
              first use off the loop, one compile cache per backend (worker threads, timeouts, one
-             compile per key) over grammars/compile_cache.py's store
+             compile per key) over grammars/compiled_store.py's store
 
 Actors plan, lanes run: the Scheduler launches a step; its prologue runs on the loop and its program
 on the lanes, where the parts meet only through timeline events and the step buffers.

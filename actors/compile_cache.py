@@ -1,5 +1,5 @@
 """Async compile cache: compiles in worker threads under a timeout, once per key, into the
-LRU-bounded store of grammars/compile_cache.py (keys, eviction and counts live there).
+LRU-bounded store of grammars/compiled_store.py (keys, eviction and counts live there).
 
 Each compile gets its own worker
 thread (a fresh CapacityLimiter), so a slow or stuck compile never delays another one; on
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.to_thread
 
-from interlock.grammars.compile_cache import CacheKey, CacheStats, CompiledStore
+from interlock.grammars.compiled_store import CacheKey, CacheStats, CompiledStore
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import GrammarBackend, GrammarSpec

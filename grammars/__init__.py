@@ -1,6 +1,6 @@
 """Grammar backends (xgrammar, llguidance, and "auto": llguidance with xgrammar as fallback) behind one
 matcher protocol, switching grammars (switch/), bitmask helpers, schema caps, and the compiled-grammar
-store (compile_cache.py: keys, LRU, counts). Synchronous only: the thin async compile front
+store (compiled_store.py: keys, LRU, counts). Synchronous only: the thin async compile front
 (GrammarLayer and its CompileCache: worker threads, timeouts, one compile per key) is
 actors/grammar_layer.py and actors/compile_cache.py.
 
