@@ -216,6 +216,7 @@ inline void tree_sums(const QuantRows& a, const int8_t* const* w, int64_t count,
 // y[M, N] = (x[M, K] . q[N, K]^T) * scale[N], K a multiple of 32; parallel over output rows.
 inline void int8_linear_raw(const float* x, const int8_t* q, const float* scale, float* y,
                             int64_t M, int64_t K, int64_t N) {
+  if (M == 0) return;                  // no rows (a head with no row to score): the kernels read rows 0 .. MB
   thread_local QuantRows scratch;      // reused: a step calls this ~150 times on small rows
   const QuantRows& a = scratch;        // the caller's buffer, named so the workers read this one
 #if defined(INTERLOCK_VNNI)

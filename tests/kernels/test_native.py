@@ -161,6 +161,10 @@ def _int8_cases(gen: torch.Generator) -> dict:
         odd_row[-1, 40] = torch.tensor(-0x3FFEDD, dtype=torch.int32).view(torch.float32)   # a NaN with a payload
         cases["linear"].append((odd_row, torch.randint(-128, 128, (5, 64), generator=gen, dtype=torch.int8),
                                 torch.ones(5)))
+    # no rows at all (a head with no row to score): an empty result, not rows 0 .. 2 read (VNNI's
+    # three-row kernel once took M = 0 and read a null buffer)
+    cases["linear"].append((torch.zeros(0, 576), torch.randint(-128, 128, (9, 576), generator=gen, dtype=torch.int8),
+                            torch.ones(9)))
     bitmask = torch.randint(0, 1 << 8, (3, 10), generator=gen, dtype=torch.int32)
     bitmask[0, 1:] = 0                             # 8 ids at most: the sparse path; the others: dense
     cases["head"] = (torch.randn(3, 96, generator=gen), torch.randint(-128, 128, (320, 96), generator=gen, dtype=torch.int8),
