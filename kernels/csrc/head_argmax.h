@@ -7,11 +7,11 @@
 // all the row needs, not the 49,152 x 576 head (28 MB, a fifth of the weights a decode step reads).
 // Rows with many allowed ids, or no mask, take the dense head together.
 //
-// Each logit computed is the same (row, output) arithmetic as int8_linear_raw's (block<1, 1> on
-// the row quantized alone: a row's quantization depends on that row only), and the argmax reads
-// the allowed ids in increasing order with argmax.h's rules, so ids and peaks are bitwise those
-// of masked_argmax over the dense head. AMX machines take the dense head for every row: their tile
-// kernel's sums are not block<1, 1>'s.
+// Each logit computed is the same (row, output) arithmetic as int8_linear_raw's (tree_sums on the
+// row quantized alone: a row's quantization depends on that row only, and every int8 kernel,
+// AMX's tiles included, computes int8_linear.h's arithmetic), and the argmax reads the allowed ids
+// in increasing order with argmax.h's rules, so ids and peaks are bitwise those of masked_argmax
+// over the dense head.
 #include <ATen/Parallel.h>
 
 #include <cstdint>
@@ -61,7 +61,7 @@ inline void head_argmax_raw(const float* x, const int8_t* q, const float* scale,
       continue;
     }
     const int32_t* w = words(r);
-    (w != nullptr && !amx_enabled() && allowed_count(w, vocab) <= max_sparse ? sparse : dense).push_back(r);
+    (w != nullptr && allowed_count(w, vocab) <= max_sparse ? sparse : dense).push_back(r);
   }
   if (!dense.empty()) {
     std::vector<float> xd(dense.size() * E), yd(dense.size() * V);
@@ -71,6 +71,7 @@ inline void head_argmax_raw(const float* x, const int8_t* q, const float* scale,
       masked_argmax_row(yd.data() + i * V, words(dense[i]), vocab, ids + dense[i], peaks + dense[i]);
   }
   std::vector<int64_t> allowed;
+  std::vector<const int8_t*> rows;
   std::vector<float> logit;
   for (const int64_t r : sparse) {
     QuantRows a;
@@ -80,11 +81,13 @@ inline void head_argmax_raw(const float* x, const int8_t* q, const float* scale,
     quantize_rows(x + r * E, 1, E, a, /*with_fix=*/false);
 #endif
     allowed_ids(words(r), vocab, allowed);
-    logit.resize(allowed.size());
     const int64_t n = static_cast<int64_t>(allowed.size());
+    rows.resize(n);
+    logit.resize(n);
+    for (int64_t i = 0; i < n; ++i) rows[i] = q + allowed[i] * E;
     at::parallel_for(0, n, 256, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i)
-        block<1, 1>(a, q + allowed[i] * E, scale + allowed[i], logit.data() + i, E, 1, 0, 0);
+      tree_sums(a, rows.data() + i0, i1 - i0, E, logit.data() + i0);
+      for (int64_t i = i0; i < i1; ++i) logit[i] *= scale[allowed[i]];
     });
     ArgmaxRule rule;                 // argmax.h's rules, the allowed ids in increasing order
     for (int64_t i = 0; i < n; ++i) rule.see(allowed[i], logit[i]);

@@ -1,22 +1,23 @@
 #pragma once
-// y[M, N] = (x[M, K] . q[N, K]^T) * scale[N] on AMX tiles: the same int8 x int8 product as
-// int8_linear.h's AVX512-VNNI kernel (activations in blocks of 32, quantize_rows), for CPUs with
-// AMX-INT8 (Sapphire Rapids and later).
+// y[M, N] = (x[M, K] . q[N, K]^T) * scale[N] on AMX tiles: int8_linear.h's int8 x int8 product
+// (activations in blocks of 32, quantize_rows) with its arithmetic, so with the bits of every other
+// kernel, for CPUs with AMX-INT8 (Sapphire Rapids and later).
 //
-// Why: on VNNI every activation row costs two port-0 instructions per 64 weights (the dot and the
-// int32 -> fp32 conversion for the block scales), so 4 rows were compute-bound (1.4x one row over
-// all weights). One tile dot multiplies 16 output rows by 16 columns over 64 weights; the
-// activation rows of a step fit in its columns, so 1 and 4 rows cost the same tile work and a
-// verify step reads the weights at the speed a decode step does.
+// Why: on VNNI every activation row costs its own dot instructions per 64 weights and output rows,
+// so 4 rows are compute-bound (over all weights, 4 rows took 1.4x one row). One tile dot multiplies
+// 16 output rows by 16 columns over 64 weights; the activation rows of a step fit in its columns,
+// so 1 and 4 rows cost the same tile work and a verify step reads the weights at the speed a decode
+// step does. One row alone takes the VNNI kernel (int8_linear_raw).
 //
 // Layout. A (tile 1): 16 weight rows x one 64-weight chunk, read in place (row stride K).
 // B (tile 2): the chunk's activations, 16 rows of 4 consecutive k x 16 columns. Up to 4
 // activation rows per pass; row m owns columns 4m + 2g + h: g the chunk's parity, h its half
 // (quantization block 2c + h); the other k of a column are zero. So after two chunks each column of
-// C (tile 0, int32) holds one block's exact integer dot for one (output row, activation row); it
-// is stored, converted, multiplied by the block scales and added to 16 fp32 lanes per output row
-// in chunk order, and C is zeroed. At the end a row's four lanes are added in a fixed tree and
-// scaled by scale[n]. Nothing in row m's arithmetic depends on the other rows: batch invariant.
+// C (tile 0, int32) holds one block's exact integer dot for one (output row, activation row): the
+// d_b of int8_linear.h. It is stored, converted and fma'd with the block's scale into 16 fp32 lanes
+// per output row, lane 4m + 2g + h being row m's lane b % 4, in block order, and C is zeroed. At the
+// end a row's four lanes are added in int8_linear.h's tree and scaled by scale[n]. Nothing in row
+// m's arithmetic depends on the other rows: batch invariant.
 //
 // The tiles need the kernel's permission (arch_prctl, once per process); where it is refused, or
 // INTERLOCK_AMX=0, the VNNI kernel runs instead, for the whole process.
@@ -79,7 +80,7 @@ inline void load_tile_config() {
 // 64 B], scales [pass][chunk pair][16] (lane 4m + 2g + h: the scale of block 2(2p + g) + h).
 struct AmxRows {
   int64_t passes = 0, chunks = 0, pairs = 0;
-  std::vector<int8_t> tiles;
+  Lines<int8_t> tiles;
   std::vector<float> scales;
 
   const int8_t* tile(int64_t p, int64_t c) const { return tiles.data() + (p * chunks + c) * 1024; }
@@ -94,7 +95,7 @@ inline void amx_rows(const QuantRows& a, int64_t M, AmxRows& out) {
     out.passes = passes;
     out.chunks = a.chunks;
     out.pairs = (a.chunks + 1) / 2;
-    out.tiles.assign(out.passes * out.chunks * 1024, 0);
+    out.tiles.assign(out.passes * out.chunks * 1024);
     out.scales.assign(out.passes * out.pairs * 16, 0.f);
   }
   for (int64_t m = 0; m < M; ++m) {
@@ -105,7 +106,7 @@ inline void amx_rows(const QuantRows& a, int64_t M, AmxRows& out) {
       const int64_t col = 4 * mm + 2 * (c % 2);
       for (int64_t r = 0; r < 16; ++r)              // tile row r: k = 4r .. 4r + 3, half r / 8
         std::memcpy(tile + r * 16 + col + r / 8, q + 4 * r, 4);
-      for (int64_t h = 0; h < 2; ++h) out.scales[(p * out.pairs + c / 2) * 16 + col + h] = a.scales(m, c)[8 * h];
+      for (int64_t h = 0; h < 2; ++h) out.scales[(p * out.pairs + c / 2) * 16 + col + h] = a.scales(m)[2 * c + h];
     }
   }
 }
@@ -182,67 +183,15 @@ inline void amx_tile_rows(const AmxRows& act, const int8_t* w, int64_t K, const 
   }
 }
 
-// One activation row on VNNI, bit-identical to amx_tile_rows: a tile pass costs the same for 1 row
-// as for 4, and a decode step has one row, so it takes the vector units. Each chunk's dot with the
-// unsigned trick (int8_linear.h) leaves 16 lanes of four products; the lanes of each 32-block are
-// added as integers (exact, so any order gives the tile's sum), and the fp32 part repeats the
-// tile path's: per output row the same four lanes (g, h), the same scales, in pair order, the same
-// final tree. Four output rows per pass: lane 8 (j / 2) + 4 h + 2 (j % 2) + g holds row j's (g, h).
-inline __m512i half_sums(const __m512i (&v)[8]) {       // v[2j + g]: output row j, chunk 2p + g
-  __m512i t[4], u[2];
-  for (int i = 0; i < 4; ++i)
-    t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 2; ++i)
-    u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]), _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
-  return _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                          _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-inline int one_row_lane(int j, int g, int h) { return 8 * (j / 2) + 4 * h + 2 * (j % 2) + g; }
-
-// Output rows n0 .. n0 + 4 (those below N) for the single activation row of `a`.
-inline void one_row_block(const QuantRows& a, const float* pair_scales, const int8_t* q, const float* scale,
-                          float* y, int64_t K, int64_t N, int64_t n0) {
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const int64_t full = K / kChunk, pairs = (a.chunks + 1) / 2;
-  const int8_t* rows[4];
-  for (int j = 0; j < 4; ++j) rows[j] = q + std::min<int64_t>(n0 + j, N - 1) * K;   // past N: discarded
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512i v[8];
-    for (int g = 0; g < 2; ++g) {
-      const int64_t c = 2 * p + g;
-      if (c >= a.chunks) {
-        for (int j = 0; j < 4; ++j) v[2 * j + g] = _mm512_setzero_si512();
-        continue;
-      }
-      const __m512i xq = _mm512_loadu_si512(a.qs(0, c)), fix = _mm512_loadu_si512(a.fix(0, c));
-      for (int j = 0; j < 4; ++j) {
-        const int8_t* at = rows[j] + c * kChunk;
-        _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetch), _MM_HINT_T0);
-        const __m512i w = c < full ? _mm512_loadu_si512(at) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, at);
-        v[2 * j + g] = _mm512_dpbusd_epi32(fix, _mm512_xor_si512(w, flip), xq);
-      }
-    }
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(half_sums(v)), _mm512_loadu_ps(pair_scales + 16 * p), acc);
-  }
-  alignas(64) float l[16];
-  _mm512_store_ps(l, acc);
-  for (int j = 0; j < 4 && n0 + j < N; ++j)
-    y[n0 + j] = ((l[one_row_lane(j, 0, 0)] + l[one_row_lane(j, 0, 1)]) +
-                 (l[one_row_lane(j, 1, 0)] + l[one_row_lane(j, 1, 1)])) * scale[n0 + j];
-}
-
 // Many rows (a prompt chunk): 16 activation rows per B tile, one quantization block per dot.
 //
 // The pass kernel above gives each row 4 of B's 16 columns, so it reads every weight tile once per
 // 4 rows; a 256-row chunk would read the weights 64 times. Here B holds one 32-value block of 16
 // rows (tile row r: values 4r .. 4r + 3, column m: activation row m) against A = 16 weight rows x
 // the same 32 values, so C[n][m] is that block's exact integer dot, as a column of the pass
-// kernel's C holds. The fp32 work is the pass kernel's, reordered only where operations are
-// independent: lane l = b % 4 of (n, m) gets blocks l, l + 4, ... by FMA in block order (the
-// pass kernel's lane 2g + h), and the same final tree. So every row's bits equal the pass and
-// one-row kernels': a prompt row computed here equals that row decoded, whatever the chunk.
+// kernel's C holds. The fp32 work is int8_linear.h's: lane l = b % 4 of (n, m) gets blocks l,
+// l + 4, ... by FMA in block order, and the same final tree. So every row's bits equal the pass
+// and VNNI kernels': a prompt row computed here equals that row decoded, whatever the chunk.
 constexpr int64_t kGroupRows = 16;      // activation rows per B tile
 constexpr int64_t kGemmMinRows = 12;    // fewer: the pass kernel (8 rows 4.6 vs 5.6 ms, 12 rows 6.7 vs 5.8)
 
@@ -256,7 +205,7 @@ inline void load_group_tile_config() {
 // The activations as B tiles [group][block][8 x 64 B] and scales [group][block][16] (0 past M).
 struct AmxGroups {
   int64_t groups = 0, blocks = 0;
-  std::vector<int8_t> tiles;
+  Lines<int8_t> tiles;
   std::vector<float> scales;
 
   const int8_t* tile(int64_t g, int64_t b) const { return tiles.data() + (g * blocks + b) * 512; }
@@ -282,7 +231,7 @@ inline void amx_groups(const QuantRows& a, int64_t M, int64_t K, AmxGroups& out)
           }
           const int8_t* q = a.qs(row, b / 2) + kQBlock * (b % 2);
           for (int64_t r = 0; r < 8; ++r) std::memcpy(tile + r * 16 + m, q + 4 * r, 4);
-          s[m] = a.scales(row, b / 2)[8 * (b % 2)];
+          s[m] = a.scales(row)[b];
         }
       }
   });
@@ -385,24 +334,9 @@ inline void int8_linear_amx_groups(const QuantRows& a, const int8_t* q, const fl
   });
 }
 
-// a: the quantized rows (with lane corrections when M == 1).
+// a: the quantized rows, M > 1 (one row takes int8_linear.h's VNNI kernel: the same bits).
 inline void int8_linear_amx(const QuantRows& a, const int8_t* q, const float* scale, float* y,
                             int64_t M, int64_t K, int64_t N) {
-  if (M == 1) {
-    thread_local std::vector<float> scratch;
-    const int64_t pairs = (a.chunks + 1) / 2;
-    scratch.assign(pairs * 16, 0.f);
-    for (int64_t p = 0; p < pairs; ++p)
-      for (int j = 0; j < 4; ++j)
-        for (int g = 0; g < 2; ++g)
-          for (int h = 0; h < 2; ++h)
-            if (2 * p + g < a.chunks) scratch[16 * p + one_row_lane(j, g, h)] = a.scales(0, 2 * p + g)[8 * h];
-    const float* pair_scales = scratch.data();
-    at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) one_row_block(a, pair_scales, q, scale, y, K, N, 4 * b);
-    });
-    return;
-  }
   if (M >= kGemmMinRows) {
     int8_linear_amx_groups(a, q, scale, y, M, K, N);
     return;

@@ -15,10 +15,11 @@ namespace interlock_cpu {
 
 constexpr int64_t kQBlock = 32;      // activations per quantization scale
 constexpr int64_t kChunk = 64;       // weights per VNNI dot (two quantization blocks)
-constexpr int64_t kLanes = 16;       // int32 / fp32 lanes per chunk (four weights each)
-constexpr int64_t kOutBlock = 4;     // output rows per task unit
+constexpr int64_t kLanes = 16;       // int32 lanes of a chunk's VNNI dot (four weights each)
+constexpr int64_t kFewRows = 3;      // activation rows that take the VNNI kernels' lane sums (int8_linear.h)
+constexpr int64_t kOutBlock = 4;     // output rows per task unit (AVX2, portable)
 // Weights stream from L3 or memory (the model is larger than L2): prefetch this far ahead of each
-// row's read, into L1, in the AMX machine's one-row kernel (int8_amx.h). Measured there for all of
+// row's read, into L1, in the AMX machine's one-row kernel (int8_linear.h, few_rows_vnni). Measured there for all of
 // SmolLM2's weights at 2 threads (with the fp32-activation kernel before these): 512 B 9.6 ms,
 // 1 KB 8.5 ms, 2 KB 6.7 ms, 4 KB 4.3 ms, 8 KB 4.6 ms, 16 KB 6.0 ms.
 constexpr int64_t kPrefetch = 4096;
@@ -27,18 +28,46 @@ constexpr int64_t kPrefetch = 4096;
 // a plain read's rate; an L2 prefetch 8 KB ahead at 97-100% (2 KB: 76%, 4 KB: 95%, 16 KB: as 8 KB).
 constexpr int64_t kPrefetchL2 = 8192;
 
-// The activation rows in the form the dot wants, per row and 64-wide chunk c (K padded with zeros
-// to whole chunks): 64 int8 values, 16 fp32 lane scales (lanes 0-7 the scale of block 2c, 8-15
-// of block 2c + 1) and 16 int32 lane corrections (-128 * the sum of the lane's four values).
+// n values of T on 64-byte boundaries, so that a 64-byte load or a tile row is one cache line (a
+// vector's heap memory is 16-byte aligned: AMX's tile pass read its B tiles 1.2x slower so, and the
+// many-row tile kernel 1.05x). resize keeps the values; assign zeroes them.
+template <class T>
+class Lines {
+ public:
+  void resize(int64_t n) { lines_.resize(count(n)); }
+  void assign(int64_t n) { lines_.assign(count(n), Line{}); }
+  T* data() { return reinterpret_cast<T*>(lines_.data()); }
+  const T* data() const { return reinterpret_cast<const T*>(lines_.data()); }
+
+ private:
+  struct alignas(64) Line {
+    unsigned char bytes[64];
+  };
+  static size_t count(int64_t n) { return static_cast<size_t>((n * static_cast<int64_t>(sizeof(T)) + 63) / 64); }
+  std::vector<Line> lines_;
+};
+
+// The activation rows in the form the dots want, per row m: its int8 values in 64-wide chunks c (K
+// padded with zeros to whole chunks); one fp32 scale per block of 32, padded with zero scales to
+// whole pairs of chunks (4 blocks: the unit of int8_linear.h's lanes); and, for the VNNI kernels, a
+// correction per block (-128 * the sum of its 32 values, padded as the scales) and, for one row,
+// the scales and corrections of each pair of chunks in the one-row kernel's lane order
+// (int8_linear.h, pair_lane).
 struct QuantRows {
-  int64_t chunks = 0;
-  std::vector<int8_t> q;
-  std::vector<float> lane_scale;
-  std::vector<int32_t> lane_fix;
+  int64_t chunks = 0, pairs = 0;
+  Lines<int8_t> q;
+  std::vector<float> block_scale;
+  Lines<float> pair_scale;
+  std::vector<int32_t> block_fix;
+  Lines<int32_t> pair_fix;
 
   const int8_t* qs(int64_t m, int64_t c) const { return q.data() + (m * chunks + c) * kChunk; }
-  const float* scales(int64_t m, int64_t c) const { return lane_scale.data() + (m * chunks + c) * kLanes; }
-  const int32_t* fix(int64_t m, int64_t c) const { return lane_fix.data() + (m * chunks + c) * kLanes; }
+  // Row m's block scales and corrections: block b's at [b], 4 * pairs of them.
+  const float* scales(int64_t m) const { return block_scale.data() + m * 4 * pairs; }
+  const int32_t* block_fixes(int64_t m) const { return block_fix.data() + m * 4 * pairs; }
+  // Row m's pair p: 16 lanes each (M <= kFewRows only).
+  const float* pair_scales(int64_t m, int64_t p) const { return pair_scale.data() + (m * pairs + p) * 16; }
+  const int32_t* pair_fixes(int64_t m, int64_t p) const { return pair_fix.data() + (m * pairs + p) * 16; }
 };
 
 // Block scale amax / 127; values round(x * (127 / amax)) to nearest even; a zero block gets scale
@@ -112,41 +141,57 @@ inline void quantize_block_avx2(const float* v, int8_t* q, float* scale_out) {
 }
 #endif
 
-// with_fix: also the lane corrections (only the VNNI kernels' unsigned x signed dot reads them).
+// with_fix: also the corrections (only the VNNI kernels' unsigned x signed dot reads them).
 inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out, bool with_fix) {
   const int64_t chunks = (K + kChunk - 1) / kChunk, blocks = K / kQBlock;
   out.chunks = chunks;
+  out.pairs = (chunks + 1) / 2;
   out.q.resize(M * chunks * kChunk);            // every byte is written below: no clearing
-  out.lane_scale.resize(M * chunks * kLanes);
+  out.block_scale.resize(M * 4 * out.pairs);
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {    // a prompt chunk's rows, across threads
     for (int64_t m = m0; m < m1; ++m) {
+      float* s = out.block_scale.data() + m * 4 * out.pairs;
       for (int64_t b = 0; b < blocks; ++b) {
         int8_t* q = out.q.data() + m * chunks * kChunk + b * kQBlock;
-        float s;
 #if defined(INTERLOCK_VNNI)
-        quantize_block_avx512(x + m * K + b * kQBlock, q, &s);
+        quantize_block_avx512(x + m * K + b * kQBlock, q, s + b);
 #elif defined(INTERLOCK_AVX2)
-        quantize_block_avx2(x + m * K + b * kQBlock, q, &s);
+        quantize_block_avx2(x + m * K + b * kQBlock, q, s + b);
 #else
-        quantize_block(x + m * K + b * kQBlock, q, &s);
+        quantize_block(x + m * K + b * kQBlock, q, s + b);
 #endif
-        float* lanes = out.lane_scale.data() + (m * chunks + b / 2) * kLanes + (b % 2) * (kLanes / 2);
-        std::fill(lanes, lanes + kLanes / 2, s);
       }
-      if (blocks % 2 == 1) {                      // K % 64 == 32: the last chunk's second half is zero
+      std::fill(s + blocks, s + 4 * out.pairs, 0.f);
+      if (blocks % 2 == 1)                        // K % 64 == 32: the last chunk's second half is zero
         std::fill_n(out.q.data() + (m * chunks + chunks - 1) * kChunk + kQBlock, kQBlock, int8_t{0});
-        std::fill_n(out.lane_scale.data() + (m * chunks + chunks - 1) * kLanes + kLanes / 2, kLanes / 2, 0.f);
-      }
     }
   });
   if (!with_fix) return;
 #if defined(INTERLOCK_VNNI)
-  out.lane_fix.resize(M * chunks * kLanes);
-  for (int64_t i = 0; i < M * chunks; ++i) {
-    const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)),
-                                             _mm512_loadu_si512(out.q.data() + i * kChunk));   // 128 * lane sums
-    _mm512_storeu_si512(out.lane_fix.data() + i * kLanes, _mm512_sub_epi32(_mm512_setzero_si512(), sums));
+  out.block_fix.resize(M * 4 * out.pairs);
+  for (int64_t m = 0; m < M; ++m) {
+    int32_t* fix = out.block_fix.data() + m * 4 * out.pairs;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)),
+                                               _mm512_loadu_si512(out.qs(m, c)));   // 128 * 4-value sums
+      fix[2 * c] = -_mm512_mask_reduce_add_epi32(0x00FF, sums);
+      fix[2 * c + 1] = -_mm512_mask_reduce_add_epi32(0xFF00, sums);
+    }
+    std::fill(fix + 2 * chunks, fix + 4 * out.pairs, 0);
   }
+  if (M > kFewRows) return;
+  // Lane l of pair p takes block 4p + 2 (l % 2) + (l / 4) % 2 (int8_linear.h, pair_lane).
+  const __m512i from = _mm512_setr_epi32(0, 2, 0, 2, 1, 3, 1, 3, 0, 2, 0, 2, 1, 3, 1, 3);
+  out.pair_scale.resize(M * out.pairs * 16);
+  out.pair_fix.resize(M * out.pairs * 16);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t p = 0; p < out.pairs; ++p) {
+      _mm512_storeu_ps(out.pair_scale.data() + (m * out.pairs + p) * 16,
+                       _mm512_permutexvar_ps(from, _mm512_broadcast_f32x4(_mm_loadu_ps(out.scales(m) + 4 * p))));
+      const __m128i fix = _mm_loadu_si128(reinterpret_cast<const __m128i*>(out.block_fixes(m) + 4 * p));
+      _mm512_storeu_si512(out.pair_fix.data() + (m * out.pairs + p) * 16,
+                          _mm512_permutexvar_epi32(from, _mm512_broadcast_i32x4(fix)));
+    }
 #endif
 }
 

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from fractions import Fraction
 
 import pytest
 import torch
@@ -58,6 +59,67 @@ def test_int8_linear_vnni_kernel_where_amx_runs() -> None:
     assert done.returncode == 0, done.stdout[-2000:]
 
 
+def _f32(v: Fraction) -> float:
+    """v rounded to the nearest fp32 (ties to even): one correctly rounded fp32 operation."""
+    if v == 0:
+        return 0.0          # the sums here: lanes start at +0 and only add, so no -0 arises
+    mag = abs(v)
+    e = mag.numerator.bit_length() - mag.denominator.bit_length()
+    if mag < Fraction(2) ** e:
+        e -= 1                                    # now 2^e <= |v| < 2^(e + 1)
+    step = max(e, -126) - 23                      # fp32's ulp there (subnormals: 2^-149)
+    r = round(mag / Fraction(2) ** step)          # Fraction's round: half to even
+    out = math.ldexp(r, step)
+    return math.copysign(out if out < 2.0 ** 128 else math.inf, v)
+
+
+def int8_linear_exact(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """What the native int8_linear computes, emulated exactly (csrc/int8_linear.h, "The arithmetic"):
+    per block b the exact integer dot d_b, lane b % 4 += fp32 fma(d_b, s_b), in block order, then
+    ((l0 + l1) + (l2 + l3)) * scale, every step rounded once to fp32. Finite inputs only."""
+    values, scales = native.quantize_activations(x)
+    m, k = x.shape
+    blocks = k // native.ACT_BLOCK
+    dots = torch.einsum("mbi,nbi->mnb", values.long().reshape(m, blocks, -1), q.long().reshape(-1, blocks, native.ACT_BLOCK))
+    y = torch.empty(m, q.shape[0])
+    for i in range(m):
+        s = [Fraction(v) for v in scales[i].tolist()]
+        for n in range(q.shape[0]):
+            lanes = [0.0] * 4
+            for b, d in enumerate(dots[i, n].tolist()):
+                lanes[b % 4] = _f32(d * s[b] + Fraction(lanes[b % 4]))
+            left, right = _f32(Fraction(lanes[0]) + Fraction(lanes[1])), _f32(Fraction(lanes[2]) + Fraction(lanes[3]))
+            y[i, n] = _f32(Fraction(left) + Fraction(right))
+    return y * scale.float()                      # fp32's multiply: a zero times a negative scale is -0
+
+
+def test_f32_rounds_as_fp32_does(gen: torch.Generator) -> None:
+    # The emulation's rounding against torch's fp32 on single operations (correctly rounded there).
+    a, b = torch.randn(200, generator=gen) * 1e3, torch.randn(200, generator=gen) * 1e-2
+    for x, y in zip(a.tolist(), b.tolist(), strict=True):
+        assert _f32(Fraction(x) + Fraction(y)) == float(torch.tensor(x) + torch.tensor(y))
+        assert _f32(Fraction(x) * Fraction(y)) == float(torch.tensor(x) * torch.tensor(y))
+    assert _f32(Fraction(1) + Fraction(2) ** -24) == 1.0                      # a tie: to even
+    assert _f32(Fraction(1) + Fraction(3) * Fraction(2) ** -24) == 1.0 + 2.0 ** -22
+    assert _f32(Fraction(2) ** -149 * Fraction(3, 4)) == 2.0 ** -149          # subnormal
+    assert _f32(-Fraction(2) ** 128) == -math.inf
+
+
+@needs_native
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 6, 96), (1, 9, 576), (4, 20, 160), (3, 17, 576), (13, 18, 96),
+                                           (17, 5, 288)])
+def test_int8_linear_is_its_documented_arithmetic_bit_for_bit(m: int, n: int, k: int, gen: torch.Generator) -> None:
+    # Whichever kernel this machine runs (on AMX: one row on VNNI, 2-11 rows in a tile pass, 12+ in
+    # the many-row tile kernel), each output is the emulated arithmetic's bits: the lanes, their
+    # order and the final tree, which no tolerance could tell apart.
+    x = torch.randn(m, k, generator=gen) * torch.logspace(-2, 2, m)[:, None]
+    x[0, :32] = 0.0
+    q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
+    scale = torch.rand(n, generator=gen) * 0.1 - 0.02               # a negative output scale too
+    y = native.int8_linear(x, q, scale, backend="native")
+    assert torch.equal(y.view(torch.int32), int8_linear_exact(x, q, scale).view(torch.int32))
+
+
 # Runs in a child process (the kernel is chosen once per process): int8_linear and the sparse
 # head over the cases in argv[1], results to argv[2].
 _KERNEL_RUN = """
@@ -70,45 +132,73 @@ out += list(native.head_argmax(x, q, s, bitmask, rows, q.shape[0], 8))
 torch.save({"kernel": native.int8_kernel(), "out": out}, sys.argv[2])
 """
 
+# Each kernel's process settings (kernels/native.py): the machine's best (AMX where it has the
+# tiles), VNNI with AMX off, AVX2 with AVX-512 compiled out, and the portable C++.
+_KERNEL_ENVS = {"amx": {}, "vnni": {"INTERLOCK_AMX": "0"}, "avx2": {"INTERLOCK_SIMD": "avx2"},
+                "portable": {"INTERLOCK_SIMD": "0"}}
 
-@needs_native
-def test_int8_linear_simd_kernel_is_the_portable_kernel_bit_for_bit(tmp_path, gen: torch.Generator) -> None:
-    # VNNI and AVX2 reorder nothing: each lane's integer dot is exact and the FMAs and the final
-    # tree are the portable kernel's. So the machine's SIMD kernel (AMX off: its tile sums differ)
-    # must give the bits of the build without SIMD (INTERLOCK_SIMD=0), on every shape the engine runs.
+
+def _int8_cases(gen: torch.Generator) -> dict:
+    """Shapes every path of every kernel runs: 1 row (VNNI's lane sums; on AMX too), 2-3 (VNNI's
+    lane sums, AMX's tile pass), 4 (VNNI's transposed tile, one pass), 5+ (its stored tile, several
+    passes), 12+ (AMX's many-row kernel), K with a half chunk (32, 96, 160) or an odd number of
+    chunks (576), N not a multiple of 4 or 16; NaN and infinite activations."""
     cases = {"linear": [], "head": None}
-    for m, n, k in ((1, 64, 576), (1, 13, 96), (2, 9, 1536), (4, 40, 160), (3, 7, 32), (17, 33, 576), (19, 24, 96), (40, 8, 96)):
+    for m, n, k in ((1, 64, 576), (1, 13, 96), (1, 7, 160), (2, 9, 1536), (4, 40, 160), (3, 7, 32), (5, 21, 576),
+                    (4, 19, 576), (11, 16, 64), (12, 17, 96), (17, 33, 576), (19, 24, 96), (40, 8, 96)):
         x = torch.randn(m, k, generator=gen) * torch.logspace(-3, 3, m)[:, None]
         x[0, :32] = 0.0
         q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
-        q[0] = -128                                # the one byte whose |w| needs 8 bits
+        q[0] = -128                                # the one byte whose |w| needs 8 bits (AVX2)
         cases["linear"].append((x, q, torch.rand(n, generator=gen) * 0.1))
-    nan_row = torch.randn(2, 64, generator=gen)
-    nan_row[1, 3] = float("nan")
-    cases["linear"].append((nan_row, torch.randint(-128, 128, (5, 64), generator=gen, dtype=torch.int8), torch.ones(5)))
-    odd_row = torch.randn(3, 64, generator=gen)
-    odd_row[0, 5] = float("inf")                   # an infinite block scale: its 0 * inf lanes convert from NaN
-    odd_row[1, 40] = torch.tensor(-0x3FFEDD, dtype=torch.int32).view(torch.float32)   # a NaN with a payload
-    cases["linear"].append((odd_row, torch.randint(-128, 128, (5, 64), generator=gen, dtype=torch.int8), torch.ones(5)))
+    for m in (1, 2, 16):                           # one-row, tile pass and many-row paths
+        nan_row = torch.randn(m, 64, generator=gen)
+        nan_row[-1, 3] = float("nan")
+        cases["linear"].append((nan_row, torch.randint(-128, 128, (5, 64), generator=gen, dtype=torch.int8),
+                                torch.ones(5)))
+        odd_row = torch.randn(m + 2, 64, generator=gen)
+        odd_row[0, 5] = float("inf")               # an infinite block scale: its 0 * inf lanes convert from NaN
+        odd_row[-1, 40] = torch.tensor(-0x3FFEDD, dtype=torch.int32).view(torch.float32)   # a NaN with a payload
+        cases["linear"].append((odd_row, torch.randint(-128, 128, (5, 64), generator=gen, dtype=torch.int8),
+                                torch.ones(5)))
+    # no rows at all (a head with no row to score): an empty result, not rows 0 .. 2 read (VNNI's
+    # three-row kernel once took M = 0 and read a null buffer)
+    cases["linear"].append((torch.zeros(0, 576), torch.randint(-128, 128, (9, 576), generator=gen, dtype=torch.int8),
+                            torch.ones(9)))
     bitmask = torch.randint(0, 1 << 8, (3, 10), generator=gen, dtype=torch.int32)
     bitmask[0, 1:] = 0                             # 8 ids at most: the sparse path; the others: dense
     cases["head"] = (torch.randn(3, 96, generator=gen), torch.randint(-128, 128, (320, 96), generator=gen, dtype=torch.int8),
                      torch.rand(320, generator=gen), bitmask, torch.tensor([0, 1, 2]))
+    return cases
+
+
+@needs_native
+def test_int8_kernels_are_bit_identical(tmp_path, gen: torch.Generator) -> None:
+    # Every kernel computes csrc/int8_linear.h's arithmetic: exact integer block dots, one fma per
+    # block into lane b % 4, one final tree. So AMX, VNNI, AVX2 and the portable C++ give the same
+    # bits (NaN payloads and the sign of zero included) on every shape the engine runs, and the same
+    # head argmax: the same model gives the same tokens on every CPU.
+    cases = _int8_cases(gen)
     torch.save(cases, tmp_path / "cases.pt")
     runs = {}
-    for name, env in (("simd", {"INTERLOCK_AMX": "0"}), ("portable", {"INTERLOCK_SIMD": "0"})):
+    for name, env in _KERNEL_ENVS.items():
         subprocess.run([sys.executable, "-c", _KERNEL_RUN, str(tmp_path / "cases.pt"), str(tmp_path / f"{name}.pt")],
                        env={**os.environ, **env}, check=True)
         runs[name] = torch.load(tmp_path / f"{name}.pt")
     assert runs["portable"]["kernel"] == "portable"
-    if runs["simd"]["kernel"] == "portable":
+    ran = {name for name, run in runs.items() if run["kernel"] == name}     # this CPU lacks the others
+    if ran == {"portable"}:
         pytest.skip("this CPU has neither AVX2 nor AVX512-VNNI: the portable kernel is the only one")
-    for i, (a, b) in enumerate(zip(runs["simd"]["out"], runs["portable"]["out"], strict=True)):
-        assert a.dtype == b.dtype and a.shape == b.shape, i
-        assert torch.equal(a.isnan(), b.isnan()), i
-        assert torch.equal(a.view(torch.int32) if a.dtype == torch.float32 else a,
-                           b.view(torch.int32) if b.dtype == torch.float32 else b), i    # the bits: -0 is not +0
-    assert runs["simd"]["out"][-4].isnan()[1].all()          # the NaN row stays NaN on both
+    for name in sorted(ran - {"portable"}):
+        for i, (a, b) in enumerate(zip(runs[name]["out"], runs["portable"]["out"], strict=True)):
+            assert a.dtype == b.dtype and a.shape == b.shape, (name, i)
+            assert torch.equal(a.view(torch.int32) if a.dtype == torch.float32 else a,
+                               b.view(torch.int32) if b.dtype == torch.float32 else b), (name, i)   # the bits
+    out = runs["portable"]["out"]
+    assert all(out[i].isnan()[-1].all() for i in range(13, 19, 2))     # the NaN rows stay NaN
+    for (x, q, s), y in zip(cases["linear"][:13], out, strict=False):    # the finite cases, as emulated
+        if x.shape[0] <= 5:
+            assert torch.equal(y.view(torch.int32), int8_linear_exact(x, q, s).view(torch.int32))
 
 
 def test_quantize_activations_round_trips_within_half_a_step(gen: torch.Generator) -> None:
