@@ -20,7 +20,7 @@ which the backends' files import, so that this file imports them and not the oth
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -43,10 +43,10 @@ class RowByRow:
     def reset(self) -> None:
         pass
 
-    def validate(self, requests: Sequence[Drafted], bitmask: torch.Tensor) -> list[int]:
+    def validate(self, requests: Sequence[Drafted[GrammarMatcher]], bitmask: torch.Tensor) -> list[int]:
         return [r.matcher.validate(r.drafts) if r.drafts else 0 for r in requests]
 
-    def fill(self, requests: Sequence[Drafted], bitmask: torch.Tensor, free: Any) -> list[int]:
+    def fill(self, requests: Sequence[Drafted[GrammarMatcher]], bitmask: torch.Tensor, free: Any) -> list[int]:
         return [r.matcher.fill_masks(bitmask, r.start_row, r.drafts, r.skip, free=free) for r in requests]
 
     def accept(self, matchers: Sequence[Any], tokens: Sequence[Sequence[TokenId]]) -> list[bool]:
@@ -64,16 +64,18 @@ class StepMasks:
     def __init__(self, threads: int | None = None, batched: bool = True) -> None:
         self.threads = threads or default_mask_threads()
         self.rows = RowByRow()
-        self._groups: dict[type, Group] = {}
+        # Keyed by the matcher type each group drives; _group hands a group only matchers of its key,
+        # which this dict's type cannot say (hence Group[Any]).
+        self._groups: dict[type, Group[Any]] = {}
         for group in (XGrammarBatch(self.threads), LLGuidanceBatch(self.threads)) if batched else ():
             self._groups[group.matcher_type] = group       # without them every matcher takes the per-row path
 
-    def check(self, requests: Sequence[Drafted], bitmask: torch.Tensor) -> list[int]:
+    def check(self, requests: Sequence[Drafted[GrammarMatcher]], bitmask: torch.Tensor) -> list[int]:
         """n per request: how many of its drafts the grammar allows (cut at the first refused one).
         May already write rows 0..n (llguidance checks drafts against its masks); `fill` keeps them."""
         return self._by_group(requests, lambda g, part: g.validate(part, bitmask))
 
-    def fill(self, requests: Sequence[Drafted], bitmask: torch.Tensor, free: Any = None) -> list[int]:
+    def fill(self, requests: Sequence[Drafted[GrammarMatcher]], bitmask: torch.Tensor, free: Any = None) -> list[int]:
         """Rows start_row + j for j = 0..n per request, as `GrammarMatcher.fill_masks`; returns 1 + n.
         free: as fill_masks' (a CPU bool tensor or a list): written rows become False, free rows True."""
         return self._by_group(requests, lambda g, part: g.fill(part, bitmask, free))
@@ -97,8 +99,9 @@ class StepMasks:
         for group in self._groups.values():
             group.reset()
 
-    def _by_group(self, requests: Sequence[Drafted], run: Any) -> list[Any]:
-        parts: dict[int, tuple[Group, list[int]]] = {}
+    def _by_group(self, requests: Sequence[Drafted[GrammarMatcher]],
+                  run: Callable[[Group[Any], list[Drafted[GrammarMatcher]]], Sequence[Any]]) -> list[Any]:
+        parts: dict[int, tuple[Group[Any], list[int]]] = {}
         for i, r in enumerate(requests):
             group = self._group(r.matcher)
             parts.setdefault(id(group), (group, []))[1].append(i)
@@ -110,7 +113,7 @@ class StepMasks:
                 out[i] = value
         return out
 
-    def _group(self, matcher: GrammarMatcher) -> Group:
+    def _group(self, matcher: GrammarMatcher) -> Group[Any]:
         group = self._groups.get(type(matcher))
         if group is None or not group.takes(matcher):
             return self.rows

@@ -49,7 +49,7 @@ class LLGuidanceBatch:
     def reset(self) -> None:
         self._filled.clear()
 
-    def validate(self, requests: Sequence[Drafted], bitmask: torch.Tensor) -> list[int]:
+    def validate(self, requests: Sequence[Drafted[LLGuidanceMatcher]], bitmask: torch.Tensor) -> list[int]:
         """n per request; writes rows 0..n of each (rows past n may be written too: never read)."""
         ms = [r.matcher for r in requests]
         split = [m._split(r.drafts) for m, r in zip(ms, requests)]
@@ -79,7 +79,7 @@ class LLGuidanceBatch:
             bitmask[torch.tensor(terminated)] = 0           # after EOS nothing is allowed
         return n
 
-    def fill(self, requests: Sequence[Drafted], bitmask: torch.Tensor, free: Any) -> list[int]:
+    def fill(self, requests: Sequence[Drafted[LLGuidanceMatcher]], bitmask: torch.Tensor, free: Any) -> list[int]:
         missing = [r for r in requests if self._held(r) is None]
         if missing:
             self.validate(missing, bitmask)
@@ -143,7 +143,7 @@ class LLGuidanceBatch:
                 raise RuntimeError("llguidance refused tokens it had validated")
             j += 1
 
-    def _fill_par(self, ms: Sequence[LLGuidanceMatcher], requests: Sequence[Drafted],
+    def _fill_par(self, ms: Sequence[LLGuidanceMatcher], requests: Sequence[Drafted[LLGuidanceMatcher]],
                   bodies: Sequence[list[TokenId]], bitmask: torch.Tensor) -> None:
         """Rows start_row + j, j = 0..len(body), in parallel (the draft call takes no empty list)."""
         drafted = [(m._m, r.start_row, body) for m, r, body in zip(ms, requests, bodies) if body]
@@ -153,7 +153,7 @@ class LLGuidanceBatch:
         if bare:
             llguidance_calls.fill_next_token_bitmask_par(self._executor, bare, bitmask)
 
-    def _held(self, r: Drafted) -> Filled | None:
+    def _held(self, r: Drafted[LLGuidanceMatcher]) -> Filled | None:
         held = self._filled.get(id(r.matcher))
         if (held is None or held.matcher is not r.matcher or held.depth != r.matcher.num_accepted
                 or held.start_row != r.start_row or held.drafts[:len(r.drafts)] != tuple(r.drafts)):
@@ -161,7 +161,8 @@ class LLGuidanceBatch:
         return held
 
     @staticmethod
-    def _mask_cuts(requests: Sequence[Drafted], bodies: Sequence[list[TokenId]], bitmask: torch.Tensor) -> list[int]:
+    def _mask_cuts(requests: Sequence[Drafted[LLGuidanceMatcher]], bodies: Sequence[list[TokenId]],
+                   bitmask: torch.Tensor) -> list[int]:
         """Per request, the first j whose draft its row j (native) refuses; len(body) if none."""
         rows = [r.start_row + j for r, body in zip(requests, bodies) for j in range(len(body))]
         if not rows:

@@ -32,11 +32,11 @@ class XGrammarBatch:
     def reset(self) -> None:
         pass                                    # nothing is kept between calls
 
-    def validate(self, requests: Sequence[Drafted], bitmask: torch.Tensor) -> list[int]:
+    def validate(self, requests: Sequence[Drafted[XGrammarMatcher]], bitmask: torch.Tensor) -> list[int]:
         reach, ends, _, _ = self._walk(requests, None)
         return [k + e for k, e in zip(reach, ends)]
 
-    def fill(self, requests: Sequence[Drafted], bitmask: torch.Tensor, free: Any) -> list[int]:
+    def fill(self, requests: Sequence[Drafted[XGrammarMatcher]], bitmask: torch.Tensor, free: Any) -> list[int]:
         ms = [r.matcher for r in requests]
         reach, ends, filled, owners = self._walk(requests, bitmask)
         self._finish(ms, filled, owners, bitmask)
@@ -47,7 +47,7 @@ class XGrammarBatch:
         mark_filled(free, filled + terminated)
         return [1 + k for k in n]
 
-    def _walk(self, requests: Sequence[Drafted], bitmask: torch.Tensor | None
+    def _walk(self, requests: Sequence[Drafted[XGrammarMatcher]], bitmask: torch.Tensor | None
               ) -> tuple[list[int], list[bool], list[int], list[int]]:
         """Advance every request through its drafts, one batch call per position, filling row j
         before draft j when bitmask is given; stop each at its first refused draft; roll back.
