@@ -25,10 +25,9 @@ from interlock.grammars import bitmask as bm
 from interlock.grammars.checks import check_spec
 from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.keywords import Gap, gap_named, gaps, no_backend_error, said_by
-from interlock.grammars.matcher import BaseMatcher
 from interlock.grammars.switch import SwitchMatcher, SwitchProgram, compile_switch, is_switch
 from interlock.protocol.errors import GrammarError
-from interlock.protocol.grammar import GrammarBackend, GrammarConfig, GrammarSpec, JsonSchema
+from interlock.protocol.grammar import GrammarBackend, GrammarConfig, GrammarMatcher, GrammarSpec, JsonSchema
 
 
 class AutoBackend:
@@ -81,7 +80,7 @@ class AutoBackend:
             return replace(compiled, tried=tuple(reasons))
         raise no_backend_error(named, reasons)
 
-    def matcher(self, compiled: CompiledGrammar) -> BaseMatcher | SwitchMatcher:
+    def matcher(self, compiled: CompiledGrammar) -> GrammarMatcher:
         if isinstance(compiled.native, SwitchProgram):      # its inner grammars name their backends
             return SwitchMatcher(compiled.native, self, self.backends[0].tokenizer)  # type: ignore[attr-defined]
         backend = self._by_name.get(compiled.backend)

@@ -134,7 +134,8 @@ def _xgrammar_condition(key: str, node: dict[str, Any]) -> str:
     if key == "allOf" and isinstance(value, list) and len(value) > 1:
         return "xgrammar keeps one branch of a multi-branch allOf"
     if key == "required" and isinstance(value, list):
-        declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        properties = node.get("properties")
+        declared = properties if isinstance(properties, dict) else {}
         if any(k not in declared for k in value):
             return "xgrammar does not require keys that 'properties' does not declare"
     if key in ("minLength", "maxLength"):

@@ -233,9 +233,9 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> tuple[Any, tuple[by
     kept = tables.load(tokenizer, INFO_TABLE, parts)
     if kept is not None:
         try:
-            serialized, *token_bytes = tables.unpack_bytes(kept)
-            if len(token_bytes) == tokenizer.vocab_size:
-                return xgr.TokenizerInfo.deserialize_json(serialized.decode()), tuple(token_bytes)
+            serialized, *kept_bytes = tables.unpack_bytes(kept)
+            if len(kept_bytes) == tokenizer.vocab_size:
+                return xgr.TokenizerInfo.deserialize_json(serialized.decode()), tuple(kept_bytes)
         except Exception:  # noqa: BLE001 - xgrammar's own errors for a serialization it refuses: built again
             pass
     info = xgr.TokenizerInfo.from_huggingface(tokenizer.hf, vocab_size=vocab_size, stop_token_ids=stops)

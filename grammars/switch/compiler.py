@@ -78,7 +78,8 @@ def _reasoning(backend: GrammarBackend, tokenizer: Tokenizer, spec: Reasoning) -
     end = marker_ids(tokenizer, spec.end, "Reasoning.end")
     if _contains(start, end) or _contains(end, start):
         raise GrammarError("Reasoning: the start and end markers overlap (one holds the other)")
-    inner, warnings = None, ()
+    inner: CompiledGrammar | None = None
+    warnings: tuple[str, ...] = ()
     if spec.then is not None:
         if isinstance(spec.then, Reasoning):
             raise GrammarError("Reasoning.then: a Reasoning cannot be nested in another")
@@ -123,10 +124,10 @@ def _structural(backend: GrammarBackend, tokenizer: Tokenizer, spec: StructuralT
         inner = _compile_inner(backend, tokenizer, tag.spec, what)
         warnings.extend(inner.warnings)
         tags.append(CompiledTag(triggers[i], begin, inner, end, tag.spec))
-    for a in range(len(tags)):
-        for b in range(len(tags)):
-            if a != b and tags[b].begin[:len(tags[a].begin)] == tags[a].begin:
-                raise GrammarError(f"StructuralTag: the begin of tag {a} is a prefix of tag {b}'s; "
+    for i in range(len(tags)):
+        for j in range(len(tags)):
+            if i != j and tags[j].begin[:len(tags[i].begin)] == tags[i].begin:
+                raise GrammarError(f"StructuralTag: the begin of tag {i} is a prefix of tag {j}'s; "
                                    "after it the grammar could not tell them apart")
     unused = [texts[i] for i in range(len(texts)) if i not in used]
     if unused:
