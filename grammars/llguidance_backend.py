@@ -148,10 +148,11 @@ def ll_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> tuple[Any, tuple[byte
 
 
 @dataclass
-class TrieTokens:
+class TrieTokens(llguidance.TokenizerWrapper):
     """A tokenizer as llguidance.LLTokenizer reads one from Python (its TokenizerWrapper protocol):
     the bytes of each id (special ones already marked), the first stop id, and a callable that
-    tokenizes a text."""
+    tokenizes a text. A TokenizerWrapper by class too, as LLTokenizer's signature names it; its
+    own fields replace the wrapper's __init__, which would read them from an HF tokenizer."""
 
     tokens: list[bytes]
     eos_token_id: int

@@ -9,12 +9,16 @@ JSON Schema 2020-12, as llguidance_backend.py's docstring says.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import llguidance
 
 from interlock.grammars.keywords import LLGUIDANCE_FORMATS, unknown_formats, without_formats
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import Choice, Ebnf, GrammarSpec, JsonObject, JsonSchema, Lark, Regex
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions     # the stub's TypedDict; not in the extension itself
 
 
 def grammar_text(spec: GrammarSpec, warnings: list[str]) -> str:
@@ -67,9 +71,10 @@ def first_line(exc: object) -> str:
 
 def _json_grammar(schema: str, flexible: bool, lenient: bool = False) -> str:
     # Compact output means llguidance's default separators (",", ":") and no optional whitespace.
-    options: dict[str, bool] = {"whitespace_flexible": flexible}
+    options: JsonCompileOptions = {"whitespace_flexible": flexible}
     if lenient:
-        options.update(lenient=True, coerce_one_of=True)
+        options["lenient"] = True
+        options["coerce_one_of"] = True
     return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
 
 
