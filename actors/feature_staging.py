@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from typing import TypeVar
 
 import torch
 
@@ -121,9 +122,13 @@ class FeatureStaging:
                          o["top_ids"][lane, :used, :n].tolist(), o["top"][lane, :used, :n].tolist(), [n] * used))
 
 
-def _upload(host: object, dev: object, batch: int) -> object:
-    views = {}
-    for f in fields(host):                                      # type: ignore[arg-type]
+# The input sets staged here: dataclasses of [B] tensors, one copied field by field.
+Inputs = TypeVar("Inputs", GuideInputs, PenaltyInputs)
+
+
+def _upload(host: Inputs, dev: Inputs, batch: int) -> Inputs:
+    views: dict[str, torch.Tensor] = {}
+    for f in fields(host):
         view = getattr(dev, f.name)[:batch]
         view.copy_(getattr(host, f.name)[:batch], non_blocking=True)
         views[f.name] = view

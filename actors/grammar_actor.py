@@ -46,6 +46,7 @@ from interlock.actors.base import Actor, Handler
 from interlock.actors.step_state import StepState
 from interlock.grammars.backends import BackendRouter
 from interlock.grammars.batch import Drafted, StepMasks
+from interlock.grammars.compiled import CompiledGrammar
 from interlock.grammars.bitmask import allocate_bitmask
 from interlock.protocol.errors import GrammarError
 from interlock.protocol.grammar import GrammarBackend, GrammarMatcher
@@ -115,14 +116,14 @@ class GrammarActor(Actor[object]):
 
     # --- the Scheduler's calls (on the loop; they take effect between steps) ----------------------
 
-    def bind(self, request_id: RequestId, compiled: object) -> None:
+    def bind(self, request_id: RequestId, compiled: CompiledGrammar) -> None:
         """The request's matcher, from its compiled grammar: there for every step launched after."""
         self.step.between_steps(self._bind, request_id, compiled)
 
     def release(self, request_id: RequestId) -> None:
         self.step.between_steps(self._release, request_id)
 
-    def _bind(self, request_id: RequestId, compiled: object) -> None:
+    def _bind(self, request_id: RequestId, compiled: CompiledGrammar) -> None:
         self._pending.pop(request_id, None)
         self.matchers[request_id] = self.backend.matcher(compiled)
 

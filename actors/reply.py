@@ -7,7 +7,7 @@ longer come (pykka: "teardown fails pending replies"). Everything runs on one ev
 """
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 
@@ -66,7 +66,7 @@ class PendingReplies:
     """The replies an actor still owes; `fail_all` settles them all with one error."""
 
     def __init__(self) -> None:
-        self._pending: set[Reply[object]] = set()
+        self._pending: set[Reply[Any]] = set()        # replies of every value type an actor answers
         self._closed_with: BaseException | None = None
 
     def new(self) -> Reply[T]:
@@ -74,7 +74,7 @@ class PendingReplies:
         if self._closed_with is not None:
             raise self._closed_with
         reply: Reply[T] = Reply(self)
-        self._pending.add(reply)  # type: ignore[arg-type]
+        self._pending.add(reply)
         return reply
 
     def fail_all(self, exc: BaseException) -> int:
@@ -89,6 +89,6 @@ class PendingReplies:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def _discard(self, reply: Reply[object]) -> None:
+    def _discard(self, reply: Reply[Any]) -> None:
         self._pending.discard(reply)
 
