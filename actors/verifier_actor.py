@@ -90,6 +90,12 @@ class _StepWork:
     hidden: torch.Tensor | None = None          # the lean head's rows: logits wait for the masks
     forward_end: float = 0.0
 
+    def forward_logits(self) -> torch.Tensor:
+        """The forward's logits, where the lean head did not run: a step that samples feeds every
+        sampled request, so its forward wrote one of `hidden` and `logits`."""
+        assert self.logits is not None, "read only where hidden is None in a step that samples"
+        return self.logits
+
 
 class VerifierActor(Actor[object]):
     def __init__(self, model: Transformer, kv: PagedKVCache, timeline: Timeline, buffers: MaskBuffers,
@@ -176,7 +182,10 @@ class VerifierActor(Actor[object]):
             if s.guide is not None and s.guide.chunk:
                 chunks.append(SeqChunk(s.guide.seq, s.guide.chunk + d, s.guide.start, rows))
         start = time.perf_counter()
-        batch = build_batch(chunks, plan.kv, all_rows=self.rows_prefill) if chunks else None
+        batch = None
+        if chunks:
+            assert plan.kv is not None, "the Scheduler fills a launched step's blocks (StepPlan.kv)"
+            batch = build_batch(chunks, plan.kv, all_rows=self.rows_prefill)
         if batch is not None and self._lean_head(work):
             work.hidden = self.model.final_hidden(batch, self.kv)           # [sum(1+n_i), E]
         elif batch is not None:
@@ -210,7 +219,7 @@ class VerifierActor(Actor[object]):
         """The step's verification: kernels/verify.py's law on the requests' rows, packed [B, K+1]."""
         plan = work.plan
         snaps = [plan.snapshots[i] for i in work.sampled]
-        if work.hidden is not None or (self._lean(snaps) and work.logits.dtype == torch.float32):
+        if work.hidden is not None or (self._lean(snaps) and work.forward_logits().dtype == torch.float32):
             self._verify_greedy(work, snaps)
             return
         k = max(len(d) for d in work.drafts)
@@ -255,15 +264,16 @@ class VerifierActor(Actor[object]):
     def _rows(self, work: _StepWork, snaps: list[RequestSnapshot], k: int) -> torch.Tensor:
         """The forward's rows packed per request [B, K+1, V] float32 (padding unused), guided ones
         combined with their companion's (module docstring)."""
-        v = work.logits.shape[1]
-        logits = work.logits.new_zeros((len(snaps), k + 1, v), dtype=torch.float32)
+        flat = work.forward_logits()                                    # [sum(1+n_i) (x2 CFG), V]
+        v = flat.shape[1]
+        logits = flat.new_zeros((len(snaps), k + 1, v), dtype=torch.float32)
         offset = 0
         for row, (s, drafts) in enumerate(zip(snaps, work.drafts)):
             n = len(drafts)
-            logits[row, : n + 1] = work.logits[offset: offset + n + 1]
+            logits[row, : n + 1] = flat[offset: offset + n + 1]
             offset += n + 1
             if s.guide is not None:
-                logits[row, : n + 1] = self._guided(logits[row, : n + 1], work.logits[offset: offset + n + 1],
+                logits[row, : n + 1] = self._guided(logits[row, : n + 1], flat[offset: offset + n + 1],
                                                     s.sampling.guidance_scale)
                 offset += n + 1
         return logits
@@ -276,7 +286,7 @@ class VerifierActor(Actor[object]):
             mask_rows = torch.tensor(self._mask_rows(snaps, widths, unread=-2), dtype=torch.long)
             ids, peaks = self.model.head_argmax(work.hidden, self.buffers.bitmask, mask_rows, self.tokenizer_vocab)
         else:
-            ids, peaks = native.masked_argmax(work.logits.contiguous(), self.buffers.bitmask,
+            ids, peaks = native.masked_argmax(work.forward_logits().contiguous(), self.buffers.bitmask,
                                               torch.tensor(self._mask_rows(snaps, widths), dtype=torch.long),
                                               self.tokenizer_vocab)
         k = max(widths) - 1
