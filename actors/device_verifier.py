@@ -58,8 +58,9 @@ def step_shape(plan: StepPlan, buckets: tuple[int, ...], updates: int, state: St
     """The step's shape: a bucket when every request decodes one token (plus drafts) and its table
     updates fit the bucket's room (its companions' included), else dense rows; with the draft
     rounds the prologue staged (`state`)."""
-    rounds = {} if state is None or not state.draft_rounds else \
-        {"rounds": state.draft_rounds, "draft_q": state.draft_q, "draft_rows": state.draft_rows}
+    rounds, draft_q, draft_rows = 0, False, False                   # StepShape's: no draft rounds
+    if state is not None and state.draft_rounds:
+        rounds, draft_q, draft_rows = state.draft_rounds, state.draft_q, state.draft_rows
     snaps = plan.snapshots
     k = plan.max_drafts
     sampled = [s for s in snaps if s.sample]
@@ -73,11 +74,12 @@ def step_shape(plan: StepPlan, buckets: tuple[int, ...], updates: int, state: St
         sets = bucket(len(snaps)) + features.guides          # row sets: requests, then companions
         if updates <= sets * UPDATES_PER_REQUEST:
             return StepShape(sets * (k + 1), bucket(len(snaps)), mode, graph=True,
-                             updates=sets * UPDATES_PER_REQUEST, features=features, **rounds)
+                             updates=sets * UPDATES_PER_REQUEST, features=features, rounds=rounds,
+                             draft_q=draft_q, draft_rows=draft_rows)
     rows = sum(len(s.chunk) + (len(s.guide.chunk) if s.guide is not None else 0)
                + (k * (1 + (s.guide is not None)) if s.sample else 0) for s in snaps)
     return StepShape(rows, len(sampled), mode, graph=False, updates=updates, features=feature_shape(sampled, None),
-                     **rounds)
+                     rounds=rounds, draft_q=draft_q, draft_rows=draft_rows)
 
 
 @dataclass
@@ -180,7 +182,11 @@ class DeviceVerifier(VerifierActor):
             at = put(slot.lane * k1 if shape.graph else at, list(s.chunk) + pad, s.start, s.slot, own)
             if s.guide is not None:
                 g = (shape.batch + companions[slot.lane]) * k1 if s.sample else None
-                at = put(g if shape.graph else at, list(s.guide.chunk) + pad, s.guide.start, slots + s.slot, g)
+                first = at             # the companion's first row
+                if shape.graph:
+                    assert g is not None, "a bucket's requests all sample (step_shape)"
+                    first = g
+                at = put(first, list(s.guide.chunk) + pad, s.guide.start, slots + s.slot, g)
         if shape.graph:                          # a bucket's unused row sets are padding rows
             used = len(plan.snapshots)
             sets = [(used, shape.batch), (shape.batch + len(companions), shape.batch + shape.features.guides)]

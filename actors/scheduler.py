@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, TypedDict
 
 from interlock.actors.base import Actor, Handler
 from interlock.actors.draft_actor import DraftActor
@@ -53,6 +53,19 @@ from interlock.logs import get_logger
 log = get_logger(__name__)
 
 
+class _Totals(TypedDict):
+    """The Scheduler's running totals: EngineMetrics' fields of the same names (it is built from them)."""
+
+    steps: int
+    step_s: float
+    forward_s: float
+    exposed_grammar_s: float
+    output_tokens: int
+    host_s: float
+    prompt_tokens: int
+    cached_prompt_tokens: int
+
+
 class Scheduler(Actor[object]):
     def __init__(self, config: SchedulerConfig, tokenizer: Tokenizer, kv: KVActor, grammar: GrammarActor,
                  draft: DraftActor, verifier: VerifierActor, program: StepProgram,
@@ -70,8 +83,8 @@ class Scheduler(Actor[object]):
         self.in_flight: StepPlan | None = None
         self._failure: BaseException | None = None        # what the next message handled raises
         self._launched = 0.0
-        self._totals = {"steps": 0, "step_s": 0.0, "forward_s": 0.0, "exposed_grammar_s": 0.0, "output_tokens": 0,
-                        "host_s": 0.0, "prompt_tokens": 0, "cached_prompt_tokens": 0}
+        self._totals: _Totals = {"steps": 0, "step_s": 0.0, "forward_s": 0.0, "exposed_grammar_s": 0.0,
+                                 "output_tokens": 0, "host_s": 0.0, "prompt_tokens": 0, "cached_prompt_tokens": 0}
         self._next_seq = 0
         super().__init__("scheduler", inbox_size=max(64, 4 * config.max_batch_size))
 

@@ -66,6 +66,7 @@ from typing import Protocol
 from interlock.actors.feature_staging import FeatureShape
 from interlock.actors.step_state import SlotState, StepState
 from interlock.actors.watchdog import StepWatchdog
+from interlock.kernels.verify import Mode
 from interlock.protocol.messages import SlotResult, StepPlan, TokenEvent
 from interlock.protocol.errors import EngineError
 from interlock.logs import get_logger
@@ -83,7 +84,7 @@ class StepShape:
 
     rows: int               # forward rows
     batch: int              # verified requests (padded to a bucket when `graph`)
-    mode: str               # kernels.verify.Mode
+    mode: Mode              # the verification the step's requests need
     graph: bool             # a bucket shape: captured and replayed
     updates: int = 0        # block-table entries the step writes on the device
     rounds: int = 0         # draft-model rounds inside the step (drafters/device_draft.py); 0: none
