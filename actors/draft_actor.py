@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import torch
 
 from interlock.actors.base import Actor, Handler
+from interlock.actors.step import StepShape
 from interlock.actors.step_state import StepState
 from interlock.drafters.chain import ChainRequest, DraftChain
 from interlock.drafters.model import DraftRounds, ModelAsk, ModelDrafter
@@ -98,9 +99,10 @@ class DraftActor(Actor[object]):
         self._rounds = DraftRounds(self.model, asks, self.vocab_size) if asks and self.model is not None else None
         self._constrained = {s.slot for s in sampled if s.constrained}
 
-    def draft_forward(self) -> None:
+    def draft_forward(self, j: int = 0, shape: StepShape | None = None) -> None:
         """One draft-model forward for every request still drafting; publishes each one's prefix
-        for the grammar lane's draft-side mask row."""
+        for the grammar lane's draft-side mask row. j, shape: the device rounds' (DeviceDraftActor);
+        here the host's DraftRounds keeps its own round and sizes."""
         b, rounds = self.step, self._rounds
         if rounds is None:
             return
@@ -112,8 +114,9 @@ class DraftActor(Actor[object]):
             b[slot].refused = False
             b[slot].masking = masking and slot in self._constrained
 
-    def draft_sample(self) -> None:
-        """After the draft mask row: mask the draft logits and draw one draft per request."""
+    def draft_sample(self, j: int = 0, shape: StepShape | None = None) -> None:
+        """After the draft mask row: mask the draft logits and draw one draft per request (j, shape:
+        as draft_forward's)."""
         b, rounds = self.step, self._rounds
         if rounds is None or rounds.logits is None:
             return

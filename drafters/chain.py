@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from interlock.drafters.base import Drafter, Tracked
 from interlock.drafters.combine import combine_drafts, consistent_prefix
@@ -42,6 +43,9 @@ from interlock.logs import get_logger
 from interlock.protocol.errors import DrafterError
 from interlock.protocol.speculative import DraftRequest, SpeculativeConfig
 from interlock.protocol.types import RequestId, TokenId
+
+if TYPE_CHECKING:                       # the device runner's drafter: its import pulls in the device model
+    from interlock.drafters.device_draft import DeviceDrafter
 
 log = get_logger(__name__)
 
@@ -73,7 +77,8 @@ class ChainDraft:
 class DraftChain:
     """Forced -> n-gram / suffix -> draft model -> user drafter, with adaptive budgets."""
 
-    def __init__(self, config: SpeculativeConfig | None, vocab_size: int, model: ModelDrafter | None = None) -> None:
+    def __init__(self, config: SpeculativeConfig | None, vocab_size: int,
+                 model: ModelDrafter | DeviceDrafter | None = None) -> None:
         self.config = config
         self.vocab_size = vocab_size            # drafts outside [0, vocab_size) are cut
         self.max_draft_len = config.max_draft_len if config is not None else 0      # K: the lookup budget

@@ -88,7 +88,8 @@ def scheduler_config(config: EngineConfig, model: ModelConfig, max_context: int)
                            max_position=max_context, block_size=config.block_size, num_blocks=num_blocks)
 
 
-def start_workers(loaded: LoadedModel, sched: SchedulerConfig, draft_lm: DraftLM | None, config: EngineConfig) -> None:
+def start_workers(loaded: LoadedModel, sched: SchedulerConfig, draft_lm: DraftLM | DeviceDraftLM | None,
+                  config: EngineConfig) -> None:
     """Tensor parallelism: spawn the ranks, sized for this engine's KV pool(s) and step (seconds;
     call it in a worker thread). Nothing to do for a model in this process."""
     model = loaded.model
@@ -131,7 +132,7 @@ class Runtime:
     rows_prefill: bool
     supervisor: ActorRuntime | None = None      # the actors' one task group, once started
 
-    async def start(self, loaded: LoadedModel, sched: SchedulerConfig, draft_lm: DraftLM | None,
+    async def start(self, loaded: LoadedModel, sched: SchedulerConfig, draft_lm: DraftLM | DeviceDraftLM | None,
                     config: EngineConfig, on_failure: Callable[[str, BaseException], None]) -> None:
         """Start the tensor-parallel ranks (if any), then every actor in one task group."""
         try:
@@ -265,7 +266,8 @@ def build_runtime(loaded: LoadedModel, config: EngineConfig, runner: Runner, sch
             drafter = ModelDrafter(draft_lm, sched.num_blocks, sched.block_size, eos, sched.prefill_chunk)
             if isinstance(drafter.lm.model, TensorParallelModel):
                 drafter.kv.k = drafter.kv.v = torch.empty(0)        # a self-draft's K/V live on the ranks too
-        draft = DraftActor(config.speculative, vocab, timeline, step, model=drafter, bitmask=buffers.bitmask,
+        draft = DraftActor(config.speculative, vocab, timeline, step,
+                           model=drafter if isinstance(drafter, ModelDrafter) else None, bitmask=buffers.bitmask,
                            free_rows=buffers.free)
     grammar = GrammarActor(router, timeline, buffers, step, mask_threads=config.grammar.mask_threads,
                            batched_masks=runner == "device" if config.grammar.batched_masks is None

@@ -253,7 +253,7 @@ class Engine:
     async def metrics(self) -> EngineMetrics:
         """Step counts and times since start (exposed grammar time included), and law="conditional"
         attempts (each attempt's steps and tokens count in the step totals too)."""
-        metrics = await self._started().scheduler.ask(lambda r: GetMetrics(r))
+        metrics: EngineMetrics = await self._started().scheduler.ask(lambda r: GetMetrics(r))
         return replace(metrics, **vars(self._conditional))
 
     async def resources(self) -> dict[str, int]:
