@@ -1,22 +1,27 @@
-"""Orchestration only: the actor base, the runtime that starts every actor in one task group, one
-file per actor (Scheduler, GrammarActor, DraftActor, VerifierActor, KVActor), and what they share:
+"""Orchestration only. The design card's five actors, one file each, own the state a step changes:
 
-step.py      one speculative step: its prologue on the event loop, then one lane program (the host
-             order of every part's lane ops), captured once per shape and replayed
-step_state.py
-             the step's per-slot state and the step boundary (loop-side changes between steps)
-watchdog.py  a step that never reports back (a device fault, a hang) becomes a typed error
-staging.py / device_verifier.py
-             the device runner's step buffers (pinned host, device) and its verifier
-planner.py   the Scheduler's request view (its Phase) and the step plan, as pure functions
-channel.py   `Channel[T]`, the bounded, closable actor inbox (`send`/`send_nowait`, `receive`/
-             `receive_nowait`, `close`, `statistics()`)
-reply.py     `Reply[T]` one-shot reply slots and `PendingReplies`, which fails them all when their
-             actor stops
+scheduler.py       the Scheduler: requests, slots, queues and output streams; it plans and
+                   launches each step
+grammar_actor.py   the GrammarActor: one matcher per slot, the host bitmasks, the grammar lane's part
+draft_actor.py     the DraftActor: the drafter chain and each request's drafts
+verifier_actor.py  the VerifierActor: the target model, the sampling state, the model lane's part
+kv_actor.py        the KVActor: the paged KV allocator and the admission promises
 grammar_layer.py / compile_cache.py
-             the thin async compile front the engine and the GrammarActor use: backends built on
-             first use off the loop, one compile cache per backend (worker threads, timeouts, one
-             compile per key) over grammars/compiled_store.py's store
+                   the thin async compile front the engine and the GrammarActor use: backends built
+                   on first use off the loop, one compile cache per backend (worker threads,
+                   timeouts, one compile per key) over grammars/compiled_store.py's store
+
+and three subfolders for what they share:
+
+framework/  the actor framework: the base (one task, one bounded inbox), its `Channel`, `Reply`
+            slots, and the runtime that starts every actor in one task group
+step/       one speculative step: its program (a prologue on the loop, then one lane program,
+            captured once per shape and replayed), its per-slot state and boundary, the planner's
+            pure functions, and the watchdog
+device/     the device runner's actor-side pieces: its step buffers (staging, feature staging), its
+            verifier and its draft actor. Its forward (models/device_llama.py), draft model
+            (drafters/device_draft.py) and tensor-parallel group (parallel/device_group.py) sit in
+            their layers, because models/, drafters/ and parallel/ below this folder use them.
 
 Actors plan, lanes run: the Scheduler launches a step; its prologue runs on the loop and its program
 on the lanes, where the parts meet only through timeline events and the step buffers.

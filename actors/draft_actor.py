@@ -1,7 +1,7 @@
 """DraftActor: owns the drafters (the DraftChain: forced, n-gram, suffix, user, and the draft model
 with its KV cache and per-request draft generators) and the model lane's drafting part of a step.
 
-Its part of a step (see actors/step.py): in the prologue, `begin` asks the chain for each sampling
+Its part of a step (see actors/step/program.py): in the prologue, `begin` asks the chain for each sampling
 request's drafts (after the grammar wrote its forced tokens) and starts the draft model's rounds
 where the chain says so; with a draft model, on the model lane, K iterations of `draft_forward`
 (one token per forward for every request still drafting) and `draft_sample` (after the grammar
@@ -22,9 +22,9 @@ from collections.abc import Mapping
 
 import torch
 
-from interlock.actors.base import Actor, Handler
-from interlock.actors.step import StepShape
-from interlock.actors.step_state import StepState
+from interlock.actors.framework.base import Actor, Handler
+from interlock.actors.step.program import StepShape
+from interlock.actors.step.state import StepState
 from interlock.drafters.chain import ChainRequest, DraftChain
 from interlock.drafters.model import DraftRounds, ModelAsk, ModelDrafter
 from interlock.kernels import apply_token_bitmask_

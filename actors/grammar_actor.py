@@ -1,6 +1,6 @@
 """GrammarActor: one matcher per slot, the host bitmask buffers, and the grammar lane's part of a step.
 
-Its part of a step (see actors/step.py): in the step's prologue, on the event loop, the forced
+Its part of a step (see actors/step/program.py): in the step's prologue, on the event loop, the forced
 tokens (jump-forward drafts) of every sampling, constrained request, and the check that cuts
 drafts at the first one the grammar refuses; then, as host functions of the step's program, with a
 draft model and draft-side masking the mask row after each draft prefix (one per draft
@@ -18,7 +18,7 @@ request (grammars/batch.py: one batch call per backend, the per-row path for swi
 Where the commit runs. The tail runs with the model lane idle (on a GPU: the GPU idle), and the
 next step's forward needs only its input tokens from it, not the matchers, unless the next
 prologue reads a matcher: the forced tokens (drafts, so forward rows) where "forced" drafts, and
-the host runner's draft check (actors/step.py). So the tail advances only those requests'
+the host runner's draft check (actors/step/program.py). So the tail advances only those requests'
 matchers; every other request's commit is kept pending (`_pending`) and applied by the first part
 of the next step that reads its matcher, which is the grammar lane's first host function (the fill,
 or a draft model's first mask row), under the next forward (benchmarks/overlap_bench.py measures
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from interlock.actors.base import Actor, Handler
-from interlock.actors.step_state import StepState
+from interlock.actors.framework.base import Actor, Handler
+from interlock.actors.step.state import StepState
 from interlock.grammars.backends import BackendRouter
 from interlock.grammars.batch import Drafted, StepMasks
 from interlock.grammars.compiled import CompiledGrammar

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from interlock.actors.base import Actor, Handler
+from interlock.actors.framework.base import Actor, Handler
 from interlock.models.kv_cache import PagedKVCache
 from interlock.protocol.messages import BlockTables, KVUsage
 from interlock.protocol.types import SeqId, TokenId

@@ -21,7 +21,7 @@ its prefill begins at the cached count (the chunks keep their fixed boundaries);
 KVActor is told the committed tokens (prefill chunks; the fed token and the accepted drafts), which
 makes the blocks they fill shareable.
 
-What a step holds, and what a request is promised, is planned in actors/planner.py. A request
+What a step holds, and what a request is promised, is planned in actors/step/planner.py. A request
 with classifier-free guidance owns a second KV sequence (its companion): admitted with the blocks
 both can ever need, fed the same tokens, rewound by the same amount and freed together.
 """
@@ -33,14 +33,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Callable, TypedDict
 
-from interlock.actors.base import Actor, Handler
+from interlock.actors.framework.base import Actor, Handler
 from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import GrammarActor
 from interlock.actors.kv_actor import KVActor
 from interlock.output.delivery import Output
-from interlock.actors.planner import Phase, SchedulerConfig, account, blocks_for, plan_step, reservations
-from interlock.actors.planner import Request as _Request
-from interlock.actors.step import StepProgram
+from interlock.actors.step.planner import Phase, SchedulerConfig, account, blocks_for, plan_step, reservations
+from interlock.actors.step.planner import Request as _Request
+from interlock.actors.step.program import StepProgram
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.models.tokenizer import Tokenizer
 from interlock.protocol.errors import EngineClosedError, KVCacheExhaustedError

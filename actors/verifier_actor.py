@@ -1,6 +1,6 @@
 """VerifierActor: owns the target model and the sampling state; its part of a step runs on the model lane.
 
-Its part of a step (see actors/step.py): in the prologue, the step's plan and each sampling
+Its part of a step (see actors/step/program.py): in the prologue, the step's plan and each sampling
 request's drafts and generator (`begin`, `stage`); on the model lane, the target forward over
 every request's chunk (prefill chunks, or the last token plus drafts), then, after the mask event,
 masking and verification (`verify`), which writes each request's SlotResult into the step
@@ -51,13 +51,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from interlock.actors.base import Actor, Handler
+from interlock.actors.framework.base import Actor, Handler
 from interlock.output.delivery import cut_at_stop
 from interlock.actors.grammar_actor import MaskBuffers
 from interlock.kernels.penalty_book import PenaltyBook
 from interlock.kernels.walk_book import WalkBook
-from interlock.actors.step import StepShape
-from interlock.actors.step_state import StepState
+from interlock.actors.step.program import StepShape
+from interlock.actors.step.state import StepState
 from interlock.kernels import native, token_logprobs
 from interlock.kernels.cfg import cfg_combine
 from interlock.kernels.sampling import request_generator
@@ -145,7 +145,7 @@ class VerifierActor(Actor[object]):
     fixed_rows = False      # the forward computes only the drafts the grammar's check let through
 
     def shape_of(self, plan: StepPlan) -> StepShape | None:
-        """None: this runner's ops read everything from the plan (actors/step.py)."""
+        """None: this runner's ops read everything from the plan (actors/step/program.py)."""
         return None
 
     def begin(self, plan: StepPlan) -> None:

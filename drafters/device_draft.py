@@ -19,7 +19,7 @@ keeps t and the accepted drafts, exactly the committed tokens, and the next step
 When it falls behind (a new prompt, a prefix-cache hit, more than K accepted lookup drafts), the
 prologue feeds the missing committed tokens eagerly (`catch_up`) before the step's program.
 
-Block-table updates, as the target's (actors/device_verifier.py): the captured `start` applies a
+Block-table updates, as the target's (actors/device/verifier.py): the captured `start` applies a
 fixed room of `room` entries whatever the step writes (a replay replays the count it was captured
 with), the unused ones aimed at a scratch row; a step that writes more (a catch-up, a new table)
 applies all of its updates eagerly in `catch_up`, from a second region of the buffer, and leaves

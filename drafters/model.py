@@ -91,7 +91,7 @@ class ModelDrafter:
                  prefill_chunk: int = 256) -> None:
         self.lm = lm
         self.kv = lm.new_cache(num_blocks, block_size)
-        self.prefill_chunk = prefill_chunk      # the target's (actors/planner.py), see _prefill
+        self.prefill_chunk = prefill_chunk      # the target's (actors/step/planner.py), see _prefill
         self.eos = frozenset(eos_token_ids)     # a draft stops after one of these
         self._seqs: dict[RequestId, _Seq] = {}
         self._next_seq = 0

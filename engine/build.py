@@ -23,15 +23,15 @@ from typing import Any
 import anyio
 import torch
 
-from interlock.actors.device_draft_actor import DeviceDraftActor
-from interlock.actors.device_verifier import DeviceVerifier
+from interlock.actors.device.draft_actor import DeviceDraftActor
+from interlock.actors.device.verifier import DeviceVerifier
 from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import GrammarActor, MaskBuffers
 from interlock.actors.kv_actor import KVActor
-from interlock.actors.planner import guided_rows, sequence_blocks
-from interlock.actors.runtime import Runtime as ActorRuntime
+from interlock.actors.step.planner import guided_rows, sequence_blocks
+from interlock.actors.framework.runtime import Runtime as ActorRuntime
 from interlock.actors.scheduler import Scheduler, SchedulerConfig
-from interlock.actors.step import StepState, StepProgram
+from interlock.actors.step.program import StepState, StepProgram
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.drafters.device_draft import DeviceDraftLM, DeviceDrafter
 from interlock.drafters.model import DraftLM, ModelDrafter

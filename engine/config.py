@@ -32,7 +32,7 @@ class EngineConfig:
     capture_steps: bool = True              # replay one captured lane program per step shape (else eager)
     max_context: int | None = None          # None: the model's context window
     tp_step_timeout_s: float = 60.0         # tensor parallel: a step taking longer means a hung worker
-    # The step watchdog (actors/watchdog.py): a step that has not reported back after this long
+    # The step watchdog (actors/step/watchdog.py): a step that has not reported back after this long
     # fails the engine with StepOverdueError instead of hanging it (a hung kernel or host function).
     # Generous: a device runner's first step of a shape compiles its kernels. A device fault is
     # noticed sooner, by asking the device every `watchdog_poll_s`.
@@ -69,7 +69,7 @@ class EngineConfig:
     # Where the target runs: "cpu", "cuda", "cuda:N", or "auto" (CUDA when torch sees a device).
     device: str = "cpu"
     # How a step is computed. "host": the CPU engine (int8 native kernels, shapes as the step
-    # needs). "device": fixed-shape steps over persistent buffers (actors/device_verifier.py),
+    # needs). "device": fixed-shape steps over persistent buffers (actors/device/verifier.py),
     # decode steps padded to batch buckets and captured (CUDA graphs on CUDA); on the CPU it runs
     # in float32 with torch reference ops, which is how CI tests the CUDA path. "auto": device on
     # CUDA, host on the CPU.

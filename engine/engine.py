@@ -29,14 +29,14 @@ from interlock.models.linear import WeightsChoice
 from interlock.models.loader import LoadedModel
 from interlock.output.stream import OutputStream
 from interlock.protocol.errors import (
-    EngineClosedError, EngineError, GrammarError, InvalidParameterError, UnsupportedFeatureError, not_yet_on,
+    ChannelClosedError, ChannelFullError, EngineClosedError, EngineError, GrammarError, InvalidParameterError,
+    UnsupportedFeatureError, not_yet_on,
 )
 from interlock.protocol.grammar import DEFAULT_BACKEND, BackendName, GrammarConfig, GrammarSpec
 from interlock.protocol.messages import Cancel, EngineMetrics, GetMetrics, GrammarReady, RequestSpec, Submit, Wake
 from interlock.protocol.sampling import Completion, Delta, SamplingParams
 from interlock.protocol.speculative import DEFAULT_DRAFT_LEN, DEFAULT_SPECULATIVE, SpeculativeConfig
 from interlock.protocol.types import Dtype, RequestId
-from interlock.streams.errors import ChannelClosedError, ChannelFullError
 from interlock.streams.timeline import HostCall
 from interlock.models.names import EMBEDDED
 

@@ -11,7 +11,7 @@ enqueues the work on the model lane between steps (so it precedes every step tha
 stream order) and on the host runner runs it at once. Its entries go when the request is released.
 
 Both runners apply the same law with it: `penalize_lanes` and `count_tokens_`. The device runner
-stages `PenaltyInputs` for a whole bucket (actors/feature_staging.py) and counts on the device;
+stages `PenaltyInputs` for a whole bucket (actors/device/feature_staging.py) and counts on the device;
 the host runner's `apply_` and `commit` do the same for the step's penalized requests alone.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The host's side of device block tables and pinned buffers, shared by the device runner's step
-staging (actors/staging.py) and its draft model's (drafters/device_draft.py): a mirror of the
+staging (actors/device/staging.py) and its draft model's (drafters/device_draft.py): a mirror of the
 tables that turns a sequence's new blocks into the few (flat index, block) writes a step scatters
 on the device, and numpy views through which host buffers are written without building tensors."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ def numpy_views(buffers: object) -> dict[str, np.ndarray]:
 
 
 class TableMirror:
-    """The host's copy of the device block tables, one row per slot (actors/staging.py)."""
+    """The host's copy of the device block tables, one row per slot (actors/device/staging.py)."""
 
     def __init__(self, slots: int, max_blocks: int) -> None:
         self.width = max_blocks

@@ -28,7 +28,7 @@ from typing import Generic, Literal, TypeVar
 
 import anyio
 
-from interlock.streams.errors import ChannelClosedError
+from interlock.protocol.errors import ChannelClosedError
 
 T = TypeVar("T")
 

@@ -152,3 +152,27 @@ class WorkerError(EngineError):
 class StepOverdueError(EngineError):
     """A step did not report back within EngineConfig.step_timeout_s (a hung kernel or host
     function): the watchdog failed the engine rather than let every request wait forever."""
+
+
+# --- bounded queues (the actors' channels, a request's output stream) -------------------------
+# "The other side is gone" subclasses EngineClosedError, so if one ever reaches a user it still reads
+# correctly.
+
+class WouldBlockError(InterlockError):
+    """A `_nowait` call could not complete without waiting."""
+
+
+class ChannelFullError(WouldBlockError):
+    """`send_nowait` found the channel's buffer full (nobody is waiting to receive)."""
+
+
+class ChannelEmptyError(WouldBlockError):
+    """`receive_nowait` found nothing buffered (and the channel is still open)."""
+
+
+class ChannelClosedError(EngineClosedError):
+    """A send to a channel that was closed; its receiver accepts nothing more."""
+
+
+class EndOfChannelError(InterlockError):
+    """A receive from a channel that is closed and fully drained."""

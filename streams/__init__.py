@@ -11,10 +11,11 @@
   free; a host function makes no timeline call, `HostFunctionCallError`): what the device
   runner's CPU tests run on;
   `program_graph.py`, the dependencies of a captured program;
-- `errors.py`: the typed errors of the timeline and of the bounded queues built on anyio
-  (full, empty, closed, timeline failed), shared with actors/ mailboxes and output/'s stream.
+- `errors.py`: the timeline's typed errors (a failed lane, a device fault, a host sync in a capture,
+  a host function that calls the timeline).
 
-Nothing above this folder knows which timeline runs. The actors' mailboxes (`Channel`, `Reply`)
-live with the actors (actors/channel.py, actors/reply.py); a request's `OutputStream` with its
-output (output/stream.py).
+This folder holds the device timeline and nothing else. Nothing above it knows which timeline runs.
+The actors' mailboxes (`Channel`, `Reply`) live with the actors (actors/framework/), their errors
+with every other typed error (protocol/errors.py), and a request's `OutputStream` with its output
+(output/stream.py).
 """

@@ -29,7 +29,7 @@ semantics of `CudaTimeline`, so that a CPU test that passes predicts the GPU:
 6. **A fault poisons every later sync and query.** After a device fault, as CUDA's sticky error
    does: event queries and waits, lane syncs, enqueues, `health()`'s callers and a program's
    `close()` (CUDA frees a graph after syncing on its last replay) all raise `DeviceFaultError`.
-   Shutdown after a fault must therefore free nothing on the device (actors/step.py drops its
+   Shutdown after a fault must therefore free nothing on the device (actors/step/program.py drops its
    programs), or it re-raises the fault out of the engine's exit.
 7. **A host function makes no timeline call.** Querying an event, a health check, a sync, an
    enqueue, a capture or a replay from a host function raises `HostFunctionCallError`: CUDA

@@ -3,7 +3,7 @@
 An op depends on the op before it on its lane (stream order) and, for a wait, on the record of
 the same event that the wait binds to (the latest one before it in host order). `ancestors(program)`
 gives, for each entry of a `RulesProgram` (streams/cuda_rules.py), every entry it transitively
-depends on. What the step's layout promises (actors/step.py) is checked on this graph: the
+depends on. What the step's layout promises (actors/step/program.py) is checked on this graph: the
 forward depends on no host function of its step, and the verification on the mask fill.
 """
 from __future__ import annotations

@@ -158,10 +158,21 @@ def test_the_check_finds_async_code(tmp_path: Path) -> None:
 
 def test_the_check_finds_an_upward_import(tmp_path: Path) -> None:
     planted = tmp_path / "planted.py"
-    planted.write_text("from interlock.actors.base import Actor\nimport interlock.models.llama\n"
+    planted.write_text("from interlock.actors.framework.base import Actor\nimport interlock.models.llama\n"
                        "from interlock.protocol.types import TokenId\nimport interlock\n")
-    assert upward_imports(planted, "grammars") == ["planted.py:1 imports interlock.actors.base",
+    assert upward_imports(planted, "grammars") == ["planted.py:1 imports interlock.actors.framework.base",
                                                    "planted.py:4 imports the package root"]
-    assert upward_imports(planted, "protocol") == ["planted.py:1 imports interlock.actors.base",
+    assert upward_imports(planted, "protocol") == ["planted.py:1 imports interlock.actors.framework.base",
                                                    "planted.py:2 imports interlock.models.llama",
                                                    "planted.py:4 imports the package root"]
+
+
+def test_every_package_ships_in_the_wheel() -> None:
+    """setuptools lists packages by hand (the repository root is the package): a folder with an
+    `__init__.py` left off the list imports from a checkout but is missing from an installed wheel."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(("interlock", *p.parent.relative_to(ROOT).parts)) for p in ROOT.rglob("__init__.py")
+             if not {"tests", ".venv", "build"} & set(p.relative_to(ROOT).parts)
+             and not any(part.startswith(".") or part.endswith(".egg-info") for part in p.relative_to(ROOT).parts)}
+    assert found - listed == set(), f"packages missing from pyproject.toml's [tool.setuptools] packages: {found - listed}"

@@ -22,8 +22,8 @@ import jsonschema
 import pytest
 import torch
 
-from interlock.actors.device_verifier import DeviceVerifier
-from interlock.actors.feature_staging import FeatureShape
+from interlock.actors.device.verifier import DeviceVerifier
+from interlock.actors.device.feature_staging import FeatureShape
 from interlock.engine import Engine, EngineConfig
 from interlock.engine.intake import EMPTY_CHAT
 from interlock.protocol.grammar import JsonSchema

@@ -138,7 +138,7 @@ async def test_a_failed_capture_runs_that_shape_eagerly_and_is_counted(tiny_floa
     """Planted: the forward reads a device value on the host (allowed eagerly, a counted sync; a
     capture cannot record it). The capture ends, the shape is marked eager-only and counted, the
     step goes on eagerly: the output is the eager engine's, nothing crashes."""
-    from interlock.actors.device_verifier import DeviceVerifier
+    from interlock.actors.device.verifier import DeviceVerifier
 
     forward = DeviceVerifier.forward
 

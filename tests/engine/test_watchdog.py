@@ -87,7 +87,7 @@ async def test_a_fault_in_a_replayed_step_shuts_down_cleanly(tiny_float, monkeyp
     then on), so the fault is in a replay, with a captured program alive. As on CUDA, every later
     sync and query re-raises the fault (streams/cuda_rules.py, rule 6): the engine must still exit
     cleanly, in bounded time, with every request failed by the typed error."""
-    from interlock.actors.device_verifier import DeviceVerifier
+    from interlock.actors.device.verifier import DeviceVerifier
 
     stage, bucket_steps = DeviceVerifier.stage, []
 

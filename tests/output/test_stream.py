@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from interlock.protocol.errors import EngineError
-from interlock.streams.errors import ChannelClosedError
+from interlock.protocol.errors import ChannelClosedError
 from interlock.output.stream import OutputStream
 
 

@@ -115,7 +115,7 @@ async def test_a_replay_runs_the_captured_ops_not_the_python(timeline) -> None:
 async def test_a_replays_own_joins_are_not_counted_as_the_model_lanes_waits() -> None:
     """A replay joins the lanes at its ends (as a CUDA graph does): the model lane then waits for the
     grammar lane's last host function, which is the timeline's boundary and not a wait of the step.
-    `wait_seconds` is a step's exposed grammar time (actors/step.py): only the program's own waits
+    `wait_seconds` is a step's exposed grammar time (actors/step/program.py): only the program's own waits
     count. Planted: the program's host function holds the grammar lane for 50 ms."""
     with CudaRulesTimeline() as tl, anyio.fail_after(10):
         gate = threading.Event()

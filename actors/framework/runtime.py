@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from interlock.actors.base import Actor
+from interlock.actors.framework.base import Actor
 from interlock.protocol.errors import EngineError
 from interlock.logs import get_logger
 

@@ -3,7 +3,7 @@
 The chain (lookups, forced tokens, the user drafter) decides each sampling request's drafts in the
 step's prologue, as on the host runner; where it asks the draft model, the request becomes a model
 lane of the step's K draft rounds (drafters/device_draft.py), which run inside the captured step.
-Per round j (actors/step.py lays them out):
+Per round j (actors/step/program.py lays them out):
 - `publish(j)` + the GrammarActor's `fill_draft_rows` + `collect(j)`: ONE host function on the
   grammar lane: each model lane's drafts so far (copied back by round j-1), the grammar's row after
   them, written into the round's contiguous row buffer (a refused prefix gets an empty row, which
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from interlock.actors.draft_actor import DraftActor
 from interlock.actors.grammar_actor import MaskBuffers
-from interlock.actors.step import StepShape
-from interlock.actors.step_state import StepState
+from interlock.actors.step.program import StepShape
+from interlock.actors.step.state import StepState
 from interlock.drafters.chain import ChainRequest, DraftChain
 from interlock.drafters.device_draft import DeviceDrafter, LaneAsk
 from interlock.protocol.messages import Count, StepPlan

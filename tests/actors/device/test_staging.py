@@ -1,4 +1,4 @@
-"""The device runner's per-step host work is sized to the step (actors/staging.py): block tables are
+"""The device runner's per-step host work is sized to the step (actors/device/staging.py): block tables are
 written where they changed, the mask copy covers the step's lanes only, the forward returns logits
 for the verify rows only, and the prologue's staging issues no tensor op but the seeded draws."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import anyio
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from interlock.actors.device_verifier import DeviceVerifier
-from interlock.actors.staging import StepStaging, TableMirror
+from interlock.actors.device.verifier import DeviceVerifier
+from interlock.actors.device.staging import StepStaging, TableMirror
 from interlock.engine import Engine, EngineConfig
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig

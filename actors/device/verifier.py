@@ -1,10 +1,10 @@
 """DeviceVerifier: the VerifierActor of the device runner, whose step is fixed-shape tensor work.
 
-Its part of a step (actors/step.py), for a step of shape `StepShape` (rows, batch, mode, updates):
+Its part of a step (actors/step/program.py), for a step of shape `StepShape` (rows, batch, mode, updates):
 - `begin` + `stage`, in the prologue on the event loop: every row's token, position, KV slot and
   block-table row, the logits rows (each sampling request's K+1 verify rows, nothing for prompt
   chunks), the block-table entries that changed, and every verified request's drafts, sampling
-  parameters and uniforms, written into the host staging buffers (actors/staging.py);
+  parameters and uniforms, written into the host staging buffers (actors/device/staging.py);
 - `forward` (device work): copy them up, scatter the table updates, run the target forward
   (models/device_llama.py) for the logits rows;
 - after the mask event, `verify` (device work): copy the step's lanes' masks, mask and verify
@@ -19,11 +19,11 @@ shape step after step, which the StepProgram captures. Other steps (prompt chunk
 updates) are laid out densely and run eagerly.
 
 Verified request b is the step's lane b (`SlotState.lane`), so its grammar rows are the masks'
-leading rows. Per-request features (actors/feature_staging.py) change the shape only where a step
+leading rows. Per-request features (actors/device/feature_staging.py) change the shape only where a step
 uses them: a guided request's companion sequence is fed in the same forward, its K+1 rows after
 all the requests' (companion g of a bucket at rows (B+g)*(K+1)), with its own block-table row
 (slot S + s); penalties and logprobs add device work to `verify` (kernels/verify_features.py).
-A draft model's rounds (actors/device_draft_actor.py) draw the drafts on the device: `forward`
+A draft model's rounds (actors/device/draft_actor.py) draw the drafts on the device: `forward`
 copies them into the lanes' draft rows and `verify` reads them, their count and their law from the
 drafter. A guided request drafts without the model (lookups and forced tokens only), since its
 companion's rows would need the rounds' drafts too.
@@ -35,12 +35,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from interlock.actors.feature_staging import FeatureStaging, feature_shape
+from interlock.actors.device.feature_staging import FeatureStaging, feature_shape
 from interlock.actors.grammar_actor import MaskBuffers
-from interlock.actors.planner import guided_rows
-from interlock.actors.staging import StepStaging
-from interlock.actors.step import StepShape
-from interlock.actors.step_state import StepState
+from interlock.actors.step.planner import guided_rows
+from interlock.actors.device.staging import StepStaging
+from interlock.actors.step.program import StepShape
+from interlock.actors.step.state import StepState
 from interlock.actors.verifier_actor import VerifierActor
 from interlock.drafters.device_draft import DeviceDrafter
 from interlock.kernels.penalty_book import PenaltyBook
@@ -92,7 +92,7 @@ class _Work:
 
 class DeviceVerifier(VerifierActor):
     # every sampling request has K draft rows whatever its drafts: the grammar's cut is left to the
-    # fill, under the forward, and verification reads it from the rows filled (actors/step.py)
+    # fill, under the forward, and verification reads it from the rows filled (actors/step/program.py)
     fixed_rows = True
 
     def __init__(self, model: DeviceLlama, kv: PagedKVCache, timeline: Timeline, buffers: MaskBuffers,

@@ -4,8 +4,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from interlock.actors.channel import Channel
-from interlock.streams.errors import (
+from interlock.actors.framework.channel import Channel
+from interlock.protocol.errors import (
     ChannelClosedError,
     ChannelEmptyError,
     ChannelFullError,

@@ -10,7 +10,7 @@ copies and computes nothing more than before (and replays the same program):
 - penalties: on or off;
 - logprobs: N alternatives, rounded up to LOGPROB_BUCKETS (0: the token's own alone, no sort).
 
-Terms as in actors/staging.py (B verified requests, K draft length).
+Terms as in actors/device/staging.py (B verified requests, K draft length).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import torch
 
-from interlock.actors.staging import numpy_views
+from interlock.actors.device.staging import numpy_views
 from interlock.kernels.penalty_book import PenaltyBook
 from interlock.kernels.types import Logprobs
 from interlock.kernels.verify_features import Features, GuideInputs, PenaltyInputs

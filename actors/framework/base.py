@@ -27,8 +27,8 @@ import anyio.lowlevel
 from anyio.abc import TaskStatus
 
 from interlock.protocol.errors import EngineClosedError, EngineError
-from interlock.actors.channel import Channel
-from interlock.actors.reply import PendingReplies, Reply
+from interlock.actors.framework.channel import Channel
+from interlock.actors.framework.reply import PendingReplies, Reply
 from interlock.logs import get_logger
 
 M = TypeVar("M")  # the actor's message type (usually a union of frozen dataclasses)

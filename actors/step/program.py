@@ -47,7 +47,7 @@ fill: each of them is also something the fill waits for.
 
 The op list depends only on the shape (K, draft model or not, and the verifier's `StepShape`),
 never on the step's data, so `StepProgram` captures it once per shape and replays it. The device
-runner lays a decode step out in a padded bucket (actors/device_verifier.py): a bucket is
+runner lays a decode step out in a padded bucket (actors/device/verifier.py): a bucket is
 captured on its second step (its first runs eagerly: kernels compile, and a CUDA graph must not
 capture that); other shapes run eagerly. The host runner's verifier has no shape (None): its ops
 read everything from what the prologue stored, and one program per (K, draft model) serves.
@@ -63,9 +63,9 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
-from interlock.actors.feature_staging import FeatureShape
-from interlock.actors.step_state import SlotState, StepState
-from interlock.actors.watchdog import StepWatchdog
+from interlock.actors.device.feature_staging import FeatureShape
+from interlock.actors.step.state import SlotState, StepState
+from interlock.actors.step.watchdog import StepWatchdog
 from interlock.kernels.verify import Mode
 from interlock.protocol.messages import SlotResult, StepPlan, TokenEvent
 from interlock.protocol.errors import EngineError

@@ -5,7 +5,7 @@ import anyio
 import pytest
 
 from interlock.protocol.errors import EngineClosedError
-from interlock.actors.reply import PendingReplies, Reply
+from interlock.actors.framework.reply import PendingReplies, Reply
 
 
 async def test_result_reaches_the_waiter_once() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from interlock.actors.planner import (Request, SchedulerConfig, blocks_for, decode_rows, guided_rows, next_chunk,
+from interlock.actors.step.planner import (Request, SchedulerConfig, blocks_for, decode_rows, guided_rows, next_chunk,
                                       plan_step, reservations, sequence_blocks)
 from interlock.output.delivery import Output
 from interlock.output.stream import OutputStream

@@ -8,7 +8,7 @@ import threading
 import anyio
 import pytest
 
-from interlock.actors.step import StepProgram, StepState
+from interlock.actors.step.program import StepProgram, StepState
 from interlock.protocol.errors import SamplingError
 from interlock.protocol.messages import RequestSnapshot, SlotResult, StepPlan, TokenEvent
 from interlock.protocol.sampling import SamplingParams

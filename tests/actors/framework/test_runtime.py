@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import anyio
 import pytest
 
-from interlock.actors.base import Actor, Handler
-from interlock.actors.runtime import Runtime
+from interlock.actors.framework.base import Actor, Handler
+from interlock.actors.framework.runtime import Runtime
 from interlock.protocol.errors import EngineError
-from interlock.actors.reply import Reply
+from interlock.actors.framework.reply import Reply
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import anyio
 import pytest
 
-from interlock.actors.base import Actor, Handler
+from interlock.actors.framework.base import Actor, Handler
 from interlock.protocol.errors import EngineClosedError, EngineError
-from interlock.streams.errors import ChannelClosedError
-from interlock.actors.reply import Reply
+from interlock.protocol.errors import ChannelClosedError
+from interlock.actors.framework.reply import Reply
 
 
 @dataclass(frozen=True)

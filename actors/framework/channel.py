@@ -2,7 +2,7 @@
 
 A thin typed wrapper over anyio's memory object stream (which already gets waiting, hand-off
 and cancellation right). It adds what the actors need on top: one object that every sender
-shares, a buffer that must be bounded (N >= 1), typed errors from `streams/errors.py`,
+shares, a buffer that must be bounded (N >= 1), typed errors from `protocol/errors.py`,
 `close()` semantics in one place, and a frozen `statistics()` snapshot with a running count of
 items sent.
 
@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from interlock.streams.errors import (
+from interlock.protocol.errors import (
     ChannelClosedError,
     ChannelEmptyError,
     ChannelFullError,
