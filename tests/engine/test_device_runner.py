@@ -29,7 +29,7 @@ from interlock.protocol.grammar import JsonSchema, Reasoning
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import SCHEMA, assert_all_free, case, complete_all, wait_idle
+from helpers import DEVICE_CONTEXT, SCHEMA, assert_all_free, case, complete_all, wait_idle
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                    reason="needs a CUDA device"))]
@@ -57,7 +57,7 @@ class Oracle:
 
 def device_config(device: str, mode: str | SpeculativeConfig = "ngram+forced", **kw) -> EngineConfig:
     spec = mode if isinstance(mode, SpeculativeConfig) else SpeculativeConfig.parse(mode, max_draft_len=3)
-    return EngineConfig(speculative=spec, runner="device", device=device, **kw)
+    return EngineConfig(speculative=spec, runner="device", device=device, max_context=DEVICE_CONTEXT, **kw)
 
 
 async def run_cases(model, config: EngineConfig, cases) -> list:

@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from helpers import SCHEMA, assert_all_free, complete_all, wait_idle
+from helpers import DEVICE_CONTEXT, SCHEMA, assert_all_free, complete_all, wait_idle
 
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel, load_model
@@ -127,5 +127,5 @@ async def test_device_runner_speculative_equals_plain(name: str, checkpoints) ->
     got = {}
     for mode in ("none", "ngram+forced", "suffix+forced", "self-draft+forced"):
         spec = SpeculativeConfig.parse(mode, max_draft_len=3)
-        got[mode] = (await outputs(lm, spec, PROMPTS, runner="device", device="cpu"))[0]
+        got[mode] = (await outputs(lm, spec, PROMPTS, runner="device", device="cpu", max_context=DEVICE_CONTEXT))[0]
     assert got["ngram+forced"] == got["none"] == got["suffix+forced"] == got["self-draft+forced"]
