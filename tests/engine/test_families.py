@@ -25,6 +25,10 @@ from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.testing.families import FAMILIES, THINK, hf_model, save_dir
 
+# One worker runs the whole module (`make test` is --dist loadgroup), so that its module fixtures
+# (the checkpoints and models) are built once, not once on each worker.
+pytestmark = pytest.mark.xdist_group("engine-families")
+
 PROMPTS = ["Ann is 31 and lives in Oslo. Answer with JSON.", "Bob, aged 40: the record as JSON, please."]
 HEAD = ("You extract one record from the text below and answer with JSON only: the person's name and age, "
         "nothing else, no comments. Text: ")
