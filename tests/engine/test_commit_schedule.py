@@ -20,7 +20,7 @@ from interlock.protocol.grammar import JsonSchema, Regex
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import SCHEMA, assert_all_free, complete_all, wait_idle
+from helpers import DEVICE_CONTEXT, SCHEMA, assert_all_free, complete_all, wait_idle
 
 CASES = [("Once upon a time", Regex(r"[a-z]{3,9}( [a-z]{2,5}){0,4}"), SamplingParams(max_tokens=16)),
          ("JSON please", JsonSchema(SCHEMA), SamplingParams(max_tokens=20)),
@@ -58,7 +58,7 @@ class Where:
 
 
 async def run(model, runner: str, mode: str, defer: bool) -> tuple[list, Where]:
-    config = EngineConfig(speculative=spec(mode), runner=runner, max_batch_size=4)
+    config = EngineConfig(speculative=spec(mode), runner=runner, max_batch_size=4, max_context=DEVICE_CONTEXT)
     async with Engine(model, config) as engine:
         grammar = engine._rt.program.grammar
         grammar.defer_commits = defer

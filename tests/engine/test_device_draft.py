@@ -16,7 +16,7 @@ from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import (GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all, draft_spec, seeded_alone_and_batched,
+from helpers import (DEVICE_CONTEXT, GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all, draft_spec, seeded_alone_and_batched,
                      wait_idle)
 
 K = 3
@@ -29,7 +29,7 @@ def spec(kind: str, tiny, **kw) -> SpeculativeConfig | None:
 
 
 def config(speculative: SpeculativeConfig | None, device: str = "cpu", **kw) -> EngineConfig:
-    return EngineConfig(speculative=speculative, runner="device", device=device, **kw)
+    return EngineConfig(speculative=speculative, runner="device", device=device, max_context=DEVICE_CONTEXT, **kw)
 
 
 async def outputs(tiny, speculative, sampling: SamplingParams, device: str = "cpu", n: int = 6, **kw):
@@ -115,7 +115,8 @@ async def test_one_host_function_per_draft_round(tiny_float) -> None:
 
 async def test_same_seed_same_output_alone_or_in_a_batch(tiny_float) -> None:
     alone, batched = await seeded_alone_and_batched(tiny_float, spec("self-draft", tiny_float), seeded=2, noise=2,
-                                                    batch=4, timeout_s=300, runner="device", device="cpu")
+                                                    batch=4, timeout_s=300, runner="device", device="cpu",
+                                                    max_context=DEVICE_CONTEXT)
     assert batched == alone
 
 

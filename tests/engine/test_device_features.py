@@ -31,7 +31,7 @@ from interlock.protocol.sampling import Completion, SamplingParams, TokenLogprob
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.testing.greedy import greedy_reference
 
-from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all, wait_idle
+from helpers import DEVICE_CONTEXT, GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all, wait_idle
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                    reason="needs a CUDA device"))]
@@ -54,7 +54,8 @@ Case = tuple[str, object, SamplingParams, str | None]        # prompt, grammar, 
 
 def device_config(device: str, mode: str | SpeculativeConfig = "ngram+forced", **kw) -> EngineConfig:
     spec = mode if isinstance(mode, SpeculativeConfig) else SpeculativeConfig.parse(mode, max_draft_len=3)
-    return EngineConfig(speculative=spec, runner="device", device=device, max_batch_size=8, **kw)
+    return EngineConfig(speculative=spec, runner="device", device=device, max_batch_size=8, max_context=DEVICE_CONTEXT,
+                        **kw)
 
 
 async def run(model, config: EngineConfig, cases: list[Case]) -> tuple[list[Completion], object]:

@@ -29,11 +29,15 @@ from interlock.protocol.grammar import JsonSchema, Reasoning
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import SCHEMA, assert_all_free, case, complete_all, wait_idle
+from helpers import DEVICE_CONTEXT, SCHEMA, assert_all_free, case, complete_all, wait_idle
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                    reason="needs a CUDA device"))]
-MODES = ["none", "ngram", "forced", "ngram+forced", "suffix+forced"]
+# Every drafter runs by default: n-gram and grammar-forced in their combination, suffix, and a user
+# drafter ("user": an oracle of the plain output). n-gram and forced alone are soak (`pytest -m soak`):
+# two more engines over the same cases, for drafters the combination already runs (as in
+# test_tensor_parallel.py).
+MODES, SOAK_MODES = ["ngram+forced", "suffix+forced", "user"], ["ngram", "forced"]
 
 
 class Oracle:
@@ -57,7 +61,7 @@ class Oracle:
 
 def device_config(device: str, mode: str | SpeculativeConfig = "ngram+forced", **kw) -> EngineConfig:
     spec = mode if isinstance(mode, SpeculativeConfig) else SpeculativeConfig.parse(mode, max_draft_len=3)
-    return EngineConfig(speculative=spec, runner="device", device=device, **kw)
+    return EngineConfig(speculative=spec, runner="device", device=device, max_context=DEVICE_CONTEXT, **kw)
 
 
 async def run_cases(model, config: EngineConfig, cases) -> list:
@@ -68,24 +72,34 @@ async def run_cases(model, config: EngineConfig, cases) -> list:
     return out
 
 
-@pytest.mark.parametrize("device", DEVICES)
-async def test_greedy_speculative_equals_greedy_plain_for_every_drafter(tiny_float, device: str) -> None:
+async def check_speculative_equals_plain(model, device: str, modes: list[str]) -> None:
     cases = [case(i) for i in range(10)]
-    plain = await run_cases(tiny_float, device_config(device, "none", max_batch_size=4), cases)
-    alone = await run_cases(tiny_float, device_config(device, "none", max_batch_size=1), cases[:4])
+    plain = await run_cases(model, device_config(device, "none", max_batch_size=4), cases)
+    alone = await run_cases(model, device_config(device, "none", max_batch_size=1), cases[:4])
     assert [c.token_ids for c in alone] == [c.token_ids for c in plain[:4]], "batching changed an output"
-    tok = tiny_float.tokenizer
+    tok = model.tokenizer
     oracle = Oracle({tuple(tok.encode_prompt(p)): c.token_ids for (p, _, _), c in zip(cases, plain)})
-    modes = MODES[1:] + [SpeculativeConfig(drafters=(), user_drafter=oracle, max_draft_len=3)]
-    for mode in modes:
-        got = await run_cases(tiny_float, device_config(device, mode, max_batch_size=4), cases)
+    for name in modes:
+        mode = SpeculativeConfig(drafters=(), user_drafter=oracle, max_draft_len=3) if name == "user" else name
+        got = await run_cases(model, device_config(device, mode, max_batch_size=4), cases)
         for i, (want, have) in enumerate(zip(plain, got)):
-            assert have.token_ids == want.token_ids, f"{mode} differs on case {i}"
+            assert have.token_ids == want.token_ids, f"{name} differs on case {i}"
             assert have.finish_reason == want.finish_reason
-        assert sum(c.stats.drafted for c in got) > 0, f"{mode} did not speculate"
+        assert sum(c.stats.drafted for c in got) > 0, f"{name} did not speculate"
     for (_, grammar, _), c in zip(cases, plain):
         if isinstance(grammar, JsonSchema) and c.finish_reason == "stop":
             jsonschema.validate(json.loads(c.text), SCHEMA)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_greedy_speculative_equals_greedy_plain_for_every_drafter(tiny_float, device: str) -> None:
+    await check_speculative_equals_plain(tiny_float, device, MODES)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("device", DEVICES)
+async def test_greedy_speculative_equals_greedy_plain_for_n_gram_and_forced_alone(tiny_float, device: str) -> None:
+    await check_speculative_equals_plain(tiny_float, device, SOAK_MODES)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -22,7 +22,7 @@ from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
-from helpers import assert_all_free, wait_idle
+from helpers import DEVICE_CONTEXT, assert_all_free, wait_idle
 from laws import draw, target_law
 
 ALPHA = 1e-3
@@ -36,7 +36,7 @@ SPEC = SpeculativeConfig(("self-draft",), max_draft_len=3, self_draft_layers=1)
 
 async def sample(tiny_float, params: dict, draws: int = DRAWS) -> tuple[list[tuple[int, ...]], int, int, dict, object]:
     sampling = [SamplingParams(seed=i, max_tokens=3, **params) for i in range(draws)]
-    config = EngineConfig(speculative=SPEC, runner="device", device="cpu", max_batch_size=16)
+    config = EngineConfig(speculative=SPEC, runner="device", device="cpu", max_batch_size=16, max_context=DEVICE_CONTEXT)
     async with Engine(tiny_float, config) as engine:
         samples, drafted, accepted = await draw(engine, PROMPT, WORDS, sampling)
         await wait_idle(engine)

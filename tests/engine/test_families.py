@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from helpers import SCHEMA, assert_all_free, complete_all, wait_idle
+from helpers import DEVICE_CONTEXT, SCHEMA, assert_all_free, complete_all, wait_idle
 
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel, load_model
@@ -24,6 +24,10 @@ from interlock.protocol.grammar import JsonSchema, Reasoning
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.testing.families import FAMILIES, THINK, hf_model, save_dir
+
+# One worker runs the whole module (`make test` is --dist loadgroup), so that its module fixtures
+# (the checkpoints and models) are built once, not once on each worker.
+pytestmark = pytest.mark.xdist_group("engine-families")
 
 PROMPTS = ["Ann is 31 and lives in Oslo. Answer with JSON.", "Bob, aged 40: the record as JSON, please."]
 HEAD = ("You extract one record from the text below and answer with JSON only: the person's name and age, "
@@ -127,5 +131,5 @@ async def test_device_runner_speculative_equals_plain(name: str, checkpoints) ->
     got = {}
     for mode in ("none", "ngram+forced", "suffix+forced", "self-draft+forced"):
         spec = SpeculativeConfig.parse(mode, max_draft_len=3)
-        got[mode] = (await outputs(lm, spec, PROMPTS, runner="device", device="cpu"))[0]
+        got[mode] = (await outputs(lm, spec, PROMPTS, runner="device", device="cpu", max_context=DEVICE_CONTEXT))[0]
     assert got["ngram+forced"] == got["none"] == got["suffix+forced"] == got["self-draft+forced"]

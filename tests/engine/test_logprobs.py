@@ -21,7 +21,7 @@ from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import Completion, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all
+from helpers import DEVICE_CONTEXT, GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all
 
 K = 3
 SPECS = {
@@ -34,7 +34,8 @@ SPECS = {
 
 
 async def run(tiny, speculative, cases, runner: str = "auto") -> list[Completion]:
-    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8, runner=runner)) as engine:
+    async with Engine(tiny, EngineConfig(speculative=speculative, max_batch_size=8, runner=runner,
+                                         max_context=DEVICE_CONTEXT)) as engine:
         out = await complete_all(engine, cases)
         await assert_all_free(engine)
     return out

@@ -26,7 +26,7 @@ from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
-from helpers import assert_all_free, wait_idle
+from helpers import DEVICE_CONTEXT, assert_all_free, wait_idle
 from laws import draw, target_law
 
 ALPHA = 1e-3
@@ -79,7 +79,8 @@ async def _draw(tiny, case: Case, draws: int, runner: str = "auto",
                 metrics: list | None = None) -> tuple[list[tuple[int, ...]], int, int, dict]:
     sampling = [SamplingParams(temperature=case.temperature, top_k=case.top_k, top_p=case.top_p, seed=i,
                                max_tokens=case.tokens) for i in range(draws)]
-    async with Engine(tiny, EngineConfig(speculative=case.speculative, max_batch_size=16, runner=runner)) as engine:
+    config = EngineConfig(speculative=case.speculative, max_batch_size=16, runner=runner, max_context=DEVICE_CONTEXT)
+    async with Engine(tiny, config) as engine:
         samples, drafted, accepted = await draw(engine, case.prompt, case.grammar, sampling)
         await wait_idle(engine)
         await assert_all_free(engine)

@@ -27,6 +27,10 @@ from interlock.models.loader import LoadedModel, load_model
 from interlock.testing.families import FAMILIES, GEMMA3_EOT, hf_model, save_dir, write_gguf
 from interlock.testing.greedy import greedy_generate
 
+# One worker runs the whole module (`make test` is --dist loadgroup), so that its module fixtures
+# (the checkpoints) are built once, not once on each worker.
+pytestmark = pytest.mark.xdist_group("model-families")
+
 FLOAT_TOL = 1e-4            # fp32 against fp32: only the order of operations differs
 INT8_LOGPROB_TOL = 0.15     # int8 weights and activations (models/linear.py) against fp32, per token, in nats
                             # (measured: at most 0.08, Phi-4-mini's shape)

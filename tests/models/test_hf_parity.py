@@ -11,6 +11,10 @@ from interlock.testing.greedy import greedy_generate
 from interlock.models.kv_cache import PagedKVCache
 from interlock.models.loader import embedded_gguf_path, load_model
 
+# One worker runs the whole module (`make test` is --dist loadgroup), so that its module fixtures
+# (ours and transformers' model: ~25 s) are built once, not once on each worker.
+pytestmark = pytest.mark.xdist_group("hf-parity")
+
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "system", "content": "Answer in JSON."},

@@ -27,6 +27,10 @@ from interlock.protocol.speculative import SpeculativeConfig
 from interlock.testing.greedy import greedy_generate
 from interlock.testing.real_models import RealModelUnavailable, gemma3_270m, transformers_reading
 
+# One worker runs the whole module (`make test` is --dist loadgroup), so that its module fixtures
+# (three readings of the model and two engines: ~35 s) are built once, not once on each worker.
+pytestmark = pytest.mark.xdist_group("real-gemma")
+
 BOS = 2                                  # Gemma's <bos>; the GGUF says tokenizer.ggml.add_bos_token = true
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of"]
 # longer than two KV blocks: what the prefix cache keeps is whole blocks
