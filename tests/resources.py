@@ -1,6 +1,13 @@
-"""What "nothing leaked" means, in one place: every per-request counter `Engine.resources()` reports
-is 0 and every pool is back to its total. The engine and the server tests both check it."""
+"""What tests share about an engine's resources. What "nothing leaked" means, in one place: every
+per-request counter `Engine.resources()` reports is 0 and every pool is back to its total (the engine
+and the server tests both check it). And the context the device runner's tests run at."""
 from __future__ import annotations
+
+# max_context of the device runner's tests (EngineConfig.max_context). On the CPU its attention
+# attends over every slot a table can address (models/reference_ops.py): at the tiny preset's 4096
+# that was over half of each device test's time. Their prompts and outputs fit in 256 (~100 tokens
+# at most): no request reaches the limit, and the laws compare runs of the same context.
+DEVICE_CONTEXT = 256
 
 PER_REQUEST = ("kv_sequences", "matchers", "ngram_requests", "suffix_requests", "suffix_request_nodes",
                "adaptive_budgets", "user_contexts",

@@ -15,11 +15,6 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "age": {"type": "integer"}}, "required": ["name", "age"]}
 GRAMMARS = [None, JsonSchema(SCHEMA), Regex(r"[a-z]{3,9}( [a-z]{2,5}){0,3}"), Choice(["alpha", "beta", "gamma"])]
 PROMPTS = ["Once upon a time", "The weather today", "List three colors:", "JSON please", "abc abc abc abc"]
-# max_context of the device runner's tests (EngineConfig.max_context). On the CPU its attention
-# attends over every slot a table can address (models/reference_ops.py): at the tiny preset's 4096
-# that was over half of each device test's time. Their prompts and outputs fit in 256 (~100 tokens
-# at most): no request reaches the limit, and the laws compare runs of the same context.
-DEVICE_CONTEXT = 256
 
 
 def config(max_batch_size: int = 8, **kw) -> EngineConfig:

@@ -20,7 +20,8 @@ from interlock.protocol.grammar import JsonSchema, Regex
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import DEVICE_CONTEXT, SCHEMA, assert_all_free, complete_all, wait_idle
+from helpers import SCHEMA, assert_all_free, complete_all, wait_idle
+from resources import DEVICE_CONTEXT
 
 CASES = [("Once upon a time", Regex(r"[a-z]{3,9}( [a-z]{2,5}){0,4}"), SamplingParams(max_tokens=16)),
          ("JSON please", JsonSchema(SCHEMA), SamplingParams(max_tokens=20)),

@@ -16,8 +16,9 @@ from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import (DEVICE_CONTEXT, GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all, draft_spec, seeded_alone_and_batched,
+from helpers import (GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all, draft_spec, seeded_alone_and_batched,
                      wait_idle)
+from resources import DEVICE_CONTEXT
 
 K = 3
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),

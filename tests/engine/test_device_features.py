@@ -31,7 +31,8 @@ from interlock.protocol.sampling import Completion, SamplingParams, TokenLogprob
 from interlock.protocol.speculative import SpeculativeConfig
 from interlock.testing.greedy import greedy_reference
 
-from helpers import DEVICE_CONTEXT, GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all, wait_idle
+from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all, wait_idle
+from resources import DEVICE_CONTEXT
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                    reason="needs a CUDA device"))]

@@ -29,7 +29,8 @@ from interlock.protocol.grammar import JsonSchema, Reasoning
 from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import DEVICE_CONTEXT, SCHEMA, assert_all_free, case, complete_all, wait_idle
+from helpers import SCHEMA, assert_all_free, case, complete_all, wait_idle
+from resources import DEVICE_CONTEXT
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                    reason="needs a CUDA device"))]

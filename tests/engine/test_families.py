@@ -16,7 +16,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from helpers import DEVICE_CONTEXT, SCHEMA, assert_all_free, complete_all, wait_idle
+from helpers import SCHEMA, assert_all_free, complete_all, wait_idle
+from resources import DEVICE_CONTEXT
 
 from interlock.engine import Engine, EngineConfig
 from interlock.models.loader import LoadedModel, load_model

@@ -21,7 +21,8 @@ from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import Completion, SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
-from helpers import DEVICE_CONTEXT, GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all
+from helpers import GRAMMARS, PROMPTS, SCHEMA, assert_all_free, complete_all
+from resources import DEVICE_CONTEXT
 
 K = 3
 SPECS = {

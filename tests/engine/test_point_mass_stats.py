@@ -26,7 +26,8 @@ from interlock.protocol.sampling import SamplingParams
 from interlock.protocol.speculative import SpeculativeConfig
 
 from chi_square import chi_square_pvalue
-from helpers import DEVICE_CONTEXT, assert_all_free, wait_idle
+from helpers import assert_all_free, wait_idle
+from resources import DEVICE_CONTEXT
 from laws import draw, target_law
 
 ALPHA = 1e-3

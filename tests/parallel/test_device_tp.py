@@ -31,6 +31,8 @@ from interlock.protocol.grammar import JsonSchema
 from interlock.protocol.sampling import SamplingParams
 from interlock.testing.families import FAMILIES, hf_model, save_dir
 
+from resources import DEVICE_CONTEXT
+
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"]}
 PROMPTS = ["Ann is 31 and lives in Oslo. Answer with JSON.", "Bob, aged 40: the record as JSON, please."]
@@ -82,7 +84,7 @@ def test_the_sharded_forward_equals_the_whole(name: str, checkpoints) -> None:
 
 async def run(path: str, mode: str) -> tuple[list, dict, int]:
     engine = Engine.from_pretrained(path, runner="device", tensor_parallel=2, speculative=mode, draft_len=3,
-                                    max_batch_size=2, tp_step_timeout_s=30.0)
+                                    max_batch_size=2, tp_step_timeout_s=30.0, max_context=DEVICE_CONTEXT)
     greedy = SamplingParams(temperature=0.0, max_tokens=32)
     async with engine:
         group = engine.model.model.tp.leader
@@ -122,7 +124,7 @@ async def test_speculative_equals_plain_under_tp_on_the_device_runner(checkpoint
 
 async def test_a_killed_worker_fails_the_requests_in_flight_and_leaves_no_process(checkpoints) -> None:
     engine = Engine.from_pretrained(str(checkpoints["qwen3"]), runner="device", tensor_parallel=2,
-                                    speculative="ngram+forced", tp_step_timeout_s=10.0)
+                                    speculative="ngram+forced", tp_step_timeout_s=10.0, max_context=2 * DEVICE_CONTEXT)
     errors: list[BaseException] = []
     async with engine:
         pids = engine.model.model.tp.leader.pids
