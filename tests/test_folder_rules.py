@@ -172,7 +172,7 @@ def test_every_package_ships_in_the_wheel() -> None:
     `__init__.py` left off the list imports from a checkout but is missing from an installed wheel."""
     import tomllib
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(("interlock", *p.parent.relative_to(ROOT).parts)) for p in ROOT.rglob("__init__.py")
-             if not {"tests", ".venv", "build"} & set(p.relative_to(ROOT).parts)
-             and not any(part.startswith(".") or part.endswith(".egg-info") for part in p.relative_to(ROOT).parts)}
+    tops = [p for p in ROOT.iterdir() if (p / "__init__.py").exists() and p.name != "tests"]
+    found = {"interlock"} | {".".join(("interlock", *f.parent.relative_to(ROOT).parts))
+                             for top in tops for f in top.rglob("__init__.py")}
     assert found - listed == set(), f"packages missing from pyproject.toml's [tool.setuptools] packages: {found - listed}"
